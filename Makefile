@@ -1,0 +1,31 @@
+# `make test` and `make demo` work on a fresh clone: they build the virtualenv themselves.
+# torch is installed first and pinned to the CPU build so nothing pulls a CUDA build.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export MPIR_CVAR_ENABLE_HEAVY_YIELD := 1
+
+.PHONY: test demo lint bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check streamgnn tests benchmarks
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check streamgnn tests benchmarks
+
+demo: $(STAMP)
+	$(VENV)/bin/streamgnn demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/foundation.py
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache .hypothesis

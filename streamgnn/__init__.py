@@ -1,0 +1,40 @@
+"""streamgnn: exact, incremental GNN inference over a changing graph.
+
+The public API: ``sg.datasets``, ``sg.GraphData``, ``sg.models``, ``sg.DynamicGraph``, the
+six update types and the errors. Importing streamgnn must not import kafka or mpi4py.
+"""
+
+from streamgnn import datasets, models
+from streamgnn.datasets import GraphData
+from streamgnn.errors import (
+    DuplicateEdgeError,
+    DuplicateVertexError,
+    FeatureDimensionError,
+    InvalidUpdateError,
+    NonFiniteValueError,
+    SelfLoopError,
+    StreamGNNError,
+    UnknownEdgeError,
+    UnknownVertexError,
+    UnsupportedModelError,
+)
+from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.updates import (
+    AddEdge,
+    AddVertex,
+    DeleteEdge,
+    DeleteVertex,
+    Update,
+    UpdateEdge,
+    UpdateFeatures,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AddEdge", "AddVertex", "DeleteEdge", "DeleteVertex", "DuplicateEdgeError",
+    "DuplicateVertexError", "DynamicGraph", "FeatureDimensionError", "GraphData", "GraphDiff",
+    "InvalidUpdateError", "NonFiniteValueError", "SelfLoopError", "StreamGNNError",
+    "UnknownEdgeError", "UnknownVertexError", "UnsupportedModelError", "Update", "UpdateEdge",
+    "UpdateFeatures", "datasets", "models",
+]

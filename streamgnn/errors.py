@@ -1,0 +1,62 @@
+"""Exceptions raised by streamgnn's Python API.
+
+Owns the exception hierarchy only; imports nothing from the rest of the package.
+Every bad update raises a subclass of :class:`InvalidUpdateError` that names the
+offending id and the reason, and carries the position of the update in its batch.
+"""
+
+from __future__ import annotations
+
+
+class StreamGNNError(Exception):
+    """Base class of every error streamgnn raises on purpose."""
+
+
+class InvalidUpdateError(StreamGNNError, ValueError):
+    """An update that cannot be applied to the current graph; nothing was applied."""
+
+    def __init__(self, reason: str, *, index: int | None = None) -> None:
+        self.reason = reason
+        self.index = index
+        super().__init__(reason)
+
+    def at(self, index: int) -> InvalidUpdateError:
+        """Return this error annotated with the update's position in its batch."""
+        self.index = index
+        return self
+
+    def __str__(self) -> str:
+        where = "" if self.index is None else f" (update #{self.index} of the batch)"
+        return f"{self.reason}{where}"
+
+
+class UnknownVertexError(InvalidUpdateError, KeyError):
+    """A vertex id that is not in the graph."""
+
+
+class DuplicateVertexError(InvalidUpdateError):
+    """Adding a vertex id that already exists."""
+
+
+class UnknownEdgeError(InvalidUpdateError, KeyError):
+    """Deleting or updating an edge that does not exist."""
+
+
+class DuplicateEdgeError(InvalidUpdateError):
+    """Adding an edge that already exists (the graph keeps no parallel edges)."""
+
+
+class SelfLoopError(InvalidUpdateError):
+    """An edge from a vertex to itself (the graph keeps no self-loops)."""
+
+
+class FeatureDimensionError(InvalidUpdateError):
+    """A feature vector whose length differs from the graph's feature dimension."""
+
+
+class NonFiniteValueError(InvalidUpdateError):
+    """A NaN or infinite feature value or edge weight."""
+
+
+class UnsupportedModelError(StreamGNNError, TypeError):
+    """A model, layer or layer option streamgnn cannot decompose exactly."""

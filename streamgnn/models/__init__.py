@@ -1,0 +1,9 @@
+"""GNN layer specs (message / aggregate / update), PyG model import, the model zoo and
+checkpoints, training, and layer-wise full inference. Must not import kafka or mpi4py."""
+
+from streamgnn.models.convert import SUPPORTED, decompose
+from streamgnn.models.gnn import GNN
+from streamgnn.models.inference import layerwise_inference
+from streamgnn.models.layers import Layer, layer_from_conv
+
+__all__ = ["GNN", "SUPPORTED", "Layer", "decompose", "layer_from_conv", "layerwise_inference"]

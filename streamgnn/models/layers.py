@@ -1,0 +1,246 @@
+"""One message-passing layer split into message / aggregate / update (DESIGN.md), built
+from a trained PyG conv: GCNConv, SAGEConv, GraphConv, GINConv, GATConv.
+
+For source u, edge u -> v (weight w) and destination v:
+  t_u   = transform(h_u)                          per-vertex, source side
+  m_uv  = w^[edge_weighted] * scale_u * t_u       scale_u from ``source_scale`` (GCN only)
+  A_v   = aggr({m_uv}) (softmax over ``edge_logits`` for attention)
+  h'_v  = update(h_v, A_v, t_v, in_weight_v)      per-vertex, includes the inter-layer
+                                                  activation/norm (``post``)
+Owns these decompositions only; must not import kafka, mpi4py or the graph store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
+
+from streamgnn.errors import UnsupportedModelError
+from streamgnn.models.aggr import (
+    Aggregation,
+    MaxAggregation,
+    MeanAggregation,
+    SoftmaxAggregation,
+    SoftmaxPartial,
+    SumAggregation,
+)
+
+Post = Callable[[Tensor], Tensor] | None
+
+_AGGREGATIONS: dict[str, type[Aggregation]] = {
+    "add": SumAggregation, "sum": SumAggregation, "mean": MeanAggregation,
+    "max": MaxAggregation,
+}
+
+
+class Layer:
+    """Base class; subclasses set ``aggr`` and override what differs."""
+
+    aggr: Aggregation
+    edge_weighted = False   # messages are multiplied by the edge weight
+    in_dim: int
+    out_dim: int
+
+    def __init__(self, post: Post = None) -> None:
+        self.post = post
+
+    def transform(self, h: Tensor) -> Tensor:
+        return h
+
+    def source_scale(self, in_weight: Tensor) -> Tensor | None:
+        """Per-source message factor from the source's weighted in-degree, or None."""
+        return None
+
+    def edge_logits(self, t: Tensor, src: Tensor, dst: Tensor) -> Tensor | None:
+        """Per-edge attention logits (attention layers only)."""
+        return None
+
+    def messages(self, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
+        """Messages of the edges ``src -> *`` with weights ``w``."""
+        factor = w if self.edge_weighted else None
+        if scale is not None:
+            factor = scale[src] if factor is None else factor * scale[src]
+        m = t[src]
+        return m if factor is None else m * factor.view(-1, *([1] * (m.dim() - 1)))
+
+    def update(self, h: Tensor, agg, t: Tensor, in_weight: Tensor) -> Tensor:
+        out = self.combine(h, agg, t, in_weight)
+        return out if self.post is None else self.post(out)
+
+    def combine(self, h: Tensor, agg, t: Tensor, in_weight: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.in_dim}->{self.out_dim}, aggr={self.aggr.name})"
+
+
+def _linear(lin: torch.nn.Module, x: Tensor, bias: bool = True) -> Tensor:
+    """Apply a PyG/torch Linear, optionally without its bias."""
+    b = getattr(lin, "bias", None)
+    return F.linear(x, lin.weight, b if bias else None)
+
+
+class GCNLayer(Layer):
+    """GCNConv: h'_v = s_v * sum_u w_uv s_u W h_u + fill * s_v^2 W h_v + b,
+    s = (fill + weighted in-degree)^-1/2, fill = 1 (2 if improved, 0 without self-loops)."""
+
+    edge_weighted = True
+
+    def __init__(self, conv: GCNConv, post: Post = None) -> None:
+        super().__init__(post)
+        if not conv.normalize:
+            raise UnsupportedModelError("GCNConv(normalize=False) is not supported")
+        if conv.flow != "source_to_target":
+            raise UnsupportedModelError("GCNConv(flow='target_to_source') is not supported")
+        self.conv = conv
+        self.fill = (2.0 if conv.improved else 1.0) if conv.add_self_loops else 0.0
+        self.aggr = SumAggregation()
+        self.in_dim, self.out_dim = conv.in_channels, conv.out_channels
+
+    def transform(self, h):
+        return self.conv.lin(h)
+
+    def source_scale(self, in_weight):
+        deg = in_weight + self.fill
+        s = deg.pow(-0.5)
+        return s.masked_fill_(torch.isinf(s), 0.0)
+
+    def combine(self, h, agg, t, in_weight):
+        s = self.source_scale(in_weight).unsqueeze(-1)
+        out = s * agg + self.fill * s * s * t
+        return out if self.conv.bias is None else out + self.conv.bias
+
+
+class _LinearRootLayer(Layer):
+    """SAGEConv / GraphConv: h'_v = lin_nbr(aggr(m)) + lin_root(h_v). For sum and mean the
+    neighbour weight is applied at the source when that shrinks messages (out < in)."""
+
+    def __init__(self, aggr: str, lin_nbr, lin_root, in_dim: int, out_dim: int,
+                 post: Post) -> None:
+        super().__init__(post)
+        if not isinstance(aggr, str) or aggr not in _AGGREGATIONS:
+            raise UnsupportedModelError(
+                f"aggregation {aggr!r} is not supported; use one of add/sum, mean, max")
+        self.aggr = _AGGREGATIONS[aggr]()
+        self.lin_nbr, self.lin_root = lin_nbr, lin_root
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.pre = not isinstance(self.aggr, MaxAggregation) and out_dim < in_dim
+
+    def transform(self, h):
+        return _linear(self.lin_nbr, h, bias=False) if self.pre else h
+
+    def combine(self, h, agg, t, in_weight):
+        if self.pre:
+            out = agg if self.lin_nbr.bias is None else agg + self.lin_nbr.bias
+        else:
+            out = self.lin_nbr(agg)
+        return out if self.lin_root is None else out + self.lin_root(h)
+
+
+class SAGELayer(_LinearRootLayer):
+    def __init__(self, conv: SAGEConv, post: Post = None) -> None:
+        if conv.project:
+            raise UnsupportedModelError("SAGEConv(project=True) is not supported")
+        super().__init__(conv.aggr, conv.lin_l, conv.lin_r if conv.root_weight else None,
+                         conv.in_channels, conv.out_channels, post)
+        self.normalize = conv.normalize
+
+    def combine(self, h, agg, t, in_weight):
+        out = super().combine(h, agg, t, in_weight)
+        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
+
+
+class GraphConvLayer(_LinearRootLayer):
+    edge_weighted = True
+
+    def __init__(self, conv: GraphConv, post: Post = None) -> None:
+        super().__init__(conv.aggr, conv.lin_rel, conv.lin_root, conv.in_channels,
+                         conv.out_channels, post)
+
+
+class GINLayer(Layer):
+    """GINConv: h'_v = nn((1 + eps) h_v + sum_u h_u)."""
+
+    def __init__(self, conv: GINConv, post: Post = None) -> None:
+        super().__init__(post)
+        self.conv = conv
+        self.aggr = SumAggregation()
+        self.in_dim = _in_features(conv.nn)
+        with torch.no_grad():
+            probe = torch.zeros(1, self.in_dim, dtype=next(conv.nn.parameters()).dtype)
+            self.out_dim = conv.nn(probe).shape[-1]
+
+    def combine(self, h, agg, t, in_weight):
+        return self.conv.nn(agg + (1 + self.conv.eps) * h)
+
+
+class GATLayer(Layer):
+    """GATConv: softmax over leaky_relu(a_src . t_u + a_dst . t_v) of the in-edges plus
+    the self-loop, t = W h split into heads; heads concatenated or averaged, + bias."""
+
+    def __init__(self, conv: GATConv, post: Post = None) -> None:
+        super().__init__(post)
+        if conv.lin is None:
+            raise UnsupportedModelError("GATConv with separate source/target weights "
+                                        "(tuple in_channels) is not supported")
+        if conv.edge_dim is not None:
+            raise UnsupportedModelError("GATConv(edge_dim=...) is not supported")
+        if not conv.add_self_loops:
+            raise UnsupportedModelError("GATConv(add_self_loops=False) is not supported")
+        self.conv = conv
+        self.aggr = SoftmaxAggregation()
+        self.heads, self.channels = conv.heads, conv.out_channels
+        self.in_dim = conv.in_channels
+        self.out_dim = conv.heads * conv.out_channels if conv.concat else conv.out_channels
+
+    def transform(self, h):
+        return self.conv.lin(h).view(-1, self.heads, self.channels)
+
+    def scores(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-vertex source and destination attention scores, [n, heads] each."""
+        return (t * self.conv.att_src).sum(-1), (t * self.conv.att_dst).sum(-1)
+
+    def logits(self, a_src: Tensor, a_dst: Tensor) -> Tensor:
+        return F.leaky_relu(a_src + a_dst, self.conv.negative_slope)
+
+    def edge_logits(self, t, src, dst):
+        a_src, a_dst = self.scores(t)
+        return self.logits(a_src[src], a_dst[dst])
+
+    def combine(self, h, agg: SoftmaxPartial, t, in_weight):
+        a_src, a_dst = self.scores(t)
+        own = self.logits(a_src, a_dst)
+        merged = SoftmaxAggregation.merge(agg, SoftmaxPartial(own, torch.ones_like(own), t))
+        out = merged.value()
+        out = out.reshape(len(t), -1) if self.conv.concat else out.mean(dim=1)
+        if self.conv.res is not None:
+            out = out + self.conv.res(h)
+        return out if self.conv.bias is None else out + self.conv.bias
+
+
+LAYER_TYPES: dict[type, type[Layer]] = {
+    GCNConv: GCNLayer, SAGEConv: SAGELayer, GraphConv: GraphConvLayer, GINConv: GINLayer,
+    GATConv: GATLayer,
+}
+
+
+def layer_from_conv(conv: torch.nn.Module, post: Post = None) -> Layer:
+    """The decomposition of a PyG conv; raises UnsupportedModelError naming what is."""
+    cls = LAYER_TYPES.get(type(conv))
+    if cls is None:
+        raise UnsupportedModelError(
+            f"{type(conv).__name__} is not supported; supported layers: "
+            + ", ".join(t.__name__ for t in LAYER_TYPES))
+    return cls(conv, post)
+
+
+def _in_features(module: torch.nn.Module) -> int:
+    for m in module.modules():
+        for name in ("in_features", "in_channels"):
+            if isinstance(getattr(m, name, None), int) and getattr(m, name) > 0:
+                return getattr(m, name)
+    raise UnsupportedModelError(f"cannot tell the input size of {type(module).__name__}")

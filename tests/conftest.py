@@ -1,0 +1,59 @@
+"""Shared test helpers: hypothesis profile, small graphs, and PyG reference forward passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, settings
+
+import streamgnn as sg
+from streamgnn.models.gnn import WEIGHTED_CONVS
+
+settings.register_profile("ci", deadline=None, max_examples=40,
+                          suppress_health_check=[HealthCheck.too_slow,
+                                                 HealthCheck.data_too_large])
+settings.load_profile("ci")
+torch.set_num_threads(1)
+
+
+def random_graph(rng: np.random.Generator, n: int, m: int, d: int, hubs: int = 2,
+                 classes: int = 3) -> sg.GraphData:
+    """A simple directed graph with a few hubs and some isolated vertices; sparse ids."""
+    ids = rng.choice(10 * n + 10, size=n, replace=False).astype(np.int64)
+    popular = np.ones(n)
+    popular[rng.choice(n, size=min(hubs, n), replace=False)] = 20.0
+    src = rng.integers(0, n, m)
+    dst = rng.choice(n, size=m, p=popular / popular.sum())
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    y = rng.integers(0, classes, n)
+    w = rng.uniform(0.2, 2.0, m).astype(np.float32)
+    return sg.GraphData.cleaned(ids=ids, src=ids[src], dst=ids[dst], x=x, y=y, weight=w)
+
+
+def pyg_layers(model: torch.nn.Module, data: sg.GraphData,
+               dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Each layer's output of ``model`` on ``data`` computed by PyG's own modules (rows in
+    ``data.ids`` order): the conv forward passes plus the model's inter-layer activation
+    and norm; the last entry is checked against ``model(...)`` itself."""
+    g = data.to_pyg()
+    x, ei, w = g.x.to(dtype), g.edge_index, g.edge_weight.to(dtype)
+    model = model.to(dtype).eval()
+    outs = [x]
+    with torch.no_grad():
+        h = x
+        convs = list(model.convs)
+        norms = list(getattr(model, "norms", [torch.nn.Identity()] * len(convs)))
+        for i, (conv, norm) in enumerate(zip(convs, norms)):
+            h = conv(h, ei, w) if isinstance(conv, WEIGHTED_CONVS) else conv(h, ei)
+            if i < len(convs) - 1:
+                act_first = getattr(model, "act_first", False)
+                if model.act is not None and act_first:
+                    h = model.act(h)
+                h = norm(h)
+                if model.act is not None and not act_first:
+                    h = model.act(h)
+            outs.append(h)
+        weighted = any(isinstance(c, WEIGHTED_CONVS) for c in convs)
+        full = model(x, ei, edge_weight=w if weighted else None)
+    torch.testing.assert_close(full, outs[-1], rtol=0, atol=0)
+    return outs

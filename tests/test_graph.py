@@ -1,0 +1,277 @@
+"""The dynamic graph store against a plain-Python reference: random batches of all six
+update types (valid and invalid), atomicity, error types and positions, the net diff."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+import streamgnn as sg
+from streamgnn.graph import DynamicGraph
+from tests.conftest import random_graph
+
+D = 3
+
+
+class Reference:
+    """Sequential, dict-based semantics of the graph store; vertices carry an incarnation
+    counter so a vertex deleted and re-added is a different vertex."""
+
+    def __init__(self, data: sg.GraphData) -> None:
+        self.x = {int(i): tuple(r) for i, r in zip(data.ids, data.x.tolist())}
+        self.inc = {int(i): 0 for i in data.ids}
+        self.e = {(int(s), int(d)): float(w) for s, d, w in zip(data.src, data.dst, data.weight)}
+        self.next_inc = 1
+
+    def snapshot(self):
+        return dict(self.x), dict(self.inc), dict(self.e), self.next_inc
+
+    def restore(self, snap) -> None:
+        self.x, self.inc, self.e, self.next_inc = (dict(snap[0]), dict(snap[1]),
+                                                   dict(snap[2]), snap[3])
+
+    def apply(self, batch) -> None:
+        snap = self.snapshot()
+        try:
+            for i, u in enumerate(batch):
+                try:
+                    self._one(u)
+                except sg.InvalidUpdateError as err:
+                    raise err.at(i) from None
+        except sg.InvalidUpdateError:
+            self.restore(snap)
+            raise
+
+    def _need(self, v):
+        if v not in self.x:
+            raise sg.UnknownVertexError(f"{v}")
+
+    def _features(self, x):
+        if len(x) != D:
+            raise sg.FeatureDimensionError("dim")
+        if not all(math.isfinite(a) for a in x):
+            raise sg.NonFiniteValueError("nan")
+        return tuple(np.float32(a) for a in x)
+
+    def _one(self, u) -> None:
+        if isinstance(u, sg.AddVertex):
+            x = self._features(u.x)
+            if u.id in self.x:
+                raise sg.DuplicateVertexError("dup")
+            self.x[u.id] = x
+            self.inc[u.id] = self.next_inc
+            self.next_inc += 1
+        elif isinstance(u, sg.DeleteVertex):
+            self._need(u.id)
+            del self.x[u.id], self.inc[u.id]
+            self.e = {k: w for k, w in self.e.items() if u.id not in k}
+        elif isinstance(u, sg.UpdateFeatures):
+            x = self._features(u.x)
+            self._need(u.id)
+            self.x[u.id] = x
+        else:
+            self._need(u.src)
+            self._need(u.dst)
+            key = (u.src, u.dst)
+            if isinstance(u, sg.AddEdge | sg.UpdateEdge) and not math.isfinite(u.weight):
+                raise sg.NonFiniteValueError("nan")
+            if isinstance(u, sg.AddEdge):
+                if u.src == u.dst:
+                    raise sg.SelfLoopError("loop")
+                if key in self.e:
+                    raise sg.DuplicateEdgeError("dup")
+                self.e[key] = float(np.float32(u.weight))
+            elif key not in self.e:
+                raise sg.UnknownEdgeError("missing")
+            elif isinstance(u, sg.DeleteEdge):
+                del self.e[key]
+            else:
+                self.e[key] = float(np.float32(u.weight))
+
+
+def assert_same(graph: DynamicGraph, ref: Reference) -> None:
+    assert sorted(graph.vertex_ids().tolist()) == sorted(ref.x)
+    s, d, w = graph.edges()
+    assert dict(zip(zip(s.tolist(), d.tolist()), w.tolist())) == ref.e
+    slots = graph.slots(np.array(sorted(ref.x), np.int64))
+    if len(slots):
+        np.testing.assert_array_equal(graph.x[slots], np.array([ref.x[i] for i in sorted(ref.x)],
+                                                               np.float32))
+    indeg = {v: 0 for v in ref.x}
+    wsum = {v: 0.0 for v in ref.x}
+    outdeg = {v: 0 for v in ref.x}
+    for (a, b), wt in ref.e.items():
+        indeg[b] += 1
+        outdeg[a] += 1
+        wsum[b] += wt
+    order = sorted(ref.x)
+    if order:
+        np.testing.assert_array_equal(graph.in_degree[slots], [indeg[v] for v in order])
+        np.testing.assert_array_equal(graph.out_degree[slots], [outdeg[v] for v in order])
+        np.testing.assert_allclose(graph.in_weight[slots], [wsum[v] for v in order], rtol=1e-12)
+    assert graph.num_vertices == len(ref.x)
+    assert graph.num_edges == len(ref.e)
+
+
+ids = st.integers(0, 14)  # a small id pool: collisions, deletes and re-adds are common
+# Mostly valid values, sometimes not: most batches apply, some must be rejected whole.
+_finite = st.floats(-2, 2, allow_nan=False, width=32)
+weights = st.one_of(*[_finite] * 8, st.sampled_from([float("nan"), float("inf")]))
+_row = st.lists(st.floats(-3, 3, width=32), min_size=D, max_size=D)
+feats = st.one_of(*[_row] * 8, st.lists(st.floats(-3, 3, width=32), min_size=1, max_size=5),
+                  st.just([0.0, float("nan"), 1.0]))
+updates = st.one_of(
+    st.builds(sg.AddEdge, src=ids, dst=ids, weight=weights),
+    st.builds(sg.DeleteEdge, src=ids, dst=ids),
+    st.builds(sg.UpdateEdge, src=ids, dst=ids, weight=weights),
+    st.builds(sg.AddVertex, id=ids, x=feats),
+    st.builds(sg.DeleteVertex, id=ids),
+    st.builds(sg.UpdateFeatures, id=ids, x=feats),
+)
+
+
+def _start(seed: int) -> sg.GraphData:
+    """A random graph on ids 0..9 (inside the update id pool)."""
+    data = random_graph(np.random.default_rng(seed), n=10, m=30, d=D)
+    return sg.GraphData(ids=np.arange(10), src=data.positions(data.src),
+                        dst=data.positions(data.dst), x=data.x, weight=data.weight)
+
+
+@given(seed=st.integers(0, 1000), batches=st.lists(st.lists(updates, max_size=12),
+                                                   min_size=1, max_size=8))
+def test_random_batches_match_reference(seed, batches):
+    data = _start(seed)
+    graph, ref = DynamicGraph.from_data(data), Reference(data)
+    for batch in batches:
+        before = ref.snapshot()
+        try:
+            ref.apply(batch)
+            expected = None
+        except sg.InvalidUpdateError as err:
+            expected = err
+        event("batch applied" if expected is None else "batch rejected")
+        if expected is None:
+            diff = graph.apply(batch)
+            check_diff(graph, diff, before, ref)
+        else:
+            with pytest.raises(sg.InvalidUpdateError):
+                graph.apply(batch)
+        assert_same(graph, ref)
+
+
+def check_diff(graph: DynamicGraph, diff: sg.GraphDiff, before, ref: Reference) -> None:
+    """The diff is the net change: keyed by (id, incarnation is new in this batch)."""
+    x0, inc0, e0, _ = before
+
+    def key(slot, new_slots):
+        return int(graph.ext[slot]), int(slot) in new_slots
+
+    new_slots = set(diff.added.tolist())
+    alive_before = {(v, False) for v in x0}
+    alive_after = {(v, ref.inc[v] != inc0.get(v)) for v in ref.x}
+    assert {key(s, new_slots) for s in diff.added} == alive_after - alive_before
+    assert {key(s, new_slots) for s in diff.removed} == alive_before - alive_after
+    for s, row in zip(diff.removed, diff.removed_x):
+        assert tuple(row) == x0[int(graph.ext[s])]
+    changed = {(v, False) for v in x0 if v in ref.x and inc0[v] == ref.inc[v] and
+               x0[v] != ref.x[v]}
+    assert {key(s, new_slots) for s in diff.changed} == changed
+    for s, row in zip(diff.changed, diff.changed_x_before):
+        assert tuple(row) == x0[int(graph.ext[s])]
+
+    def edge_map(edges, inc, inc_before):
+        return {((a, inc[a] != inc_before.get(a)), (b, inc[b] != inc_before.get(b))): w
+                for (a, b), w in edges.items()}
+
+    e_before = edge_map(e0, inc0, inc0)
+    e_after = edge_map(ref.e, ref.inc, inc0)
+    expected = {k: (e_before.get(k), e_after.get(k)) for k in set(e_before) | set(e_after)
+                if e_before.get(k) != e_after.get(k)}
+    got = {}
+    for s, d, b, a in zip(diff.edges.src, diff.edges.dst, diff.edges.before, diff.edges.after):
+        got[(key(s, new_slots), key(d, new_slots))] = (
+            None if np.isnan(b) else float(b), None if np.isnan(a) else float(a))
+    assert got == expected
+
+
+@given(seed=st.integers(0, 1000), position=st.integers(0, 9), data=st.data())
+def test_single_bad_update_names_id_reason_and_position(seed, position, data):
+    g = _start(seed)
+    graph = DynamicGraph.from_data(g)
+    ref = Reference(g)
+    e = sorted(ref.e)[0]
+    good = [sg.UpdateFeatures(id=int(i % 10), x=[float(i)] * D) for i in range(9)]
+    bad, err_type, needle = data.draw(st.sampled_from([
+        (sg.AddEdge(src=e[0], dst=e[1]), sg.DuplicateEdgeError, f"({e[0]}, {e[1]})"),
+        (sg.AddEdge(src=1, dst=1), sg.SelfLoopError, "(1, 1)"),
+        (sg.AddEdge(src=1, dst=99), sg.UnknownVertexError, "vertex 99"),
+        (sg.AddEdge(src=1, dst=2, weight=float("nan")), None, "not finite"),
+        (sg.DeleteEdge(src=99, dst=1), sg.UnknownVertexError, "vertex 99"),
+        (sg.UpdateEdge(src=3, dst=3, weight=1.0), sg.UnknownEdgeError, "(3, 3)"),
+        (sg.AddVertex(id=4, x=[0.0] * D), sg.DuplicateVertexError, "vertex 4"),
+        (sg.AddVertex(id=77, x=[0.0] * (D + 1)), sg.FeatureDimensionError, "vertex 77"),
+        (sg.AddVertex(id=77, x=[float("inf")] * D), sg.NonFiniteValueError, "vertex 77"),
+        (sg.DeleteVertex(id=55), sg.UnknownVertexError, "vertex 55"),
+        (sg.UpdateFeatures(id=5, x=[1.0, float("nan"), 0.0]), sg.NonFiniteValueError,
+         "vertex 5"),
+    ]))
+    if err_type is None:  # an edge that may or may not exist: NaN wins only if it does not
+        err_type = sg.InvalidUpdateError
+    batch = [*good[:position], bad, *good[position:]]
+    with pytest.raises(err_type, match=needle.replace("(", r"\(").replace(")", r"\)")) as info:
+        graph.apply(batch)
+    assert info.value.index == position
+    assert_same(graph, ref)
+
+
+def test_unknown_vertex_error_is_a_key_error():
+    graph = DynamicGraph.from_data(_start(0))
+    with pytest.raises(KeyError):
+        graph.apply([sg.DeleteVertex(id=12345)])
+
+
+def test_growth_and_compaction_keep_the_graph():
+    """Many inserts into few vertices force block moves and compactions."""
+    data = random_graph(np.random.default_rng(3), n=300, m=600, d=D)
+    graph, ref = DynamicGraph.from_data(data), Reference(data)
+    rng = np.random.default_rng(4)
+    for _ in range(30):
+        hub = int(rng.choice(data.ids))
+        others = rng.choice(data.ids, size=40, replace=False)
+        batch = [sg.AddEdge(src=int(o), dst=hub, weight=1.5) for o in others
+                 if o != hub and (int(o), hub) not in ref.e]
+        batch += [sg.DeleteEdge(src=s, dst=t) for s, t in list(ref.e)[:5]
+                  if (s, t) not in {(b.src, b.dst) for b in batch}]
+        ref.apply(batch)
+        graph.apply(batch)
+    assert_same(graph, ref)
+    structure = graph.nbytes()["structure"]
+    assert structure < 40 * (len(ref.e) + len(ref.x)) + 200_000
+
+
+def test_split_stream_replays_to_the_original():
+    data = sg.datasets.synthetic("tiny", seed=3)
+    snapshot, events = sg.datasets.split_stream(data, frac=0.2, seed=1)
+    assert 0.1 < 1 - snapshot.num_vertices / data.num_vertices < 0.3
+    graph = DynamicGraph.from_data(snapshot)
+    for i in range(0, len(events), 97):
+        graph.apply(events[i:i + 97])
+    now = graph.to_data()
+    assert sorted(now.ids.tolist()) == sorted(data.ids.tolist())
+    assert set(zip(now.src.tolist(), now.dst.tolist(), now.weight.tolist())) == set(
+        zip(data.src.tolist(), data.dst.tolist(), data.weight.tolist()))
+    np.testing.assert_array_equal(now.x[now.positions(data.ids)], data.x)
+
+
+def test_diff_of_update_then_delete_reports_features_from_before_the_batch():
+    data = _start(1)
+    graph = DynamicGraph.from_data(data)
+    diff = graph.apply([sg.UpdateFeatures(id=3, x=[9.0] * D), sg.DeleteVertex(id=3),
+                        sg.AddVertex(id=3, x=[7.0] * D)])
+    np.testing.assert_array_equal(diff.removed_x, data.x[3:4])
+    assert graph.ext[diff.removed].tolist() == [3] and graph.ext[diff.added].tolist() == [3]
+    assert diff.removed[0] != diff.added[0] and len(diff.changed) == 0
