@@ -1,10 +1,12 @@
 """`Adjacency`: one direction of a dynamic graph's edges (out- or in-lists) as per-vertex
-blocks with slack inside shared numpy arrays; the batch operations run in numba.
+blocks with slack inside shared numpy arrays; single-edge operations are numba functions
+that other kernels call, batch reads are vectorised.
 
 A vertex's neighbours live in ``nbr[start[v] : start[v] + deg[v]]`` (weights alongside in
-``w``) with room for ``room[v]``; a full block moves to the end of the arrays with twice
-the room, and the arrays are compacted when moved-out garbage dominates. Order inside a
-block is not meaningful (deletion swaps in the last entry).
+``w``) with room for ``room[v]``; a full block moves to the end of the arrays with
+half again the room, and the arrays are compacted when they run out. Order inside a block is not
+meaningful (deletion swaps in the last entry). A deleted vertex keeps its (empty) block
+for whoever reuses its slot.
 
 Owns the block layout only; must not import torch, kafka or mpi4py.
 """
@@ -14,11 +16,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_SLACK = 2  # spare entries per non-empty block after a compaction
+_MIN_ROOM = 4  # room of a block that moves, at least
 
 
 @njit(cache=True, inline="always")
-def _find(start, deg, nbr, u, v) -> int:
+def _grown(room):
+    return max(_MIN_ROOM, room + room // 2)
+
+
+@njit(cache=True)
+def find1(adj, u, v) -> int:
+    """Array position of u's entry for v, or -1. ``adj`` is (start, deg, room, nbr, w, end)."""
+    start, deg, _, nbr, _, _ = adj
     s = start[u]
     for k in range(s, s + deg[u]):
         if nbr[k] == v:
@@ -27,56 +36,53 @@ def _find(start, deg, nbr, u, v) -> int:
 
 
 @njit(cache=True)
-def _find_many(start, deg, nbr, us, vs, out):
+def has_room1(adj, u) -> bool:
+    """Can u take one more entry without compacting the arrays?"""
+    _, deg, room, nbr, _, end = adj
+    return deg[u] < room[u] or end[0] + _grown(room[u]) <= len(nbr)
+
+
+@njit(cache=True)
+def insert1(adj, u, v, wt) -> None:
+    """Append u -> v (absent, and ``has_room1`` holds)."""
+    start, deg, room, nbr, w, end = adj
+    if deg[u] == room[u]:
+        new_room = _grown(room[u])
+        s, e = start[u], end[0]
+        for k in range(deg[u]):
+            nbr[e + k] = nbr[s + k]
+            w[e + k] = w[s + k]
+        start[u] = e
+        room[u] = new_room
+        end[0] = e + new_room
+    p = start[u] + deg[u]
+    nbr[p] = v
+    w[p] = wt
+    deg[u] += 1
+
+
+@njit(cache=True)
+def remove1(adj, u, v) -> float:
+    """Remove u -> v (present); returns its weight."""
+    start, deg, _, nbr, w, _ = adj
+    p = find1(adj, u, v)
+    old = w[p]
+    last = start[u] + deg[u] - 1
+    nbr[p] = nbr[last]
+    w[p] = w[last]
+    deg[u] -= 1
+    return old
+
+
+@njit(cache=True)
+def _find_many(adj, us, vs, out):
     for i in range(len(us)):
-        out[i] = _find(start, deg, nbr, us[i], vs[i])
+        out[i] = find1(adj, us[i], vs[i])
 
 
 @njit(cache=True)
-def _insert_many(start, deg, room, nbr, w, end, us, vs, ws, first):
-    """Append (u -> v, w) for i >= first; stop early when the arrays are full.
-    Returns (next i to insert, new end)."""
-    cap = len(nbr)
-    for i in range(first, len(us)):
-        u = us[i]
-        if deg[u] == room[u]:
-            new_room = max(4, 2 * room[u])
-            if end + new_room > cap:
-                return i, end
-            s = start[u]
-            for k in range(deg[u]):
-                nbr[end + k] = nbr[s + k]
-                w[end + k] = w[s + k]
-            start[u] = end
-            room[u] = new_room
-            end += new_room
-        p = start[u] + deg[u]
-        nbr[p] = vs[i]
-        w[p] = ws[i]
-        deg[u] += 1
-    return len(us), end
-
-
-@njit(cache=True)
-def _remove_many(start, deg, nbr, w, us, vs):
-    """Remove edges known to be present."""
-    for i in range(len(us)):
-        u = us[i]
-        p = _find(start, deg, nbr, u, vs[i])
-        last = start[u] + deg[u] - 1
-        nbr[p] = nbr[last]
-        w[p] = w[last]
-        deg[u] -= 1
-
-
-@njit(cache=True)
-def _set_many(start, deg, nbr, w, us, vs, ws):
-    for i in range(len(us)):
-        w[_find(start, deg, nbr, us[i], vs[i])] = ws[i]
-
-
-@njit(cache=True)
-def _gather(start, deg, nbr, w, vertices, ptr, out_nbr, out_w):
+def _gather(adj, vertices, ptr, out_nbr, out_w):
+    start, _, _, nbr, w, _ = adj
     for i in range(len(vertices)):
         s, p = start[vertices[i]], ptr[i]
         for k in range(ptr[i + 1] - p):
@@ -85,7 +91,8 @@ def _gather(start, deg, nbr, w, vertices, ptr, out_nbr, out_w):
 
 
 @njit(cache=True)
-def _weight_sums(start, deg, w, vertices, out):
+def _weight_sums(adj, vertices, out):
+    start, deg, _, _, w, _ = adj
     for i in range(len(vertices)):
         s = start[vertices[i]]
         acc = 0.0
@@ -95,7 +102,8 @@ def _weight_sums(start, deg, w, vertices, out):
 
 
 @njit(cache=True)
-def _compact(start, deg, room, nbr, w, new_nbr, new_w, slack):
+def _compact(adj, new_nbr, new_w):
+    start, deg, room, nbr, w, _ = adj
     end = 0
     for v in range(len(start)):
         s, d = start[v], deg[v]
@@ -103,7 +111,7 @@ def _compact(start, deg, room, nbr, w, new_nbr, new_w, slack):
             new_nbr[end + k] = nbr[s + k]
             new_w[end + k] = w[s + k]
         start[v] = end
-        room[v] = d + (slack if d > 0 else 0)
+        room[v] = d + d // 4
         end += room[v]
     return end
 
@@ -111,13 +119,13 @@ def _compact(start, deg, room, nbr, w, new_nbr, new_w, slack):
 class Adjacency:
     """One direction of the edges: ``neighbours(v)`` are out-neighbours for the out side."""
 
-    def __init__(self, vertex_capacity: int, edge_capacity: int = 0) -> None:
+    def __init__(self, vertex_capacity: int) -> None:
         self.start = np.zeros(vertex_capacity, np.int64)
         self.deg = np.zeros(vertex_capacity, np.int32)
         self.room = np.zeros(vertex_capacity, np.int32)
-        self.nbr = np.zeros(edge_capacity, np.int32)
-        self.w = np.zeros(edge_capacity, np.float32)
-        self.end = 0
+        self.nbr = np.zeros(0, np.int32)
+        self.w = np.zeros(0, np.float32)
+        self.end = np.zeros(1, np.int64)
 
     @classmethod
     def from_sorted(cls, vertex_capacity: int, owner: np.ndarray, nbr: np.ndarray,
@@ -130,8 +138,13 @@ class Adjacency:
         adj.start[1:] = np.cumsum(deg[:-1], dtype=np.int64)
         adj.nbr = np.ascontiguousarray(nbr, np.int32)
         adj.w = np.ascontiguousarray(w, np.float32)
-        adj.end = len(nbr)
+        adj.end[0] = len(nbr)
         return adj
+
+    @property
+    def arrays(self) -> tuple:
+        """The state as the tuple the numba functions take."""
+        return self.start, self.deg, self.room, self.nbr, self.w, self.end
 
     def grow_vertices(self, capacity: int) -> None:
         for name in ("start", "deg", "room"):
@@ -147,24 +160,9 @@ class Adjacency:
     def find(self, us: np.ndarray, vs: np.ndarray) -> np.ndarray:
         """Array position of each edge u -> v, -1 where absent."""
         out = np.empty(len(us), np.int64)
-        _find_many(self.start, self.deg, self.nbr, us, vs, out)
+        _find_many(self.arrays, np.ascontiguousarray(us, np.int64),
+                   np.ascontiguousarray(vs, np.int64), out)
         return out
-
-    def insert(self, us: np.ndarray, vs: np.ndarray, ws: np.ndarray) -> None:
-        """Add edges known to be absent."""
-        done = 0
-        while done < len(us):
-            done, self.end = _insert_many(self.start, self.deg, self.room, self.nbr, self.w,
-                                          self.end, us, vs, ws, done)
-            if done < len(us):
-                self._make_room(len(us) - done)
-
-    def remove(self, us: np.ndarray, vs: np.ndarray) -> None:
-        """Remove edges known to be present."""
-        _remove_many(self.start, self.deg, self.nbr, self.w, us, vs)
-
-    def set_weights(self, us: np.ndarray, vs: np.ndarray, ws: np.ndarray) -> None:
-        _set_many(self.start, self.deg, self.nbr, self.w, us, vs, ws)
 
     def gather(self, vertices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Neighbour lists of ``vertices`` concatenated: (ptr, nbr, w), CSR-style."""
@@ -173,30 +171,25 @@ class Adjacency:
         np.cumsum(self.deg[vertices], out=ptr[1:])
         nbr = np.empty(ptr[-1], np.int32)
         w = np.empty(ptr[-1], np.float32)
-        _gather(self.start, self.deg, self.nbr, self.w, vertices, ptr, nbr, w)
+        _gather(self.arrays, vertices, ptr, nbr, w)
         return ptr, nbr, w
 
     def weight_sums(self, vertices: np.ndarray) -> np.ndarray:
         """Sum of block weights per vertex, accumulated in float64."""
         out = np.empty(len(vertices), np.float64)
-        _weight_sums(self.start, self.deg, self.w, np.ascontiguousarray(vertices, np.int64), out)
+        _weight_sums(self.arrays, np.ascontiguousarray(vertices, np.int64), out)
         return out
 
-    def clear(self, vertices: np.ndarray) -> None:
-        """Forget the (already emptied) blocks of deleted vertices."""
-        self.deg[vertices] = 0
-        self.room[vertices] = 0
-
-    def _make_room(self, pending: int) -> None:
-        """Compact into arrays with half again the space the blocks need."""
-        used = int(self.deg.sum()) + _SLACK * int((self.deg > 0).sum())
-        capacity = (3 * (used + 2 * pending)) // 2 + 64
+    def make_room(self, pending: int) -> None:
+        """Compact into arrays with a quarter more space than the blocks need, plus room
+        for ``pending`` inserts."""
+        used = int(self.deg.sum()) + int((self.deg // 4).sum())
+        capacity = (5 * used) // 4 + 2 * pending + 64
         new_nbr = np.zeros(capacity, np.int32)
         new_w = np.zeros(capacity, np.float32)
-        self.end = _compact(self.start, self.deg, self.room, self.nbr, self.w, new_nbr, new_w,
-                            _SLACK)
+        self.end[0] = _compact(self.arrays, new_nbr, new_w)
         self.nbr, self.w = new_nbr, new_w
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.start, self.deg, self.room, self.nbr, self.w))
+        return sum(a.nbytes for a in self.arrays)

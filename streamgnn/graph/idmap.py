@@ -1,5 +1,7 @@
-"""`IdMap`: external int64 vertex id -> internal int32 slot, an open-addressing hash table
-whose batch operations run in numba.
+"""`IdMap`: external int64 vertex ids <-> internal int32 slots. ``ext[slot]`` is the id of
+a slot; the reverse direction is an open-addressing hash table whose cells hold only
+slots (the key of a cell is ``ext`` of its slot). Its operations run in numba; the
+single-key functions are called from other kernels.
 
 Owns the id table only; must not import torch, kafka or mpi4py.
 """
@@ -9,97 +11,113 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_EMPTY, _FULL, _GONE = 0, 1, 2
+_EMPTY, _GONE = -1, -2
+_MAX_LOAD = 0.7  # live plus deleted cells, as a fraction of the table
 
 
 @njit(cache=True, inline="always")
-def _home(key: int, mask: int) -> int:
+def _home(key, mask):
     h = key * -7046029254386353131  # 0x9E3779B97F4A7C15, wraps in int64
     h ^= h >> 29
     return h & mask
 
 
 @njit(cache=True)
-def _lookup(keys, vals, state, query, out):
-    mask = len(keys) - 1
+def _cell(table, key) -> int:
+    cells, ext, _ = table
+    mask = len(cells) - 1
+    i = _home(key, mask)
+    while cells[i] != _EMPTY:
+        if cells[i] >= 0 and ext[cells[i]] == key:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(cache=True)
+def get1(table, key) -> int:
+    """Slot of ``key``, or -1. ``table`` is (cells, ext, counts[live, non-empty cells])."""
+    i = _cell(table, key)
+    return -1 if i < 0 else table[0][i]
+
+
+@njit(cache=True)
+def put1(table, key, slot) -> None:
+    """Map ``key`` (absent; capacity reserved by the caller) to ``slot``."""
+    cells, ext, counts = table
+    mask = len(cells) - 1
+    i = _home(key, mask)
+    while cells[i] >= 0:
+        i = (i + 1) & mask
+    if cells[i] == _EMPTY:
+        counts[1] += 1
+    cells[i] = slot
+    ext[slot] = key
+    counts[0] += 1
+
+
+@njit(cache=True)
+def del1(table, key) -> None:
+    """Unmap ``key`` (present); ``ext`` of its slot is left as it was."""
+    table[0][_cell(table, key)] = _GONE
+    table[2][0] -= 1
+
+
+@njit(cache=True)
+def _get_many(table, query, out):
     for q in range(len(query)):
-        key = query[q]
-        i = _home(key, mask)
-        out[q] = -1
-        while state[i] != _EMPTY:
-            if state[i] == _FULL and keys[i] == key:
-                out[q] = vals[i]
-                break
-            i = (i + 1) & mask
+        out[q] = get1(table, query[q])
 
 
 @njit(cache=True)
-def _insert(keys, vals, state, new_keys, new_vals):
-    """Insert keys known to be absent."""
-    mask = len(keys) - 1
-    for q in range(len(new_keys)):
-        i = _home(new_keys[q], mask)
-        while state[i] == _FULL:
-            i = (i + 1) & mask
-        keys[i] = new_keys[q]
-        vals[i] = new_vals[q]
-        state[i] = _FULL
-
-
-@njit(cache=True)
-def _remove(keys, state, old_keys):
-    """Remove keys known to be present."""
-    mask = len(keys) - 1
-    for q in range(len(old_keys)):
-        key = old_keys[q]
-        i = _home(key, mask)
-        while not (state[i] == _FULL and keys[i] == key):
-            i = (i + 1) & mask
-        state[i] = _GONE
+def _put_many(table, keys, slots):
+    for q in range(len(keys)):
+        put1(table, keys[q], slots[q])
 
 
 class IdMap:
-    """Batch lookups, inserts and removals of external ids; load factor kept <= 1/2."""
+    """Batch lookups and inserts of external ids; ``reserve`` keeps the load factor at most
+    0.7 so probes stay short."""
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self._alloc(capacity)
+    def __init__(self, slot_capacity: int) -> None:
+        self.ext = np.zeros(slot_capacity, np.int64)
+        self._alloc(slot_capacity)
 
-    def _alloc(self, capacity: int) -> None:
-        cap = 1 << max(4, int(capacity - 1).bit_length())
-        self._keys = np.zeros(cap, np.int64)
-        self._vals = np.zeros(cap, np.int32)
-        self._state = np.zeros(cap, np.uint8)
-        self._size = 0
-        self._used = 0  # full + gone slots: what probing sees
+    def _alloc(self, keys: int) -> None:
+        cells = 1 << max(4, int(keys / _MAX_LOAD).bit_length())
+        self.table = (np.full(cells, _EMPTY, np.int32), self.ext, np.zeros(2, np.int64))
 
     def __len__(self) -> int:
-        return self._size
+        return int(self.table[2][0])
 
     def get(self, ext: np.ndarray) -> np.ndarray:
         """Slot of each id, -1 where absent."""
         ext = np.ascontiguousarray(ext, dtype=np.int64)
         out = np.empty(len(ext), np.int32)
-        _lookup(self._keys, self._vals, self._state, ext, out)
+        _get_many(self.table, ext, out)
         return out
+
+    def reserve(self, extra: int) -> None:
+        """Make room for ``extra`` inserts (rehashing into a larger table if needed)."""
+        cells, _, counts = self.table
+        if int(counts[1]) + extra <= _MAX_LOAD * len(cells):
+            return
+        slots = cells[cells >= 0]
+        self._alloc(len(slots) + extra)
+        _put_many(self.table, self.ext[slots], slots)
+
+    def grow_slots(self, capacity: int) -> None:
+        ext = np.zeros(capacity, np.int64)
+        ext[:len(self.ext)] = self.ext
+        self.ext = ext
+        self.table = (self.table[0], ext, self.table[2])
 
     def insert(self, ext: np.ndarray, slots: np.ndarray) -> None:
         """Insert ids that are absent (the caller checked)."""
-        if 2 * (self._used + len(ext)) > len(self._keys):
-            live = self._state == _FULL
-            keys, vals = self._keys[live], self._vals[live]
-            self._alloc(4 * (self._size + len(ext)))
-            _insert(self._keys, self._vals, self._state, keys, vals)
-            self._size = self._used = len(keys)
-        _insert(self._keys, self._vals, self._state,
-                np.ascontiguousarray(ext, np.int64), np.ascontiguousarray(slots, np.int32))
-        self._size += len(ext)
-        self._used += len(ext)
-
-    def remove(self, ext: np.ndarray) -> None:
-        """Remove ids that are present (the caller checked)."""
-        _remove(self._keys, self._state, np.ascontiguousarray(ext, np.int64))
-        self._size -= len(ext)
+        self.reserve(len(ext))
+        _put_many(self.table, np.ascontiguousarray(ext, np.int64),
+                  np.ascontiguousarray(slots, np.int32))
 
     @property
     def nbytes(self) -> int:
-        return self._keys.nbytes + self._vals.nbytes + self._state.nbytes
+        return self.table[0].nbytes + self.ext.nbytes

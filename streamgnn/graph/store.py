@@ -3,14 +3,15 @@ in- and out-adjacency with weights, degrees, and atomic batches of the six updat
 
 Policy (what PyG computes on the exported graph): the graph is simple. A self-loop or a
 second edge between the same ordered pair is rejected; layers that add self-loops (GCN,
-GAT) add them themselves, as PyG does. Deleting a vertex deletes its edges.
+GAT) add them themselves, as PyG does. Deleting a vertex deletes its edges. A deleted
+vertex's slot is reused only after the batch that deleted it.
 
 Owns graph state only; must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,17 +28,33 @@ from streamgnn.errors import (
     UnknownVertexError,
 )
 from streamgnn.graph.adjacency import Adjacency
-from streamgnn.graph.idmap import IdMap
-from streamgnn.updates import (
-    AddEdge,
-    AddVertex,
-    DeleteEdge,
-    DeleteVertex,
-    Update,
-    UpdateFeatures,
+from streamgnn.graph.batch import (
+    ADD_EDGE,
+    ADD_VERTEX,
+    BAD_DIMENSION,
+    DELETE_VERTEX,
+    DUPLICATE_EDGE,
+    DUPLICATE_VERTEX,
+    EDGE,
+    FEAT,
+    NEED_ROOM_IN,
+    NEED_ROOM_OUT,
+    NONFINITE_X,
+    OK,
+    SELF_LOOP,
+    UNKNOWN_A,
+    UNKNOWN_B,
+    UNKNOWN_EDGE,
+    UPDATE_EDGE,
+    UPDATE_FEATURES,
+    VADD,
+    VDEL,
+    Encoded,
+    apply_kernel,
+    undo_kernel,
 )
-
-Undo = Callable[[], None]
+from streamgnn.graph.idmap import IdMap
+from streamgnn.updates import Update
 
 
 @dataclass
@@ -49,15 +66,6 @@ class EdgeLog:
     before: np.ndarray
     after: np.ndarray
 
-    @staticmethod
-    def concat(logs: Sequence[EdgeLog]) -> EdgeLog:
-        if not logs:
-            e = np.empty(0, np.int32)
-            f = np.empty(0, np.float32)
-            return EdgeLog(e, e, f, f)
-        return EdgeLog(*(np.concatenate([getattr(g, k) for g in logs])
-                         for k in ("src", "dst", "before", "after")))
-
 
 @dataclass
 class GraphDiff:
@@ -65,8 +73,8 @@ class GraphDiff:
 
     ``edges`` holds each ordered pair whose weight or presence differs before vs after the
     batch. ``added``/``removed`` are vertices alive only after/only before it (``removed_x``
-    their last features); ``changed`` are vertices alive throughout whose features changed,
-    with ``changed_x_before``."""
+    their features from before it); ``changed`` are vertices alive throughout whose
+    features were updated, with ``changed_x_before``."""
 
     edges: EdgeLog
     added: np.ndarray
@@ -81,16 +89,15 @@ class DynamicGraph:
 
     def __init__(self, num_features: int, vertex_capacity: int = 1024) -> None:
         self.num_features = num_features
-        self._ids = IdMap(2 * vertex_capacity)
-        self.ext = np.zeros(vertex_capacity, np.int64)
+        self._ids = IdMap(vertex_capacity)
         self.alive = np.zeros(vertex_capacity, bool)
         self.x = np.zeros((vertex_capacity, num_features), np.float32)
-        self.in_weight = np.zeros(vertex_capacity, np.float64)
+        self.in_weight = np.zeros(vertex_capacity, np.float64)  # weighted in-degree
         self.out = Adjacency(vertex_capacity)
         self.inn = Adjacency(vertex_capacity)
-        self.num_slots = 0           # slots ever handed out (high-water mark)
-        self._free: list[int] = []   # reusable slots
-        self._limbo: list[int] = []  # slots deleted in the open batch, reusable after it
+        self._free = np.zeros(vertex_capacity, np.int32)   # stack of reusable slots
+        self._limbo = np.zeros(0, np.int32)  # slots deleted by the open batch
+        self._counts = np.zeros(4, np.int64)  # free top, limbo top, slots used, xsave rows
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -99,10 +106,9 @@ class DynamicGraph:
         n = data.num_vertices
         g = cls(data.num_features, vertex_capacity=max(n, 16))
         g._ids.insert(data.ids, np.arange(n, dtype=np.int32))
-        g.ext[:n] = data.ids
         g.alive[:n] = True
         g.x[:n] = data.x
-        g.num_slots = n
+        g._counts[2] = n
         s = data.positions(data.src).astype(np.int32)
         d = data.positions(data.dst).astype(np.int32)
         by_src = np.argsort(s, kind="stable")
@@ -113,6 +119,16 @@ class DynamicGraph:
         return g
 
     # ---------------------------------------------------------------- queries
+    @property
+    def ext(self) -> np.ndarray:
+        """External id of each slot."""
+        return self._ids.ext
+
+    @property
+    def num_slots(self) -> int:
+        """Slots ever handed out: per-vertex arrays are valid up to here."""
+        return int(self._counts[2])
+
     @property
     def num_vertices(self) -> int:
         return len(self._ids)
@@ -132,12 +148,12 @@ class DynamicGraph:
     def slots(self, ext) -> np.ndarray:
         """Internal slot of each external id; raises UnknownVertexError naming the first
         unknown one (``index`` is its position)."""
-        slots = self._ids.get(np.atleast_1d(np.asarray(ext, np.int64)))
+        ext = np.atleast_1d(np.asarray(ext, np.int64))
+        slots = self._ids.get(ext)
         missing = np.flatnonzero(slots < 0)
         if len(missing):
             i = int(missing[0])
-            bad = int(np.atleast_1d(ext)[i])
-            raise UnknownVertexError(f"vertex {bad} is not in the graph", index=i)
+            raise UnknownVertexError(f"vertex {ext[i]} is not in the graph", index=i)
         return slots
 
     def contains(self, ext) -> np.ndarray:
@@ -154,8 +170,7 @@ class DynamicGraph:
         """All edges as (src slot, dst slot, weight), grouped by source."""
         v = self.vertex_slots()
         ptr, dst, w = self.out.gather(v)
-        src = np.repeat(v.astype(np.int32), np.diff(ptr))
-        return src, dst, w
+        return np.repeat(v.astype(np.int32), np.diff(ptr)), dst, w
 
     def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All edges as (src id, dst id, weight)."""
@@ -163,7 +178,7 @@ class DynamicGraph:
         return self.ext[s], self.ext[d], w
 
     def has_edges(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> np.ndarray:
-        return self._positions(src_slots, dst_slots) >= 0
+        return self.out.find(src_slots, dst_slots) >= 0
 
     def in_edges(self, vertices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ptr, src slots, weights) of the in-edges of ``vertices``, CSR-style."""
@@ -182,10 +197,10 @@ class DynamicGraph:
     def nbytes(self) -> dict[str, int]:
         """Bytes held, by part; ``structure`` excludes the feature matrix."""
         parts = {
-            "id_map": self._ids.nbytes + self.ext.nbytes + self.alive.nbytes,
+            "id_map": self._ids.nbytes + self.alive.nbytes + self._free.nbytes,
             "out_adjacency": self.out.nbytes,
             "in_adjacency": self.inn.nbytes,
-            "degrees": self.in_weight.nbytes,
+            "in_weight": self.in_weight.nbytes,
         }
         parts["structure"] = sum(parts.values())
         parts["features"] = self.x.nbytes
@@ -195,261 +210,73 @@ class DynamicGraph:
     def apply(self, batch: Sequence[Update]) -> GraphDiff:
         """Apply ``batch`` in order, atomically: on a bad update, everything the batch did is
         undone and the error (``index`` = the update's position) is raised."""
-        undo: list[Undo] = []
-        logs: list[EdgeLog] = []
-        added: list[np.ndarray] = []
-        removed: list[tuple[np.ndarray, np.ndarray]] = []
-        changed: list[tuple[np.ndarray, np.ndarray]] = []
-        try:
-            for start, run in _runs(batch):
-                try:
-                    self._apply_run(run, undo, logs, added, removed, changed)
-                except InvalidUpdateError as err:
-                    raise err.at(start + (err.index or 0)) from None
-        except BaseException:
-            for step in reversed(undo):
-                step()
+        enc = Encoded(batch, self.num_features)
+        self._reserve(enc)
+        log, xsave = self._new_log(enc)
+        args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
+        status, index = OK, 0
+        while True:
+            status, index = apply_kernel((enc.op, enc.a, enc.b, enc.w, enc.xrow, enc.x), index,
+                                         *args, log, xsave)
+            if status not in (NEED_ROOM_OUT, NEED_ROOM_IN):
+                break
+            self._make_room(status, len(batch) - index)
+            args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
+        if status != OK:
+            while (undo := undo_kernel(*args, log, xsave)) != OK:
+                self._make_room(undo, 1)
+                args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
+            self._refresh_in_weight(log)
             self._release()
-            raise
+            raise _error(status, index, enc, self.num_features)
+        self._refresh_in_weight(log)
+        diff = self._net(log, xsave)
         self._release()
-        return self._net(logs, added, removed, changed)
+        return diff
 
-    def _apply_run(self, run, undo, logs, added, removed, changed) -> None:
-        kind = type(run[0])
-        if kind is AddVertex:
-            ids = np.array([u.id for u in run], np.int64)
-            slots = self.add_vertices(ids, self._feature_rows(run, ids))
-            added.append(slots)
-            undo.append(lambda: self._drop_new_vertices(slots))
-        elif kind is DeleteVertex:
-            ids = np.array([u.id for u in run], np.int64)
-            slots, x_old, log = self.delete_vertices(ids)
-            logs.append(log)
-            removed.append((slots, x_old))
-            undo.append(lambda: self._restore_vertices(ids, slots, log))
-        elif kind is UpdateFeatures:
-            ids = np.array([u.id for u in run], np.int64)
-            slots, x_old = self.update_features(ids, self._feature_rows(run, ids))
-            changed.append((slots, x_old))
-            undo.append(lambda: self.x.__setitem__(slots, x_old))
-        else:
-            src = np.array([u.src for u in run], np.int64)
-            dst = np.array([u.dst for u in run], np.int64)
-            if kind is AddEdge:
-                log = self.add_edges(src, dst, np.array([u.weight for u in run], np.float32))
-            elif kind is DeleteEdge:
-                log = self.delete_edges(src, dst)
-            else:
-                log = self.update_edges(src, dst, np.array([u.weight for u in run], np.float32))
-            logs.append(log)
-            undo.append(lambda: self._revert_edges(log))
+    def _reserve(self, enc: Encoded) -> None:
+        adds = int(enc.counts[ADD_VERTEX])
+        self._ids.reserve(adds)
+        if self.num_slots + adds > len(self.ext):
+            self._grow(max(len(self.ext) * 5 // 4, self.num_slots + adds))
 
-    def _feature_rows(self, run, ids: np.ndarray) -> np.ndarray:
-        d = self.num_features
-        for i, u in enumerate(run):
-            if len(u.x) != d:
-                raise FeatureDimensionError(
-                    f"vertex {u.id}: {len(u.x)} features, the graph has {d}", index=i)
-        return np.array([u.x for u in run], np.float32).reshape(len(run), d)
+    def _new_log(self, enc: Encoded):
+        """Log arrays big enough for the batch: every edge op, every feature change, every
+        vertex op, and every edge a vertex deletion can cascade to."""
+        targets = self._ids.get(enc.a[enc.op == DELETE_VERTEX])
+        targets = targets[targets >= 0]
+        cascade = int(self.out.deg[targets].sum() + self.inn.deg[targets].sum())
+        size = len(enc.op) + int(enc.counts[ADD_EDGE]) + cascade + 1
+        log = (np.zeros(size, np.int8), np.zeros((size, 2), np.int64),
+               np.zeros((size, 2), np.float32), np.zeros(1, np.int64))
+        self._counts[3] = 0
+        self._limbo = np.zeros(int(enc.counts[DELETE_VERTEX]), np.int32)
+        return log, np.zeros((int(enc.counts[UPDATE_FEATURES]), self.num_features), np.float32)
 
-    # ---------------------------------------------------------------- vertex operations
-    def add_vertices(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Add new vertices with features; returns their slots."""
-        ids = np.asarray(ids, np.int64)
-        x = self._check_features(ids, x)
-        first_dup = _first_repeat(ids)
-        if first_dup is not None:
-            raise DuplicateVertexError(f"vertex {ids[first_dup]} is added twice", index=first_dup)
-        exists = np.flatnonzero(self._ids.get(ids) >= 0)
-        if len(exists):
-            i = int(exists[0])
-            raise DuplicateVertexError(f"vertex {ids[i]} already exists", index=i)
-        slots = self._take_slots(len(ids))
-        self._ids.insert(ids, slots)
-        self.ext[slots] = ids
-        self.alive[slots] = True
-        self.x[slots] = x
-        self.in_weight[slots] = 0.0
-        return slots
+    @property
+    def _verts(self) -> tuple:
+        return self.alive, self.x, self._free, self._limbo, self._counts
 
-    def delete_vertices(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, EdgeLog]:
-        """Delete vertices and their edges; returns (slots, old features, removed edges)."""
-        ids = np.asarray(ids, np.int64)
-        first_dup = _first_repeat(ids)
-        if first_dup is not None:
-            raise UnknownVertexError(f"vertex {ids[first_dup]} is deleted twice", index=first_dup)
-        slots = self.slots(ids)
-        going = np.zeros(len(self.alive), bool)
-        going[slots] = True
-        optr, odst, _ = self.out.gather(slots)
-        osrc = np.repeat(slots, np.diff(optr))
-        iptr, isrc, _ = self.inn.gather(slots)
-        idst = np.repeat(slots, np.diff(iptr))
-        keep = ~going[isrc]  # edges between two deleted vertices are in the out-lists already
-        log = self._remove_edges(np.concatenate([osrc, isrc[keep]]),
-                                 np.concatenate([odst, idst[keep]]))
-        self.out.clear(slots)
-        self.inn.clear(slots)
-        self._ids.remove(ids)
-        self.alive[slots] = False
-        self._limbo.extend(slots.tolist())
-        return slots, self.x[slots].copy(), log
+    def _make_room(self, status: int, pending: int) -> None:
+        (self.out if status == NEED_ROOM_OUT else self.inn).make_room(pending)
 
-    def update_features(self, ids: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Replace features (the last row wins for a repeated id); returns (slots, old rows)."""
-        ids = np.asarray(ids, np.int64)
-        x = self._check_features(ids, x)
-        slots = self.slots(ids)
-        last = _last_occurrences(slots)
-        slots, x = slots[last], x[last]
-        old = self.x[slots].copy()
-        self.x[slots] = x
-        return slots, old
+    def _refresh_in_weight(self, log) -> None:
+        kinds, ints, _, n = log
+        edges = kinds[:n[0]] == EDGE
+        if edges.any():
+            v = np.unique(ints[:n[0]][edges, 1])
+            self.in_weight[v] = self.inn.weight_sums(v)
 
-    # ---------------------------------------------------------------- edge operations
-    def add_edges(self, src: np.ndarray, dst: np.ndarray, w: np.ndarray) -> EdgeLog:
-        s, d = self._edge_slots(src, dst)
-        w = self._check_weights(src, dst, w)
-        loops = np.flatnonzero(s == d)
-        if len(loops):
-            i = int(loops[0])
-            raise SelfLoopError(f"edge ({src[i]}, {dst[i]}) is a self-loop", index=i)
-        first_dup = _first_repeat(_pair_keys(s, d))
-        if first_dup is not None:
-            i = first_dup
-            raise DuplicateEdgeError(f"edge ({src[i]}, {dst[i]}) is added twice", index=i)
-        exists = np.flatnonzero(self._positions(s, d) >= 0)
-        if len(exists):
-            i = int(exists[0])
-            raise DuplicateEdgeError(f"edge ({src[i]}, {dst[i]}) already exists", index=i)
-        self._insert_edges(s, d, w)
-        return EdgeLog(s, d, np.full(len(s), np.nan, np.float32), w)
-
-    def delete_edges(self, src: np.ndarray, dst: np.ndarray) -> EdgeLog:
-        s, d = self._edge_slots(src, dst)
-        first_dup = _first_repeat(_pair_keys(s, d))
-        if first_dup is not None:
-            i = first_dup
-            raise UnknownEdgeError(f"edge ({src[i]}, {dst[i]}) is deleted twice", index=i)
-        self._require_edges(src, dst, s, d)
-        return self._remove_edges(s, d)
-
-    def update_edges(self, src: np.ndarray, dst: np.ndarray, w: np.ndarray) -> EdgeLog:
-        """Set weights (the last wins for a repeated pair)."""
-        s, d = self._edge_slots(src, dst)
-        w = self._check_weights(src, dst, w)
-        pos = self._require_edges(src, dst, s, d)
-        last = _last_occurrences(_pair_keys(s, d))
-        s, d, w, pos = s[last], d[last], w[last], pos[last]
-        before = self._weights_at(s, d, pos)
-        self.out.set_weights(s, d, w)
-        self.inn.set_weights(d, s, w)
-        self._refresh_in_weight(d)
-        return EdgeLog(s, d, before, w)
-
-    # ---------------------------------------------------------------- internals
-    def _check_features(self, ids: np.ndarray, x) -> np.ndarray:
-        x = np.asarray(x, np.float32)
-        if x.ndim != 2 or x.shape != (len(ids), self.num_features):
-            raise FeatureDimensionError(
-                f"features of shape {x.shape} for {len(ids)} vertices; the graph has "
-                f"{self.num_features} features", index=0)
-        bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
-        if len(bad):
-            i = int(bad[0])
-            raise NonFiniteValueError(f"vertex {ids[i]}: features contain NaN or inf", index=i)
-        return x
-
-    def _check_weights(self, src, dst, w) -> np.ndarray:
-        w = np.asarray(w, np.float32).reshape(len(src))
-        bad = np.flatnonzero(~np.isfinite(w))
-        if len(bad):
-            i = int(bad[0])
-            raise NonFiniteValueError(
-                f"edge ({src[i]}, {dst[i]}): weight {w[i]} is not finite", index=i)
-        return w
-
-    def _edge_slots(self, src, dst) -> tuple[np.ndarray, np.ndarray]:
-        src = np.asarray(src, np.int64)
-        dst = np.asarray(dst, np.int64)
-        s, d = self._ids.get(src), self._ids.get(dst)
-        bad = np.flatnonzero((s < 0) | (d < 0))
-        if len(bad):
-            i = int(bad[0])
-            missing = src[i] if s[i] < 0 else dst[i]
-            raise UnknownVertexError(
-                f"edge ({src[i]}, {dst[i]}): vertex {missing} is not in the graph", index=i)
-        return s, d
-
-    def _positions(self, s: np.ndarray, d: np.ndarray) -> np.ndarray:
-        """Position in the out-arrays of each edge s -> d, -1 where absent."""
-        return self.out.find(np.ascontiguousarray(s, np.int32), np.ascontiguousarray(d, np.int32))
-
-    def _require_edges(self, src, dst, s, d) -> np.ndarray:
-        pos = self._positions(s, d)
-        missing = np.flatnonzero(pos < 0)
-        if len(missing):
-            i = int(missing[0])
-            raise UnknownEdgeError(f"edge ({src[i]}, {dst[i]}) is not in the graph", index=i)
-        return pos
-
-    def _weights_at(self, s, d, pos=None) -> np.ndarray:
-        return self.out.w[self._positions(s, d) if pos is None else pos].copy()
-
-    def _insert_edges(self, s, d, w) -> None:
-        self.out.insert(s, d, w)
-        self.inn.insert(d, s, w)
-        self._refresh_in_weight(d)
-
-    def _remove_edges(self, s, d) -> EdgeLog:
-        s = np.ascontiguousarray(s, np.int32)
-        d = np.ascontiguousarray(d, np.int32)
-        before = self._weights_at(s, d)
-        self.out.remove(s, d)
-        self.inn.remove(d, s)
-        self._refresh_in_weight(d)
-        return EdgeLog(s, d, before, np.full(len(s), np.nan, np.float32))
-
-    def _refresh_in_weight(self, vertices: np.ndarray) -> None:
-        v = np.unique(vertices)
-        self.in_weight[v] = self.inn.weight_sums(v)
-
-    def _revert_edges(self, log: EdgeLog) -> None:
-        was, now = ~np.isnan(log.before), ~np.isnan(log.after)
-        if (now & ~was).any():
-            self._remove_edges(log.src[now & ~was], log.dst[now & ~was])
-        both = was & now
-        if both.any():
-            s, d, w = log.src[both], log.dst[both], log.before[both]
-            self.out.set_weights(s, d, w)
-            self.inn.set_weights(d, s, w)
-            self._refresh_in_weight(d)
-        if (was & ~now).any():
-            self._insert_edges(log.src[was & ~now], log.dst[was & ~now], log.before[was & ~now])
-
-    def _drop_new_vertices(self, slots: np.ndarray) -> None:
-        self._ids.remove(self.ext[slots])
-        self.alive[slots] = False
-        self._free.extend(slots.tolist())
-
-    def _restore_vertices(self, ids: np.ndarray, slots: np.ndarray, log: EdgeLog) -> None:
-        taken = set(slots.tolist())
-        self._limbo = [v for v in self._limbo if v not in taken]
-        self._ids.insert(ids, slots)
-        self.alive[slots] = True
-        self._revert_edges(log)
-
-    def _take_slots(self, k: int) -> np.ndarray:
-        reuse = [self._free.pop() for _ in range(min(k, len(self._free)))]
-        fresh = k - len(reuse)
-        if self.num_slots + fresh > len(self.ext):
-            self._grow(max(2 * len(self.ext), self.num_slots + fresh))
-        slots = np.array(reuse + list(range(self.num_slots, self.num_slots + fresh)), np.int32)
-        self.num_slots += fresh
-        return slots
+    def _release(self) -> None:
+        """Slots deleted in the batch become reusable once it is over."""
+        free_top, limbo_top = int(self._counts[0]), int(self._counts[1])
+        self._free[free_top:free_top + limbo_top] = self._limbo[:limbo_top]
+        self._counts[0] += limbo_top
+        self._counts[1] = 0
 
     def _grow(self, capacity: int) -> None:
-        for name in ("ext", "alive", "in_weight", "x"):
+        self._ids.grow_slots(capacity)
+        for name in ("alive", "in_weight", "x", "_free"):
             old = getattr(self, name)
             new = np.zeros((capacity, *old.shape[1:]), old.dtype)
             new[:len(old)] = old
@@ -457,64 +284,59 @@ class DynamicGraph:
         self.out.grow_vertices(capacity)
         self.inn.grow_vertices(capacity)
 
-    def _release(self) -> None:
-        self._free.extend(self._limbo)
-        self._limbo = []
-
-    def _net(self, logs, added, removed, changed) -> GraphDiff:
-        log = EdgeLog.concat(logs)
-        key = _pair_keys(log.src, log.dst)
+    def _net(self, log, xsave) -> GraphDiff:
+        """Net effect of the batch from its log."""
+        kinds, ints, floats, n = log
+        kinds, ints, floats = kinds[:n[0]], ints[:n[0]], floats[:n[0]]
+        e = kinds == EDGE
+        src, dst = ints[e, 0].astype(np.int32), ints[e, 1].astype(np.int32)
+        key = (src.astype(np.int64) << 32) | dst
         _, first = np.unique(key, return_index=True)
-        last = _last_occurrences(key)
-        last = last[np.argsort(key[last], kind="stable")]
-        before, after = log.before[first], log.after[last]
+        _, last_rev = np.unique(key[::-1], return_index=True)
+        last = len(key) - 1 - last_rev  # aligned with ``first``: both in sorted-key order
+        before, after = floats[e, 0][first], floats[e, 1][last]
         differs = ~((before == after) | (np.isnan(before) & np.isnan(after)))
-        pick = first[differs]
-        edges = EdgeLog(log.src[pick], log.dst[pick], before[differs], after[differs])
+        edges = EdgeLog(src[first][differs], dst[first][differs], before[differs],
+                        after[differs])
 
-        empty_x = np.empty((0, self.num_features), np.float32)
-        new = np.concatenate(added) if added else np.empty(0, np.int32)
-        gone = np.concatenate([s for s, _ in removed]) if removed else np.empty(0, np.int32)
-        gone_x = np.concatenate([x for _, x in removed]) if removed else empty_x
-        ch = np.concatenate([s for s, _ in changed]) if changed else np.empty(0, np.int32)
-        ch_x = np.concatenate([x for _, x in changed]) if changed else empty_x
+        added = ints[kinds == VADD, 0].astype(np.int32)
+        added = added[self.alive[added]]
+        gone = ints[kinds == VDEL, 0].astype(np.int32)
+        gone = gone[~np.isin(gone, ints[kinds == VADD, 0])]  # born in the batch: no net
+        feat = kinds == FEAT
+        ch = ints[feat, 0].astype(np.int32)
         _, first_ch = np.unique(ch, return_index=True)
-        ch, ch_x = ch[first_ch], ch_x[first_ch]
-
-        # Features from before the batch for removed vertices updated earlier in it.
-        updated_first = np.isin(gone, ch)
-        gone_x[updated_first] = ch_x[np.searchsorted(ch, gone[updated_first])]
-        born_here = np.isin(gone, new)
-        gone, gone_x = gone[~born_here], gone_x[~born_here]
-        new = new[self.alive[new]]
-        stayed = ~np.isin(ch, new) & self.alive[ch]
-        return GraphDiff(edges, new, gone, gone_x, ch[stayed], ch_x[stayed])
+        ch, ch_x = ch[first_ch], xsave[ints[feat, 1][first_ch]]
+        gone_x = self.x[gone].copy()
+        updated = np.isin(gone, ch)  # features from before the batch
+        gone_x[updated] = ch_x[np.searchsorted(ch, gone[updated])]
+        stayed = self.alive[ch] & ~np.isin(ch, added)
+        return GraphDiff(edges, added, gone, gone_x, ch[stayed], ch_x[stayed])
 
 
-def _runs(batch: Sequence[Update]):
-    """Maximal runs of consecutive updates of one type: (start index, list)."""
-    start = 0
-    for i in range(1, len(batch) + 1):
-        if i == len(batch) or type(batch[i]) is not type(batch[start]):
-            yield start, batch[start:i]
-            start = i
+def _error(status: int, i: int, enc: Encoded, num_features: int) -> InvalidUpdateError:
+    """The exception for a kernel status, naming the update's ids."""
+    a, b, code = int(enc.a[i]), int(enc.b[i]), int(enc.op[i])
+    edge = f"edge ({a}, {b})"
+    if status == UNKNOWN_A and code > UPDATE_EDGE:
+        err = UnknownVertexError(f"vertex {a} is not in the graph")
+    elif status in (UNKNOWN_A, UNKNOWN_B):
+        err = UnknownVertexError(
+            f"{edge}: vertex {a if status == UNKNOWN_A else b} is not in the graph")
+    elif status == DUPLICATE_VERTEX:
+        err = DuplicateVertexError(f"vertex {a} already exists")
+    elif status == UNKNOWN_EDGE:
+        err = UnknownEdgeError(f"{edge} is not in the graph")
+    elif status == DUPLICATE_EDGE:
+        err = DuplicateEdgeError(f"{edge} already exists (the graph keeps no parallel edges)")
+    elif status == SELF_LOOP:
+        err = SelfLoopError(f"{edge} is a self-loop (the graph keeps none)")
+    elif status == BAD_DIMENSION:
+        err = FeatureDimensionError(f"vertex {a}: {b} features, the graph has {num_features}")
+    elif status == NONFINITE_X:
+        err = NonFiniteValueError(f"vertex {a}: features contain NaN or inf")
+    else:
+        err = NonFiniteValueError(f"{edge}: weight {enc.w[i]} is not finite")
+    return err.at(i)
 
 
-def _pair_keys(s: np.ndarray, d: np.ndarray) -> np.ndarray:
-    return (np.asarray(s, np.int64) << 32) | np.asarray(d, np.int64)
-
-
-def _first_repeat(keys: np.ndarray) -> int | None:
-    """Position of the first element equal to an earlier one, or None."""
-    _, first = np.unique(keys, return_index=True)
-    if len(first) == len(keys):
-        return None
-    seen = np.zeros(len(keys), bool)
-    seen[first] = True
-    return int(np.flatnonzero(~seen)[0])
-
-
-def _last_occurrences(keys: np.ndarray) -> np.ndarray:
-    """Positions of the last occurrence of each distinct key, ascending."""
-    _, first_rev = np.unique(np.asarray(keys)[::-1], return_index=True)
-    return np.sort(len(keys) - 1 - first_rev)

@@ -25,6 +25,7 @@ class Aggregation:
     """Reduce messages ``msg[e]`` sent to ``index[e]`` into one value per destination."""
 
     name: str = ""
+    spmm: str | None = None  # torch.sparse.mm reduction equal to this one, if any
 
     def reduce(self, msg: Tensor, index: Tensor, num: int, logits: Tensor | None = None):
         raise NotImplementedError
@@ -35,6 +36,7 @@ class Aggregation:
 
 class SumAggregation(Aggregation):
     name = "sum"
+    spmm = "sum"
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
@@ -44,6 +46,7 @@ class MeanAggregation(Aggregation):
     """Sum divided by the in-degree (an empty neighbourhood gives 0, as in PyG)."""
 
     name = "mean"
+    spmm = "mean"
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         total = msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
@@ -55,6 +58,7 @@ class MaxAggregation(Aggregation):
     """Elementwise max (an empty neighbourhood gives 0, as in PyG)."""
 
     name = "max"
+    spmm = "amax"
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amax")

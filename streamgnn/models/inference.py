@@ -55,13 +55,28 @@ def layerwise_inference(layers: Sequence[Layer], graph: DynamicGraph, device: st
             for a, b in pairwise(bounds.tolist()):
                 ptr, src, w = graph.in_edges(np.arange(a, b))
                 src = torch.from_numpy(src.astype(np.int64)).to(device)
-                local = torch.repeat_interleave(torch.arange(b - a, device=device),
-                                                torch.from_numpy(np.diff(ptr)).to(device))
-                msg = layer.messages(t, src, torch.from_numpy(w).to(device, dtype), scale)
-                logits = layer.edge_logits(t, src, local + int(a))
-                agg = layer.aggr.reduce(msg, local, int(b - a), logits)
+                w_t = torch.from_numpy(w).to(device, dtype)
+                if layer.aggr.spmm is not None:
+                    agg = _spmm(layer, t, ptr, src, w_t, scale, layer.aggr.spmm)
+                else:
+                    local = torch.repeat_interleave(torch.arange(b - a, device=device),
+                                                    torch.from_numpy(np.diff(ptr)).to(device))
+                    msg = layer.messages(t, src, w_t, scale)
+                    logits = layer.edge_logits(t, src, local + int(a))
+                    agg = layer.aggr.reduce(msg, local, int(b - a), logits)
                 out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
                 bar.update()
             h = out
             outputs.append(h)
     return outputs
+
+
+def _spmm(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
+          scale: Tensor | None, reduce: str) -> Tensor:
+    """Sum/mean/max of a chunk's messages as one sparse (CSR) x dense product."""
+    factor = layer.message_factor(src, w, scale)
+    if factor is None:
+        factor = torch.ones(len(src), dtype=t.dtype, device=t.device)
+    adj = torch.sparse_csr_tensor(torch.from_numpy(ptr).to(t.device), src, factor,
+                                  size=(len(ptr) - 1, len(t)))
+    return adj @ t if reduce == "sum" else torch.sparse.mm(adj, t, reduce=reduce)

@@ -59,11 +59,16 @@ class Layer:
         """Per-edge attention logits (attention layers only)."""
         return None
 
-    def messages(self, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
-        """Messages of the edges ``src -> *`` with weights ``w``."""
+    def message_factor(self, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor | None:
+        """The scalar each edge's message is ``t[src]`` times (None: 1)."""
         factor = w if self.edge_weighted else None
         if scale is not None:
             factor = scale[src] if factor is None else factor * scale[src]
+        return factor
+
+    def messages(self, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
+        """Messages of the edges ``src -> *`` with weights ``w``."""
+        factor = self.message_factor(src, w, scale)
         m = t[src]
         return m if factor is None else m * factor.view(-1, *([1] * (m.dim() - 1)))
 

@@ -1,0 +1,216 @@
+"""The batch kernel: validates and applies a batch of updates strictly in order inside
+numba, writing an undo log; and the kernel that rolls a log back.
+
+The log is one sequence of primitive changes (kind, i0, i1, f0, f1):
+  EDGE  i0 -> i1 (slots), weight f0 before and f1 after (NaN: absent)
+  VADD  slot i0 got external id i1          VDEL  slot i0 (id i1) was deleted
+  FEAT  slot i0's old features are row i1 of ``xsave``
+Owns the encoding of updates and these kernels; must not import torch, kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+from streamgnn.graph.adjacency import find1, has_room1, insert1, remove1
+from streamgnn.graph.idmap import del1, get1, put1
+from streamgnn.updates import (
+    AddEdge,
+    AddVertex,
+    DeleteEdge,
+    DeleteVertex,
+    Update,
+    UpdateEdge,
+    UpdateFeatures,
+)
+
+ADD_EDGE, DELETE_EDGE, UPDATE_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES = range(6)
+OP_CODES = {AddEdge: ADD_EDGE, DeleteEdge: DELETE_EDGE, UpdateEdge: UPDATE_EDGE,
+            AddVertex: ADD_VERTEX, DeleteVertex: DELETE_VERTEX, UpdateFeatures: UPDATE_FEATURES}
+EDGE, VADD, VDEL, FEAT = range(4)
+
+# Status codes returned by apply_kernel with the index of the update they concern.
+(OK, UNKNOWN_A, UNKNOWN_B, DUPLICATE_VERTEX, UNKNOWN_EDGE, DUPLICATE_EDGE, SELF_LOOP,
+ BAD_DIMENSION, NONFINITE_X, NONFINITE_W, NEED_ROOM_OUT, NEED_ROOM_IN) = range(12)
+
+
+class Encoded:
+    """A batch as arrays: op code, a (id or src), b (dst), w, xrow (row of ``x``; -2 for
+    a feature vector of the wrong length, whose length is then in ``b``)."""
+
+    def __init__(self, batch: Sequence[Update], num_features: int) -> None:
+        n = len(batch)
+        self.op = np.empty(n, np.int8)
+        self.a = np.zeros(n, np.int64)
+        self.b = np.zeros(n, np.int64)
+        self.w = np.zeros(n, np.float32)
+        self.xrow = np.full(n, -1, np.int64)
+        rows: list[list[float]] = []
+        for i, u in enumerate(batch):
+            code = OP_CODES[type(u)]
+            self.op[i] = code
+            if code <= UPDATE_EDGE:
+                self.a[i], self.b[i] = u.src, u.dst
+                if code != DELETE_EDGE:
+                    self.w[i] = u.weight
+            else:
+                self.a[i] = u.id
+                if code != DELETE_VERTEX:
+                    if len(u.x) == num_features:
+                        self.xrow[i] = len(rows)
+                        rows.append(u.x)
+                    else:
+                        self.xrow[i], self.b[i] = -2, len(u.x)
+        self.x = np.array(rows, np.float32).reshape(len(rows), num_features)
+        self.counts = np.bincount(self.op, minlength=6)
+
+
+@njit(cache=True)
+def _finite_row(x, r) -> bool:
+    return np.isfinite(x[r]).all()
+
+
+@njit(cache=True)
+def _log(log, kind, i0, i1, f0, f1) -> None:
+    kinds, ints, floats, n = log
+    k = n[0]
+    kinds[k] = kind
+    ints[k, 0], ints[k, 1] = i0, i1
+    floats[k, 0], floats[k, 1] = f0, f1
+    n[0] = k + 1
+
+
+@njit(cache=True)
+def _drop_edge(out, inn, u, v, log) -> None:
+    w = remove1(out, u, v)
+    remove1(inn, v, u)
+    _log(log, EDGE, u, v, w, np.nan)
+
+
+@njit(cache=True)
+def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
+    """Apply updates ``first..`` in order. ``enc`` = (op, a, b, w, xrow, x); ``ids`` the
+    IdMap table; ``verts`` = (alive, x, free, limbo, counts[free_top, limbo_top,
+    num_slots, xsave_n]). Returns (status, index): OK, an error for update ``index``
+    (nothing of it applied), or NEED_ROOM_* (the caller compacts and resumes at index)."""
+    op, a, b, w, xrow, xnew = enc
+    alive, x, free, limbo, counts = verts
+    for i in range(first, len(op)):
+        code = op[i]
+        if code <= UPDATE_EDGE:
+            u = get1(ids, a[i])
+            if u < 0:
+                return UNKNOWN_A, i
+            v = get1(ids, b[i])
+            if v < 0:
+                return UNKNOWN_B, i
+            if code != DELETE_EDGE and not np.isfinite(w[i]):
+                return NONFINITE_W, i
+            if code == ADD_EDGE:
+                if u == v:
+                    return SELF_LOOP, i
+                if find1(out, u, v) >= 0:
+                    return DUPLICATE_EDGE, i
+                if not has_room1(out, u):
+                    return NEED_ROOM_OUT, i
+                if not has_room1(inn, v):
+                    return NEED_ROOM_IN, i
+                insert1(out, u, v, w[i])
+                insert1(inn, v, u, w[i])
+                _log(log, EDGE, u, v, np.nan, w[i])
+                continue
+            p = find1(out, u, v)
+            if p < 0:
+                return UNKNOWN_EDGE, i
+            if code == DELETE_EDGE:
+                _drop_edge(out, inn, u, v, log)
+            else:
+                old = out[4][p]
+                out[4][p] = w[i]
+                inn[4][find1(inn, v, u)] = w[i]
+                _log(log, EDGE, u, v, old, w[i])
+        elif code == DELETE_VERTEX:
+            u = get1(ids, a[i])
+            if u < 0:
+                return UNKNOWN_A, i
+            while out[1][u] > 0:
+                _drop_edge(out, inn, u, out[3][out[0][u]], log)
+            while inn[1][u] > 0:
+                _drop_edge(out, inn, inn[3][inn[0][u]], u, log)
+            del1(ids, a[i])
+            alive[u] = False
+            limbo[counts[1]] = u
+            counts[1] += 1
+            _log(log, VDEL, u, a[i], np.nan, np.nan)
+        else:
+            r = xrow[i]
+            if r == -2:
+                return BAD_DIMENSION, i
+            if not _finite_row(xnew, r):
+                return NONFINITE_X, i
+            u = get1(ids, a[i])
+            if code == ADD_VERTEX:
+                if u >= 0:
+                    return DUPLICATE_VERTEX, i
+                if counts[0] > 0:
+                    counts[0] -= 1
+                    u = free[counts[0]]
+                else:
+                    u = counts[2]
+                    counts[2] += 1
+                put1(ids, a[i], u)
+                alive[u] = True
+                x[u] = xnew[r]
+                _log(log, VADD, u, a[i], np.nan, np.nan)
+            else:
+                if u < 0:
+                    return UNKNOWN_A, i
+                k = counts[3]
+                xsave[k] = x[u]
+                counts[3] += 1
+                x[u] = xnew[r]
+                _log(log, FEAT, u, k, np.nan, np.nan)
+    return OK, len(op)
+
+
+@njit(cache=True)
+def undo_kernel(ids, verts, out, inn, log, xsave) -> int:
+    """Roll back logged changes, newest first, and empty the log. Returns OK, or
+    NEED_ROOM_* with the log cut to what is left (the caller compacts and calls again)."""
+    alive, x, free, _, counts = verts
+    kinds, ints, floats, n = log
+    for k in range(n[0] - 1, -1, -1):
+        kind, i0, i1 = kinds[k], ints[k, 0], ints[k, 1]
+        if kind == EDGE:
+            before, after = floats[k, 0], floats[k, 1]
+            if np.isnan(before):
+                remove1(out, i0, i1)
+                remove1(inn, i1, i0)
+            elif np.isnan(after):
+                if not has_room1(out, i0):
+                    n[0] = k + 1
+                    return NEED_ROOM_OUT
+                if not has_room1(inn, i1):
+                    n[0] = k + 1
+                    return NEED_ROOM_IN
+                insert1(out, i0, i1, before)
+                insert1(inn, i1, i0, before)
+            else:
+                out[4][find1(out, i0, i1)] = before
+                inn[4][find1(inn, i1, i0)] = before
+        elif kind == VADD:
+            del1(ids, i1)
+            alive[i0] = False
+            free[counts[0]] = i0
+            counts[0] += 1
+        elif kind == VDEL:
+            put1(ids, i1, i0)
+            alive[i0] = True
+            counts[1] -= 1
+        else:
+            x[i0] = xsave[i1]
+    n[0] = 0
+    return OK
