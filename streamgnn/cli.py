@@ -164,7 +164,7 @@ def _bootstrap(data, model, device: str) -> None:
     table.add_column("value", justify="right")
     rows = [("graph store load", f"{t_graph:.2f} s"),
             ("layer-wise inference (all layers)", f"{t_ours:.2f} s"),
-            ("PyG forward (last layer only)", f"{t_pyg:.2f} s"),
+            ("PyG forward pass (edge_index)", f"{t_pyg:.2f} s"),
             ("ratio ours / PyG", f"{t_ours / t_pyg:.2f}x"),
             ("max |ours - PyG|", f"{err:.2e}")]
     if data.y is not None:

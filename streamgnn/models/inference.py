@@ -8,6 +8,7 @@ mpi4py.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -77,6 +78,8 @@ def _spmm(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
     factor = layer.message_factor(src, w, scale)
     if factor is None:
         factor = torch.ones(len(src), dtype=t.dtype, device=t.device)
-    adj = torch.sparse_csr_tensor(torch.from_numpy(ptr).to(t.device), src, factor,
-                                  size=(len(ptr) - 1, len(t)))
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        adj = torch.sparse_csr_tensor(torch.from_numpy(ptr).to(t.device), src, factor,
+                                      size=(len(ptr) - 1, len(t)), check_invariants=False)
     return adj @ t if reduce == "sum" else torch.sparse.mm(adj, t, reduce=reduce)
