@@ -1,10 +1,12 @@
-"""Neighbour aggregations, one small class each, over per-edge messages grouped by
-destination: sum, mean, max and softmax attention.
+"""Neighbour aggregations, one small class each: sum, mean, max and softmax attention.
 
-Each knows how to reduce all messages of a set of destinations (full inference) and how
-to merge partial results of the same destinations (the self term of attention now;
-partitions' partial aggregates later). Owns the reductions only; must not import kafka,
-mpi4py or the graph store.
+Each aggregation keeps a per-destination *state* and knows how to
+- ``reduce`` all messages of some destinations into their state (full inference, pulls),
+- ``finalize`` a state into the value the layer's update sees (mean divides by in-degree),
+- ``apply_delta``: fold messages that stopped and started arriving into stored states,
+  returning the destinations whose state it cannot fix that way (they must be pulled),
+- ``merge`` two partial states of the same destinations.
+Owns the reductions only; must not import kafka, mpi4py or the graph store.
 """
 
 from __future__ import annotations
@@ -21,13 +23,33 @@ def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
     return out.scatter_reduce_(0, idx, src, reduce=reduce, include_self=False)
 
 
+def _column(x: Tensor, like: Tensor) -> Tensor:
+    return x.view(-1, *([1] * (like.dim() - 1)))
+
+
 class Aggregation:
-    """Reduce messages ``msg[e]`` sent to ``index[e]`` into one value per destination."""
+    """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
+    ``state_dtype``: what the engine stores states in (sums accumulate in float64)."""
 
     name: str = ""
-    spmm: str | None = None  # torch.sparse.mm reduction equal to this one, if any
+    spmm: str | None = None
+    state_dtype: torch.dtype | None = None  # None: the embeddings' dtype
 
     def reduce(self, msg: Tensor, index: Tensor, num: int, logits: Tensor | None = None):
+        raise NotImplementedError
+
+    def finalize(self, state, count: Tensor):
+        return state
+
+    def apply_delta(self, state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
+                    old_dst: Tensor, empty_before: Tensor) -> Tensor:
+        """Fold messages that start (``new``) and stop (``old``) arriving into the
+        ``state`` rows of their destinations; ``empty_before``: destinations that had no
+        in-edge. Returns the destinations that need a pull (by default: all)."""
+        return torch.cat([new_dst, old_dst]).unique()
+
+    @staticmethod
+    def merge(a, b):
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -37,31 +59,53 @@ class Aggregation:
 class SumAggregation(Aggregation):
     name = "sum"
     spmm = "sum"
+    state_dtype = torch.float64
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
 
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
+        state.index_add_(0, new_dst, new_msg.to(state.dtype))
+        state.index_add_(0, old_dst, old_msg.to(state.dtype), alpha=-1)
+        return new_dst[:0]
 
-class MeanAggregation(Aggregation):
-    """Sum divided by the in-degree (an empty neighbourhood gives 0, as in PyG)."""
+    @staticmethod
+    def merge(a: Tensor, b: Tensor) -> Tensor:
+        return a + b
+
+
+class MeanAggregation(SumAggregation):
+    """State: the sum; the update sees it divided by the in-degree (0 for no in-edges)."""
 
     name = "mean"
-    spmm = "mean"
 
-    def reduce(self, msg, index, num, logits=None) -> Tensor:
-        total = msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
-        count = torch.bincount(index, minlength=num).clamp_(min=1).to(msg.dtype)
-        return total / count.view(-1, *([1] * (msg.dim() - 1)))
+    def finalize(self, state, count):
+        return state / _column(count.clamp(min=1).to(state.dtype), state)
 
 
 class MaxAggregation(Aggregation):
-    """Elementwise max (an empty neighbourhood gives 0, as in PyG)."""
+    """Elementwise max (0 for no in-edges, as in PyG). A delta is applied in place unless a
+    message that stops arriving may have been the max, or there was no in-edge before:
+    then the destination is pulled."""
 
     name = "max"
     spmm = "amax"
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amax")
+
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
+        current = state[old_dst]
+        # Tolerant: an old message recomputed in another order may differ in the last bit.
+        reached = (old_msg >= current - 1e-6 * current.abs()).any(dim=-1)
+        if len(new_dst):
+            state.index_reduce_(0, new_dst, new_msg.to(state.dtype), "amax", include_self=True)
+        # A vertex with no in-edge holds 0, a placeholder and not a maximum.
+        return torch.cat([old_dst[reached], empty_before]).unique()
+
+    @staticmethod
+    def merge(a: Tensor, b: Tensor) -> Tensor:
+        return torch.maximum(a, b)
 
 
 @dataclass
@@ -79,7 +123,8 @@ class SoftmaxPartial:
 
 
 class SoftmaxAggregation(Aggregation):
-    """Attention: softmax over each destination's edge logits, then a weighted sum."""
+    """Attention: softmax over each destination's edge logits, then a weighted sum. A
+    logit depends on both ends, so the engine pulls every affected destination."""
 
     name = "softmax"
 

@@ -34,18 +34,27 @@ def chunk_bounds(in_degree: np.ndarray, max_edges: int) -> np.ndarray:
     return np.asarray(bounds)
 
 
-@torch.inference_mode()
 def layerwise_inference(layers: Sequence[Layer], graph: DynamicGraph, device: str = "cpu",
                         max_edges: int = 1 << 20, progress: bool = True,
                         dtype: torch.dtype = torch.float32) -> list[Tensor]:
     """Every layer's embedding of every slot: ``[h0 (features), h1, ..., hL]``, each of
     shape [graph.num_slots, dim] (rows of deleted slots are meaningless). ``dtype`` must
     match the model's parameters."""
+    return layerwise_states(layers, graph, device, max_edges, progress, dtype)[0]
+
+
+@torch.inference_mode()
+def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str = "cpu",
+                     max_edges: int = 1 << 20, progress: bool = True,
+                     dtype: torch.dtype = torch.float32
+                     ) -> tuple[list[Tensor], list[Tensor | None]]:
+    """:func:`layerwise_inference` plus each layer's aggregation states (None for
+    attention, whose state the incremental engine does not keep)."""
     n = graph.num_slots
     h = torch.from_numpy(graph.x[:n]).to(device, dtype)
     in_weight = torch.from_numpy(graph.in_weight[:n]).to(device, dtype)
     bounds = chunk_bounds(graph.in_degree[:n], max_edges)
-    outputs = [h]
+    outputs, states = [h], []
     with tqdm(total=len(layers) * (len(bounds) - 1), desc="layer-wise inference",
               unit="chunk", disable=not progress, leave=False) as bar:
         for i, layer in enumerate(layers):
@@ -53,28 +62,37 @@ def layerwise_inference(layers: Sequence[Layer], graph: DynamicGraph, device: st
             t = layer.transform(h)
             scale = layer.source_scale(in_weight)
             out = torch.empty((n, layer.out_dim), dtype=h.dtype, device=device)
+            kept = None
             for a, b in pairwise(bounds.tolist()):
                 ptr, src, w = graph.in_edges(np.arange(a, b))
                 src = torch.from_numpy(src.astype(np.int64)).to(device)
-                w_t = torch.from_numpy(w).to(device, dtype)
-                if layer.aggr.spmm is not None:
-                    agg = _spmm(layer, t, ptr, src, w_t, scale, layer.aggr.spmm)
-                else:
-                    local = torch.repeat_interleave(torch.arange(b - a, device=device),
-                                                    torch.from_numpy(np.diff(ptr)).to(device))
-                    msg = layer.messages(t, src, w_t, scale)
-                    logits = layer.edge_logits(t, src, local + int(a))
-                    agg = layer.aggr.reduce(msg, local, int(b - a), logits)
+                state = aggregate(layer, t, ptr, src, torch.from_numpy(w).to(device, dtype),
+                                  scale, torch.arange(a, b, device=device))
+                if isinstance(state, Tensor):
+                    if kept is None:
+                        kept = state.new_zeros((n, *state.shape[1:]),
+                                               dtype=layer.aggr.state_dtype or state.dtype)
+                    kept[a:b] = state
+                agg = layer.aggr.finalize(state, torch.from_numpy(np.diff(ptr)).to(device))
                 out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
                 bar.update()
             h = out
             outputs.append(h)
-    return outputs
+            states.append(kept)
+    return outputs, states
 
 
-def _spmm(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
-          scale: Tensor | None, reduce: str) -> Tensor:
-    """Sum/mean/max of a chunk's messages as one sparse (CSR) x dense product."""
+def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
+              scale: Tensor | None, dst: Tensor):
+    """Aggregation states of destinations ``dst``, whose in-edges come from
+    ``src[ptr[i]:ptr[i+1]]`` (weights ``w``); ``src`` and ``dst`` index rows of ``t`` and
+    ``scale`` (slots, or positions in a subset of them)."""
+    reduce = layer.aggr.spmm
+    if reduce is None:
+        counts = torch.from_numpy(np.diff(ptr)).to(t.device)
+        local = torch.repeat_interleave(torch.arange(len(ptr) - 1, device=t.device), counts)
+        logits = layer.edge_logits(t, src, dst[local])
+        return layer.aggr.reduce(layer.messages(t, src, w, scale), local, len(ptr) - 1, logits)
     factor = layer.message_factor(src, w, scale)
     if factor is None:
         factor = torch.ones(len(src), dtype=t.dtype, device=t.device)

@@ -41,7 +41,8 @@ class Layer:
     """Base class; subclasses set ``aggr`` and override what differs."""
 
     aggr: Aggregation
-    edge_weighted = False   # messages are multiplied by the edge weight
+    edge_weighted = False      # messages are multiplied by the edge weight
+    degree_normalised = False  # messages depend on the source's weighted in-degree
     in_dim: int
     out_dim: int
 
@@ -94,6 +95,7 @@ class GCNLayer(Layer):
     s = (fill + weighted in-degree)^-1/2, fill = 1 (2 if improved, 0 without self-loops)."""
 
     edge_weighted = True
+    degree_normalised = True
 
     def __init__(self, conv: GCNConv, post: Post = None) -> None:
         super().__init__(post)

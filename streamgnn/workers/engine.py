@@ -1,0 +1,303 @@
+"""`Engine`: exact incremental GNN inference (RIPPLE++). Keeps every layer's embedding of
+every vertex and each layer's aggregation state; a batch of updates is applied to the
+graph and then pushed through L supersteps, each touching only vertices whose inputs
+changed.
+
+Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layers, whose
+in-degree changed): every message that stops arriving (old value, old edge) and every
+message that starts arriving (new value, new edge) is sent, combined per destination and
+folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
+fix that way (max losing its maximum, attention, new or emptied vertices) are pulled: their
+state is recomputed from all in-neighbours. Then h^l is recomputed for the destinations and
+for vertices whose own h^{l-1} changed. ``recompute=True`` is the RC baseline: the same
+affected region, every destination pulled.
+
+Owns per-layer state and propagation; must not import kafka or mpi4py (the exchange is
+behind `Partition`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.datasets import GraphData
+from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.models import decompose
+from streamgnn.models.inference import aggregate, layerwise_states
+from streamgnn.models.layers import Layer
+from streamgnn.updates import Update
+from streamgnn.workers.partition import Outbox, Partition, SinglePartition
+
+
+@dataclass
+class ApplyResult:
+    """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
+    label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
+    vertices per layer whose embedding was recomputed / whose state was re-aggregated."""
+
+    changed_labels: dict[int, tuple[int | None, int]]
+    recomputed: list[int] = field(default_factory=list)
+    pulled: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Changed:
+    """Vertices whose h^{l-1} changed in this batch, and the old rows of those that had
+    one (vertices the batch added have none)."""
+
+    slots: np.ndarray
+    old_slots: np.ndarray
+    old_rows: Tensor
+
+
+@dataclass
+class _BatchEdges:
+    """The batch's net edge changes and what follows from them, shared by all supersteps."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    before: Tensor
+    after: Tensor
+    had: np.ndarray
+    has: np.ndarray
+    keys: np.ndarray             # sorted (src << 32 | dst) of the changed pairs
+    degree_changed: np.ndarray   # live vertices whose in-edges changed
+    empty_before: np.ndarray     # live destinations that had no in-edge before the batch
+
+
+class Engine:
+    """Exact incremental inference of a PyG model over a dynamic graph (DESIGN.md)."""
+
+    def __init__(self, model: torch.nn.Module, graph: DynamicGraph, device: str = "cpu",
+                 recompute: bool = False, partition: Partition | None = None,
+                 progress: bool = False) -> None:
+        self.layers: list[Layer] = decompose(model.to(device))
+        self.graph = graph
+        self.device = torch.device(device)
+        self.recompute = recompute
+        self.partition = partition or SinglePartition()
+        hs, self.state = layerwise_states(self.layers, graph, device, progress=progress)
+        self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
+        self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
+
+    @classmethod
+    def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
+                 **kwargs) -> Engine:
+        """Bootstrap: load ``data`` and compute every layer's state (layer-wise)."""
+        return cls(model, DynamicGraph.from_data(data), device, **kwargs)
+
+    # ---------------------------------------------------------------- reads
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def lookup(self, ids, layer: int = -1) -> np.ndarray:
+        """Embeddings of ``ids`` at ``layer`` (0: features, -1: the output)."""
+        layer = layer % (self.num_layers + 1)
+        slots = self.graph.slots(ids)
+        return self._rows(layer, torch.from_numpy(slots.astype(np.int64))).cpu().numpy()
+
+    def label(self, ids) -> np.ndarray:
+        """Predicted class of ``ids``: argmax of the output layer."""
+        return self.lookup(ids, -1).argmax(axis=1)
+
+    def vertex_ids(self) -> np.ndarray:
+        return self.graph.vertex_ids()
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.graph.edges()
+
+    # ---------------------------------------------------------------- batches
+    @torch.inference_mode()
+    def apply(self, batch: Sequence[Update]) -> ApplyResult:
+        """Apply one batch (in order, atomically) and bring every embedding up to date."""
+        diff = self.graph.apply(batch)
+        self._fit_capacity()
+        edges = self._batch_edges(diff)
+        added = diff.added.astype(np.int64)
+        removed = diff.removed.astype(np.int64)
+        changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
+                           diff.changed.astype(np.int64), self._tensor(diff.changed_x_before))
+        removed_rows = self._tensor(diff.removed_x)
+        result = ApplyResult({})
+        for hop, layer in enumerate(self.layers, start=1):
+            changed, before, region = self._superstep(hop, layer, changed, removed, removed_rows,
+                                                      added, edges, result)
+            removed_rows = self.h[hop][torch.from_numpy(removed)]
+        result.changed_labels = self._label_changes(region, before, added)
+        touched = np.union1d(edges.degree_changed, added)
+        self._in_weight[touched] = self.graph.in_weight[touched]
+        return result
+
+    def _superstep(self, hop: int, layer: Layer, changed: _Changed, removed: np.ndarray,
+                   removed_rows: Tensor, added: np.ndarray, edges: _BatchEdges,
+                   result: ApplyResult) -> tuple[_Changed, Tensor, np.ndarray]:
+        g = self.graph
+        sources = changed.slots
+        if layer.degree_normalised:
+            sources = np.union1d(sources, edges.degree_changed)
+        ptr, v1, w1 = g.out_edges(sources)
+        u1 = np.repeat(sources, np.diff(ptr))
+        keep = ~_contains(edges.keys, _pair_keys(u1, v1))  # changed pairs go separately
+        u1, v1, w1 = u1[keep], v1[keep].astype(np.int64), w1[keep]
+        region = np.union1d(np.union1d(v1, edges.dst), changed.slots)
+        region = region[g.alive[region]]
+
+        if self.recompute or self.state[hop - 1] is None:
+            pull = region
+        else:
+            outbox = self._messages(hop, layer, u1, v1, w1, changed, removed, removed_rows, edges)
+            outbox = self.partition.exchange(hop, outbox)
+            pull = self._apply_delta(hop, layer, outbox, edges)
+            pull = np.union1d(pull, added)
+            pull = np.union1d(pull, region[g.in_degree[region] == 0])
+        pulled = self._pull(hop, layer, pull)
+
+        rows = self._rows(hop - 1, self._index(region))
+        t = layer.transform(rows)
+        if self.state[hop - 1] is None:  # attention: the pull gave the whole region
+            agg = pulled
+        else:
+            state = self.state[hop - 1][self._index(region)]
+            count = torch.from_numpy(g.in_degree[region].astype(np.int64)).to(self.device)
+            agg = layer.aggr.finalize(state, count).to(rows.dtype)
+        new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
+        index = self._index(region)
+        before = self.h[hop][index]
+        self.h[hop][index] = new
+        result.recomputed.append(len(region))
+        result.pulled.append(len(pull))
+
+        fresh = np.isin(region, added)
+        moved = (new != before).any(dim=-1).cpu().numpy() | fresh
+        had_old = moved & ~fresh
+        return (_Changed(region[moved], region[had_old], before[torch.from_numpy(had_old)]),
+                before, region)
+
+    def _messages(self, hop: int, layer: Layer, u1, v1, w1, changed: _Changed, removed,
+                  removed_rows: Tensor, edges: _BatchEdges) -> Outbox:
+        """Old and new messages of unchanged edges out of changed sources, and of the
+        changed edges themselves."""
+        sources = np.union1d(u1, edges.src)
+        rows_now = self._rows(hop - 1, self._index(sources))
+        t_new = layer.transform(rows_now)
+        t_old = t_new.clone()
+        for slots, rows in ((changed.old_slots, changed.old_rows), (removed, removed_rows)):
+            _, at, pick = np.intersect1d(sources, slots, assume_unique=True,
+                                         return_indices=True)
+            if len(at):
+                t_old[torch.from_numpy(at)] = layer.transform(rows[torch.from_numpy(pick)])
+        scale_new = scale_old = None
+        if layer.degree_normalised:
+            scale_new = layer.source_scale(self._weight(self.graph.in_weight, sources))
+            scale_old = layer.source_scale(self._weight(self._in_weight, sources))
+
+        at1 = self._index(np.searchsorted(sources, u1))
+        at2 = self._index(np.searchsorted(sources, edges.src))
+        w1 = torch.from_numpy(w1).to(self.device, t_new.dtype)
+        has, had = torch.from_numpy(edges.has), torch.from_numpy(edges.had)
+        new_msg = torch.cat([layer.messages(t_new, at1, w1, scale_new),
+                             layer.messages(t_new, at2[has], edges.after[has], scale_new)])
+        old_msg = torch.cat([layer.messages(t_old, at1, w1, scale_old),
+                             layer.messages(t_old, at2[had], edges.before[had], scale_old)])
+        dst = self._index(edges.dst)
+        v1 = self._index(v1)
+        return Outbox(torch.cat([v1, dst[has]]), new_msg, torch.cat([v1, dst[had]]), old_msg)
+
+    def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
+                     edges: _BatchEdges) -> np.ndarray:
+        pull = layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
+                                      outbox.old_msg, outbox.old_dst,
+                                      self._index(edges.empty_before))
+        return pull.cpu().numpy()
+
+    def _pull(self, hop: int, layer: Layer, pull: np.ndarray):
+        """Recompute the states of ``pull`` from all their in-neighbours."""
+        g = self.graph
+        ptr, src, w = g.in_edges(pull)
+        rows = np.union1d(src, pull)
+        t = layer.transform(self._rows(hop - 1, self._index(rows)))
+        scale = (layer.source_scale(self._weight(g.in_weight, rows))
+                 if layer.degree_normalised else None)
+        state = aggregate(layer, t, ptr, self._index(np.searchsorted(rows, src)),
+                          torch.from_numpy(w).to(self.device, t.dtype), scale,
+                          self._index(np.searchsorted(rows, pull)))
+        if self.state[hop - 1] is not None:
+            self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
+        return state
+
+    # ---------------------------------------------------------------- helpers
+    def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
+        g, e = self.graph, diff.edges
+        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
+        had, has = ~np.isnan(e.before), ~np.isnan(e.after)
+        degree_changed = np.unique(dst)
+        degree_changed = degree_changed[g.alive[degree_changed]]
+        gained = np.bincount(dst[has & ~had], minlength=g.num_slots)[degree_changed]
+        lost = np.bincount(dst[had & ~has], minlength=g.num_slots)[degree_changed]
+        old_degree = g.in_degree[degree_changed] - gained + lost
+        dtype = self.h[-1].dtype
+        return _BatchEdges(src, dst, self._tensor(np.nan_to_num(e.before)).to(dtype),
+                           self._tensor(np.nan_to_num(e.after)).to(dtype), had, has,
+                           np.sort(_pair_keys(src, dst)), degree_changed,
+                           degree_changed[old_degree == 0])
+
+    def _label_changes(self, region: np.ndarray, before: Tensor,
+                       added: np.ndarray) -> dict[int, tuple[int | None, int]]:
+        new = self.h[-1][self._index(region)].argmax(dim=-1).cpu().numpy()
+        old = before.argmax(dim=-1).cpu().numpy()
+        fresh = np.isin(region, added)
+        differs = (new != old) | fresh
+        ext = self.graph.ext[region[differs]]
+        return {int(v): (None if f else int(o), int(n))
+                for v, o, n, f in zip(ext, old[differs], new[differs], fresh[differs])}
+
+    def _rows(self, layer: int, index: Tensor) -> Tensor:
+        if layer == 0:
+            return torch.from_numpy(self.graph.x[index.cpu().numpy()]).to(self.device)
+        return self.h[layer][index]
+
+    def _index(self, slots: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.asarray(slots, np.int64)).to(self.device)
+
+    def _tensor(self, array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
+        return torch.from_numpy(in_weight[slots]).to(self.device, self.h[-1].dtype)
+
+    def _fit_capacity(self) -> None:
+        """Grow the per-vertex tensors with the graph."""
+        need = self.graph.num_slots
+        have = self.h[-1].shape[0]
+        if need <= have:
+            return
+        size = max(need, have * 5 // 4)
+        self.h = [None, *(_grown(h, size) for h in self.h[1:])]
+        self.state = [None if s is None else _grown(s, size) for s in self.state]
+        if len(self._in_weight) < len(self.graph.in_weight):
+            grown = np.zeros(len(self.graph.in_weight))
+            grown[:len(self._in_weight)] = self._in_weight
+            self._in_weight = grown
+
+
+def _grown(t: Tensor, size: int) -> Tensor:
+    out = t.new_zeros((size, *t.shape[1:]))
+    out[:len(t)] = t
+    return out
+
+
+def _pair_keys(s: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return (np.asarray(s, np.int64) << 32) | np.asarray(d, np.int64)
+
+
+def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    if not len(sorted_keys):
+        return np.zeros(len(keys), bool)
+    pos = np.searchsorted(sorted_keys, keys).clip(max=len(sorted_keys) - 1)
+    return sorted_keys[pos] == keys
