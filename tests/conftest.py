@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from hypothesis import HealthCheck, settings
@@ -27,7 +29,9 @@ def random_graph(rng: np.random.Generator, n: int, m: int, d: int, hubs: int = 2
     x = rng.standard_normal((n, d)).astype(np.float32)
     y = rng.integers(0, classes, n)
     w = rng.uniform(0.2, 2.0, m).astype(np.float32)
-    return sg.GraphData.cleaned(ids=ids, src=ids[src], dst=ids[dst], x=x, y=y, weight=w)
+    with warnings.catch_warnings():  # the random edges repeat some pairs: expected
+        warnings.simplefilter("ignore", UserWarning)
+        return sg.GraphData.cleaned(ids=ids, src=ids[src], dst=ids[dst], x=x, y=y, weight=w)
 
 
 def pyg_layers(model: torch.nn.Module, data: sg.GraphData,

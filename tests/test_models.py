@@ -3,68 +3,20 @@ layer type and option; unsupported models fail naming what is supported."""
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
-from torch_geometric.nn.models import GAT, GCN, GIN, MLP, GraphSAGE
+from torch_geometric.nn import GATConv, GCNConv, GraphConv, SAGEConv
+from torch_geometric.nn.models import GraphSAGE
 
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
 from streamgnn.models import GNN, decompose, layerwise_inference
 from streamgnn.models.zoo import MODELS, Checkpoint, ModelSpec
+from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
-
-F_IN = 12
-
-
-def _stack(conv, dims, **kw):
-    return GNN([conv(a, b, **kw) for a, b in pairwise(dims)])
-
-
-# name -> builder(num_layers); each covers one layer type / option of the supported set.
-ARCHS = {
-    "pyg-gcn": lambda L: GCN(F_IN, 16, L, 5),
-    "pyg-sage-mean": lambda L: GraphSAGE(F_IN, 16, L, 5),
-    "pyg-sage-bn": lambda L: GraphSAGE(F_IN, 16, L, 5, norm="batch_norm"),
-    "pyg-gin": lambda L: GIN(F_IN, 16, L, 5),
-    "pyg-gat": lambda L: GAT(F_IN, 16, L, 8, heads=4),
-    "gcn-improved": lambda L: _stack(GCNConv, [F_IN] + [16] * (L - 1) + [5], improved=True),
-    "gcn-no-loops": lambda L: _stack(GCNConv, [F_IN] + [16] * (L - 1) + [5],
-                                     add_self_loops=False),
-    "sage-sum": lambda L: _stack(SAGEConv, [F_IN] + [16] * (L - 1) + [5], aggr="sum"),
-    "sage-max": lambda L: _stack(SAGEConv, [F_IN] + [16] * (L - 1) + [5], aggr="max"),
-    "sage-wide": lambda L: _stack(SAGEConv, [F_IN] + [32] * (L - 1) + [5], aggr="mean"),
-    "sage-normalize": lambda L: _stack(SAGEConv, [F_IN] + [16] * (L - 1) + [5],
-                                       normalize=True, root_weight=False),
-    "graphconv-add": lambda L: _stack(GraphConv, [F_IN] + [16] * (L - 1) + [5]),
-    "graphconv-mean": lambda L: _stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="mean"),
-    "graphconv-max": lambda L: _stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="max"),
-    "gin-eps": lambda L: GNN([GINConv(MLP([a, 16, b]), eps=0.3, train_eps=True)
-                              for a, b in zip([F_IN] + [16] * (L - 1), [16] * (L - 1) + [5])]),
-    "gat-mean-heads": lambda L: GNN([GATConv(F_IN, 8, heads=3, concat=False)]
-                                    + [GATConv(8, 8, heads=2, concat=False)] * (L - 2)
-                                    + ([GATConv(8, 5, heads=2)] if L > 1 else [])),
-    "gat-residual": lambda L: _stack(GATConv, [F_IN] + [16] * (L - 1) + [5], residual=True),
-}
-
-
-def _randomise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Non-trivial parameters everywhere (biases, eps, batch-norm statistics)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-        for name, b in model.named_buffers():
-            if name.endswith("running_mean"):
-                b.copy_(torch.randn(b.shape, generator=gen))
-            elif name.endswith("running_var"):
-                b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
-    return model.eval()
 
 
 def _check(model, data, max_edges=50, dtype=torch.float64, tol=1e-5):
@@ -84,14 +36,14 @@ def _check(model, data, max_edges=50, dtype=torch.float64, tol=1e-5):
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 def test_layerwise_equals_pyg_float64(arch, num_layers):
     data = random_graph(np.random.default_rng(num_layers), n=60, m=300, d=F_IN)
-    _check(_randomise(ARCHS[arch](num_layers), seed=num_layers), data)
+    _check(randomise(ARCHS[arch](num_layers), seed=num_layers), data)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_layerwise_equals_pyg_float32(arch):
     """The production dtype: within 1e-5 per unit of magnitude (float32 keeps ~7 digits)."""
     data = random_graph(np.random.default_rng(7), n=200, m=1500, d=F_IN, hubs=4)
-    _check(_randomise(ARCHS[arch](2), seed=3), data, max_edges=400, dtype=torch.float32)
+    _check(randomise(ARCHS[arch](2), seed=3), data, max_edges=400, dtype=torch.float32)
 
 
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 40), density=st.floats(0, 6),
@@ -100,7 +52,7 @@ def test_layerwise_random_graphs(seed, n, density, arch, max_edges):
     """Random graphs: isolated vertices, hubs, a single vertex, no edges at all."""
     rng = np.random.default_rng(seed)
     data = random_graph(rng, n=n, m=int(density * n), d=F_IN, hubs=1)
-    _check(_randomise(ARCHS[arch](2), seed=seed), data, max_edges=max_edges)
+    _check(randomise(ARCHS[arch](2), seed=seed), data, max_edges=max_edges)
 
 
 def test_graph_with_deleted_vertices():
@@ -110,7 +62,7 @@ def test_graph_with_deleted_vertices():
     graph = DynamicGraph.from_data(data)
     graph.apply([sg.DeleteVertex(id=int(i)) for i in data.ids[:10]])
     current = graph.to_data()
-    model = _randomise(ARCHS["pyg-gcn"](2), 0).double()
+    model = randomise(ARCHS["pyg-gcn"](2), 0).double()
     hs = layerwise_inference(decompose(model), graph, progress=False, dtype=torch.float64)
     ref = pyg_layers(model, current, torch.float64)[-1]
     assert (hs[-1][graph.slots(current.ids)] - ref).abs().max() < 1e-9
@@ -141,7 +93,7 @@ def test_unsupported_conv_lists_supported_layers():
 def test_zoo_checkpoint_roundtrip(name, tmp_path):
     data = sg.datasets.synthetic("tiny", seed=1)
     spec = ModelSpec(name, data.num_features, data.num_classes, hidden=16)
-    model = _randomise(spec.build(), seed=2)
+    model = randomise(spec.build(), seed=2)
     path = Checkpoint(spec, model.state_dict(), dataset="tiny").save(tmp_path / "m.pt")
     loaded = Checkpoint.load(path)
     assert loaded.spec == spec

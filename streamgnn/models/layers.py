@@ -223,7 +223,7 @@ class GATLayer(Layer):
         own = self.logits(a_src, a_dst)
         merged = SoftmaxAggregation.merge(agg, SoftmaxPartial(own, torch.ones_like(own), t))
         out = merged.value()
-        out = out.reshape(len(t), -1) if self.conv.concat else out.mean(dim=1)
+        out = out.reshape(len(t), self.out_dim) if self.conv.concat else out.mean(dim=1)
         if self.conv.res is not None:
             out = out + self.conv.res(h)
         return out if self.conv.bias is None else out + self.conv.bias

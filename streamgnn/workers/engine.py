@@ -81,7 +81,9 @@ class Engine:
         self.device = torch.device(device)
         self.recompute = recompute
         self.partition = partition or SinglePartition()
-        hs, self.state = layerwise_states(self.layers, graph, device, progress=progress)
+        self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
+        hs, self.state = layerwise_states(self.layers, graph, device, progress=progress,
+                                          dtype=self.dtype)
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
 
@@ -122,8 +124,9 @@ class Engine:
         added = diff.added.astype(np.int64)
         removed = diff.removed.astype(np.int64)
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
-                           diff.changed.astype(np.int64), self._tensor(diff.changed_x_before))
-        removed_rows = self._tensor(diff.removed_x)
+                           diff.changed.astype(np.int64),
+                           self._tensor(diff.changed_x_before).to(self.dtype))
+        removed_rows = self._tensor(diff.removed_x).to(self.dtype)
         result = ApplyResult({})
         for hop, layer in enumerate(self.layers, start=1):
             changed, before, region = self._superstep(hop, layer, changed, removed, removed_rows,
@@ -154,8 +157,7 @@ class Engine:
             outbox = self._messages(hop, layer, u1, v1, w1, changed, removed, removed_rows, edges)
             outbox = self.partition.exchange(hop, outbox)
             pull = self._apply_delta(hop, layer, outbox, edges)
-            pull = np.union1d(pull, added)
-            pull = np.union1d(pull, region[g.in_degree[region] == 0])
+            pull = np.union1d(pull, added)  # a reused slot holds a dead vertex's state
         pulled = self._pull(hop, layer, pull)
 
         rows = self._rows(hop - 1, self._index(region))
@@ -241,9 +243,8 @@ class Engine:
         gained = np.bincount(dst[has & ~had], minlength=g.num_slots)[degree_changed]
         lost = np.bincount(dst[had & ~has], minlength=g.num_slots)[degree_changed]
         old_degree = g.in_degree[degree_changed] - gained + lost
-        dtype = self.h[-1].dtype
-        return _BatchEdges(src, dst, self._tensor(np.nan_to_num(e.before)).to(dtype),
-                           self._tensor(np.nan_to_num(e.after)).to(dtype), had, has,
+        return _BatchEdges(src, dst, self._tensor(np.nan_to_num(e.before)).to(self.dtype),
+                           self._tensor(np.nan_to_num(e.after)).to(self.dtype), had, has,
                            np.sort(_pair_keys(src, dst)), degree_changed,
                            degree_changed[old_degree == 0])
 
@@ -259,7 +260,8 @@ class Engine:
 
     def _rows(self, layer: int, index: Tensor) -> Tensor:
         if layer == 0:
-            return torch.from_numpy(self.graph.x[index.cpu().numpy()]).to(self.device)
+            return torch.from_numpy(self.graph.x[index.cpu().numpy()]).to(self.device,
+                                                                          self.dtype)
         return self.h[layer][index]
 
     def _index(self, slots: np.ndarray) -> Tensor:
@@ -269,7 +271,7 @@ class Engine:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
     def _weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
-        return torch.from_numpy(in_weight[slots]).to(self.device, self.h[-1].dtype)
+        return torch.from_numpy(in_weight[slots]).to(self.device, self.dtype)
 
     def _fit_capacity(self) -> None:
         """Grow the per-vertex tensors with the graph."""

@@ -1,0 +1,186 @@
+"""The incremental engine against PyG's forward pass on the current graph, for every layer
+type, random graphs and random streams of all six update types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import streamgnn as sg
+from streamgnn.models.zoo import ModelSpec
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.workers import Engine
+from tests.archs import ARCHS, F_IN, randomise
+from tests.conftest import pyg_layers, random_graph
+from tests.reference import Reference
+
+
+def assert_exact(engine: Engine, model: torch.nn.Module, dtype: torch.dtype, tol: float):
+    """Every layer of every vertex equals PyG's forward pass on the current graph."""
+    current = engine.graph.to_data()
+    refs = pyg_layers(model, current, dtype)
+    for layer, ref in enumerate(refs):
+        ours = engine.lookup(current.ids, layer)
+        err = float(np.abs(ours - ref.numpy()).max(initial=0.0))
+        assert err <= tol, f"layer {layer}: max error {err}"
+
+
+def valid_batch(ref: Reference, candidates: list[sg.Update]) -> list[sg.Update]:
+    """The candidates that are valid in order (applied to ``ref``)."""
+    batch = []
+    for u in candidates:
+        try:
+            ref.apply([u])
+        except sg.InvalidUpdateError:
+            continue
+        batch.append(u)
+    return batch
+
+
+POOL = 30  # ids 0..29; the initial graph uses 0..19, so adds, deletes and re-adds mix
+ids = st.integers(0, POOL - 1)
+row = st.lists(st.floats(-2, 2, width=32), min_size=F_IN, max_size=F_IN)
+weight = st.floats(0.125, 2.0, width=32)
+update = st.one_of(
+    st.builds(sg.AddEdge, src=ids, dst=ids, weight=weight),
+    st.builds(sg.DeleteEdge, src=ids, dst=ids),
+    st.builds(sg.UpdateEdge, src=ids, dst=ids, weight=weight),
+    st.builds(sg.AddVertex, id=ids, x=row),
+    st.builds(sg.DeleteVertex, id=ids),
+    st.builds(sg.UpdateFeatures, id=ids, x=row),
+)
+
+
+def start_graph(seed: int, hubs: int = 2) -> sg.GraphData:
+    data = random_graph(np.random.default_rng(seed), n=20, m=60, d=F_IN, hubs=hubs)
+    return sg.GraphData(ids=np.arange(20), src=data.positions(data.src),
+                        dst=data.positions(data.dst), x=data.x, weight=data.weight)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["engine", "RC"])
+@given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
+       seed=st.integers(0, 10_000), batches=st.lists(st.lists(update, max_size=40),
+                                                     min_size=1, max_size=6))
+def test_random_streams_stay_exact_float64(recompute, arch, num_layers, seed, batches):
+    """float64 end to end: any formula or bookkeeping error shows far above 1e-9."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed).double()
+    engine = Engine.from_pyg(model, data, recompute=recompute)
+    ref = Reference(data)
+    for candidates in batches:
+        engine.apply(valid_batch(ref, candidates))
+        assert_exact(engine, model, torch.float64, 1e-9)
+
+
+@given(arch=st.sampled_from(sorted(ARCHS)), seed=st.integers(0, 10_000),
+       size=st.sampled_from([1, 10, 100, 1000]))
+def test_linkbench_batches_float32_within_contract(arch, seed, size):
+    """The production dtype on a graph with hubs, batch sizes 1 to 1,000: within 1e-4."""
+    torch.manual_seed(seed)
+    data = random_graph(np.random.default_rng(seed), n=300, m=1500, d=F_IN, hubs=3)
+    model = ARCHS[arch](2).eval()
+    engine = Engine.from_pyg(model, data)
+    workload = LinkBenchWorkload(engine.graph, seed=seed)
+    for _ in range(3 if size < 1000 else 1):
+        engine.apply(workload.batch(size))
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
+@pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin", "graphconv-max",
+                                  "gat"])
+def test_drift_after_100k_updates(name):
+    """Long delta chains stay within the contract (sums accumulate in float64)."""
+    torch.manual_seed(0)
+    data = sg.datasets.synthetic("tiny", seed=0)
+    model = ModelSpec(name, data.num_features, data.num_classes, hidden=32).build().eval()
+    engine = Engine.from_pyg(model, data)
+    workload = LinkBenchWorkload(engine.graph, seed=1)
+    for _ in range(100):
+        engine.apply(workload.batch(1000))
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
+def test_vertices_outside_the_l_hop_region_are_not_touched():
+    data = random_graph(np.random.default_rng(5), n=400, m=800, d=F_IN, hubs=0)
+    model = randomise(ARCHS["pyg-sage-mean"](2), 1)
+    engine = Engine.from_pyg(model, data)
+    v = int(data.ids[0])
+    w = int(data.ids[1]) if int(data.ids[1]) != v else int(data.ids[2])
+    batch = [sg.UpdateFeatures(id=v, x=[1.0] * F_IN)]
+    batch += [] if engine.graph.has_edges(engine.graph.slots([w]), engine.graph.slots([v]))[0] \
+        else [sg.AddEdge(src=w, dst=v)]
+    g = engine.graph
+    # Vertices within 2 hops downstream of v (the roots: v's features and in-edges changed).
+    reach = {int(s) for s in g.slots([v])}
+    for _ in range(2):
+        _, nbr, _ = g.out_edges(np.array(sorted(reach)))
+        reach |= set(nbr.tolist())
+    before = [h.clone() for h in engine.h[1:]]
+    state_before = [s.clone() for s in engine.state]
+    result = engine.apply(batch)
+    outside = np.setdiff1d(g.vertex_slots(), np.array(sorted(reach)))
+    assert len(outside) > 300
+    for h_old, h_new in zip(before, engine.h[1:]):
+        assert torch.equal(h_old[outside], h_new[outside])
+    for s_old, s_new in zip(state_before, engine.state):
+        assert torch.equal(s_old[outside], s_new[outside])
+    assert max(result.recomputed) <= len(reach)
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
+def test_deterministic():
+    data = sg.datasets.synthetic("tiny", seed=2)
+    model = ModelSpec("graphconv-sum", data.num_features, data.num_classes, 16).build().eval()
+    runs = []
+    for _ in range(2):
+        engine = Engine.from_pyg(model, data)
+        workload = LinkBenchWorkload(engine.graph, seed=9)
+        for _ in range(5):
+            engine.apply(workload.batch(200))
+        runs.append(engine.lookup(engine.vertex_ids()))
+    assert np.array_equal(runs[0], runs[1])
+
+
+def test_changed_labels_are_exactly_the_label_changes():
+    data = sg.datasets.synthetic("tiny", seed=3)
+    model = ModelSpec("sage-mean", data.num_features, data.num_classes, 16).build().eval()
+    engine = Engine.from_pyg(model, data)
+    workload = LinkBenchWorkload(engine.graph, seed=4)
+    for _ in range(5):
+        ids_before = engine.vertex_ids()
+        labels_before = dict(zip(ids_before.tolist(), engine.label(ids_before).tolist()))
+        result = engine.apply(workload.batch(300))
+        ids_after = engine.vertex_ids()
+        labels_after = dict(zip(ids_after.tolist(), engine.label(ids_after).tolist()))
+        expected = {v: (labels_before.get(v), lab) for v, lab in labels_after.items()
+                    if labels_before.get(v) != lab}
+        assert result.changed_labels == expected
+
+
+def test_bad_batch_changes_nothing_and_names_the_problem():
+    data = start_graph(1)
+    model = randomise(ARCHS["pyg-gcn"](2), 0)
+    engine = Engine.from_pyg(model, data)
+    before = engine.lookup(engine.vertex_ids())
+    with pytest.raises(sg.UnknownVertexError, match="vertex 999") as err:
+        engine.apply([sg.UpdateFeatures(id=3, x=[0.5] * F_IN), sg.AddEdge(src=3, dst=999)])
+    assert err.value.index == 1
+    assert np.array_equal(engine.lookup(engine.vertex_ids()), before)
+    engine.apply([sg.UpdateFeatures(id=3, x=[0.5] * F_IN)])
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
+def test_public_reads():
+    data = start_graph(2)
+    model = randomise(ARCHS["pyg-gat"](2), 0)
+    engine = Engine.from_pyg(model, data)
+    np.testing.assert_array_equal(engine.lookup([4, 5], layer=0), data.x[[4, 5]])
+    assert engine.lookup([4], layer=-1).shape == (1, 8)
+    np.testing.assert_array_equal(engine.label([4, 5]), engine.lookup([4, 5]).argmax(1))
+    assert sorted(engine.vertex_ids().tolist()) == list(range(20))
+    assert len(engine.edges()[0]) == data.num_edges
+    with pytest.raises(KeyError):
+        engine.lookup([12345])
