@@ -32,6 +32,7 @@ class Aggregation:
     ``state_dtype``: what the engine stores states in (sums accumulate in float64)."""
 
     name: str = ""
+    linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
     spmm: str | None = None
     state_dtype: torch.dtype | None = None  # None: the embeddings' dtype
 
@@ -58,6 +59,7 @@ class Aggregation:
 
 class SumAggregation(Aggregation):
     name = "sum"
+    linear = True
     spmm = "sum"
     state_dtype = torch.float64
 

@@ -84,6 +84,8 @@ class Engine:
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         hs, self.state = layerwise_states(self.layers, graph, device, progress=progress,
                                           dtype=self.dtype)
+        if recompute:  # RC re-aggregates from scratch: it keeps no states
+            self.state = [None] * len(self.layers)
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
 
@@ -127,13 +129,16 @@ class Engine:
                            diff.changed.astype(np.int64),
                            self._tensor(diff.changed_x_before).to(self.dtype))
         removed_rows = self._tensor(diff.removed_x).to(self.dtype)
+        for state in self.state:  # a reused slot holds a deleted vertex's state
+            if state is not None:
+                state[self._index(added)] = 0
         result = ApplyResult({})
         for hop, layer in enumerate(self.layers, start=1):
             changed, before, region = self._superstep(hop, layer, changed, removed, removed_rows,
                                                       added, edges, result)
             removed_rows = self.h[hop][torch.from_numpy(removed)]
         result.changed_labels = self._label_changes(region, before, added)
-        touched = np.union1d(edges.degree_changed, added)
+        touched = self._union(edges.degree_changed, added)
         self._in_weight[touched] = self.graph.in_weight[touched]
         return result
 
@@ -143,33 +148,37 @@ class Engine:
         g = self.graph
         sources = changed.slots
         if layer.degree_normalised:
-            sources = np.union1d(sources, edges.degree_changed)
+            sources = self._union(sources, edges.degree_changed)
         ptr, v1, w1 = g.out_edges(sources)
         u1 = np.repeat(sources, np.diff(ptr))
         keep = ~_contains(edges.keys, _pair_keys(u1, v1))  # changed pairs go separately
         u1, v1, w1 = u1[keep], v1[keep].astype(np.int64), w1[keep]
-        region = np.union1d(np.union1d(v1, edges.dst), changed.slots)
-        region = region[g.alive[region]]
+        region = self._union(v1, edges.dst, changed.slots, live=True)
+        if not len(region):
+            result.recomputed.append(0)
+            result.pulled.append(0)
+            nothing = self.h[hop][:0]
+            return _Changed(region, region, nothing), nothing, region
 
-        if self.recompute or self.state[hop - 1] is None:
+        if self.state[hop - 1] is None:  # RC, or attention
             pull = region
         else:
-            outbox = self._messages(hop, layer, u1, v1, w1, changed, removed, removed_rows, edges)
+            outbox = self._messages(hop, layer, u1, v1, w1, changed, removed, removed_rows,
+                                    edges, region)
             outbox = self.partition.exchange(hop, outbox)
             pull = self._apply_delta(hop, layer, outbox, edges)
-            pull = np.union1d(pull, added)  # a reused slot holds a dead vertex's state
-        pulled = self._pull(hop, layer, pull)
+        pulled = self._pull(hop, layer, pull) if len(pull) else None
 
-        rows = self._rows(hop - 1, self._index(region))
-        t = layer.transform(rows)
-        if self.state[hop - 1] is None:  # attention: the pull gave the whole region
-            agg = pulled
-        else:
-            state = self.state[hop - 1][self._index(region)]
-            count = torch.from_numpy(g.in_degree[region].astype(np.int64)).to(self.device)
-            agg = layer.aggr.finalize(state, count).to(rows.dtype)
-        new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
         index = self._index(region)
+        rows = self._rows(hop - 1, index)
+        t = layer.transform(rows)
+        # Without stored states, the pull covered the whole region.
+        state = pulled if self.state[hop - 1] is None else self.state[hop - 1][index]
+        count = torch.from_numpy(g.in_degree[region].astype(np.int64)).to(self.device)
+        agg = layer.aggr.finalize(state, count)
+        if isinstance(agg, Tensor):
+            agg = agg.to(rows.dtype)
+        new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
         before = self.h[hop][index]
         self.h[hop][index] = new
         result.recomputed.append(len(region))
@@ -182,34 +191,46 @@ class Engine:
                 before, region)
 
     def _messages(self, hop: int, layer: Layer, u1, v1, w1, changed: _Changed, removed,
-                  removed_rows: Tensor, edges: _BatchEdges) -> Outbox:
-        """Old and new messages of unchanged edges out of changed sources, and of the
-        changed edges themselves."""
-        sources = np.union1d(u1, edges.src)
-        rows_now = self._rows(hop - 1, self._index(sources))
-        t_new = layer.transform(rows_now)
+                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> Outbox:
+        """Messages that stop and start arriving in the region: along unchanged edges out
+        of changed sources, and along the changed edges. Linear aggregations get them
+        combined per destination into one delta each."""
+        sources = self._union(u1, edges.src)
+        t_new = layer.transform(self._rows(hop - 1, self._index(sources)))
         t_old = t_new.clone()
         for slots, rows in ((changed.old_slots, changed.old_rows), (removed, removed_rows)):
             _, at, pick = np.intersect1d(sources, slots, assume_unique=True,
                                          return_indices=True)
             if len(at):
                 t_old[torch.from_numpy(at)] = layer.transform(rows[torch.from_numpy(pick)])
-        scale_new = scale_old = None
-        if layer.degree_normalised:
-            scale_new = layer.source_scale(self._weight(self.graph.in_weight, sources))
-            scale_old = layer.source_scale(self._weight(self._in_weight, sources))
+        if layer.degree_normalised:  # fold the per-source factor into t
+            t_new = t_new * layer.source_scale(
+                self._weight(self.graph.in_weight, sources)).unsqueeze(-1)
+            t_old = t_old * layer.source_scale(
+                self._weight(self._in_weight, sources)).unsqueeze(-1)
 
+        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
+        has, had = edges.has & live, edges.had & live
         at1 = self._index(np.searchsorted(sources, u1))
         at2 = self._index(np.searchsorted(sources, edges.src))
-        w1 = torch.from_numpy(w1).to(self.device, t_new.dtype)
-        has, had = torch.from_numpy(edges.has), torch.from_numpy(edges.had)
-        new_msg = torch.cat([layer.messages(t_new, at1, w1, scale_new),
-                             layer.messages(t_new, at2[has], edges.after[has], scale_new)])
-        old_msg = torch.cat([layer.messages(t_old, at1, w1, scale_old),
-                             layer.messages(t_old, at2[had], edges.before[had], scale_old)])
-        dst = self._index(edges.dst)
+        has_t, had_t = torch.from_numpy(has), torch.from_numpy(had)
+        w1 = torch.from_numpy(w1).to(self.device, self.dtype)
+        new2 = layer.messages(t_new, at2[has_t], edges.after[has_t], None)
+        old2 = layer.messages(t_old, at2[had_t], edges.before[had_t], None)
+        if layer.aggr.linear:
+            delta = torch.cat([layer.messages(t_new - t_old, at1, w1, None), new2, -old2])
+            local = self._index(np.searchsorted(
+                region, np.concatenate([v1, edges.dst[has], edges.dst[had]])))
+            combined = delta.new_zeros((len(region), *delta.shape[1:])).index_add_(0, local,
+                                                                                delta)
+            nothing = self._index(region[:0])
+            return Outbox(self._index(region), combined, nothing, combined[:0])
         v1 = self._index(v1)
-        return Outbox(torch.cat([v1, dst[has]]), new_msg, torch.cat([v1, dst[had]]), old_msg)
+        dst = self._index(edges.dst)
+        return Outbox(torch.cat([v1, dst[has_t]]),
+                      torch.cat([layer.messages(t_new, at1, w1, None), new2]),
+                      torch.cat([v1, dst[had_t]]),
+                      torch.cat([layer.messages(t_old, at1, w1, None), old2]))
 
     def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
                      edges: _BatchEdges) -> np.ndarray:
@@ -263,6 +284,15 @@ class Engine:
             return torch.from_numpy(self.graph.x[index.cpu().numpy()]).to(self.device,
                                                                           self.dtype)
         return self.h[layer][index]
+
+    def _union(self, *slot_sets: np.ndarray, live: bool = False) -> np.ndarray:
+        """Sorted union of slot sets (optionally only live vertices), by marking."""
+        mark = np.zeros(self.graph.num_slots, bool)
+        for slots in slot_sets:
+            mark[slots] = True
+        if live:
+            mark &= self.graph.alive[:len(mark)]
+        return np.flatnonzero(mark)
 
     def _index(self, slots: np.ndarray) -> Tensor:
         return torch.from_numpy(np.asarray(slots, np.int64)).to(self.device)
