@@ -25,7 +25,7 @@ from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 
-console = Console()
+console = Console(width=160)
 MODELS = ("sage-mean", "gcn", "gin", "graphconv-max", "gat")
 
 

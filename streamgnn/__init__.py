@@ -1,7 +1,8 @@
 """streamgnn: exact, incremental GNN inference over a changing graph.
 
-The public API: ``sg.datasets``, ``sg.GraphData``, ``sg.models``, ``sg.DynamicGraph``, the
-six update types and the errors. Importing streamgnn must not import kafka or mpi4py.
+The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
+``sg.DynamicGraph``, the six update types and the errors. Importing streamgnn must not
+import kafka or mpi4py.
 """
 
 from streamgnn import datasets, models
@@ -28,13 +29,33 @@ from streamgnn.updates import (
     UpdateEdge,
     UpdateFeatures,
 )
+from streamgnn.workers import ApplyResult, Engine
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AddEdge", "AddVertex", "DeleteEdge", "DeleteVertex", "DuplicateEdgeError",
-    "DuplicateVertexError", "DynamicGraph", "FeatureDimensionError", "GraphData", "GraphDiff",
-    "InvalidUpdateError", "NonFiniteValueError", "SelfLoopError", "StreamGNNError",
-    "UnknownEdgeError", "UnknownVertexError", "UnsupportedModelError", "Update", "UpdateEdge",
-    "UpdateFeatures", "datasets", "models",
+    "AddEdge",
+    "AddVertex",
+    "ApplyResult",
+    "DeleteEdge",
+    "DeleteVertex",
+    "DuplicateEdgeError",
+    "DuplicateVertexError",
+    "DynamicGraph",
+    "Engine",
+    "FeatureDimensionError",
+    "GraphData",
+    "GraphDiff",
+    "InvalidUpdateError",
+    "NonFiniteValueError",
+    "SelfLoopError",
+    "StreamGNNError",
+    "UnknownEdgeError",
+    "UnknownVertexError",
+    "UnsupportedModelError",
+    "Update",
+    "UpdateEdge",
+    "UpdateFeatures",
+    "datasets",
+    "models",
 ]

@@ -43,6 +43,7 @@ class Layer:
     aggr: Aggregation
     edge_weighted = False      # messages are multiplied by the edge weight
     degree_normalised = False  # messages depend on the source's weighted in-degree
+    self_transform = False     # the update needs the vertex's own t (a self-loop term)
     in_dim: int
     out_dim: int
 
@@ -73,7 +74,8 @@ class Layer:
         m = t[src]
         return m if factor is None else m * factor.view(-1, *([1] * (m.dim() - 1)))
 
-    def update(self, h: Tensor, agg, t: Tensor, in_weight: Tensor) -> Tensor:
+    def update(self, h: Tensor, agg, t: Tensor | None, in_weight: Tensor) -> Tensor:
+        """``t`` may be None unless ``self_transform``."""
         out = self.combine(h, agg, t, in_weight)
         return out if self.post is None else self.post(out)
 
@@ -96,6 +98,7 @@ class GCNLayer(Layer):
 
     edge_weighted = True
     degree_normalised = True
+    self_transform = True
 
     def __init__(self, conv: GCNConv, post: Post = None) -> None:
         super().__init__(post)
@@ -188,6 +191,8 @@ class GINLayer(Layer):
 class GATLayer(Layer):
     """GATConv: softmax over leaky_relu(a_src . t_u + a_dst . t_v) of the in-edges plus
     the self-loop, t = W h split into heads; heads concatenated or averaged, + bias."""
+
+    self_transform = True
 
     def __init__(self, conv: GATConv, post: Post = None) -> None:
         super().__init__(post)

@@ -4,10 +4,14 @@ valid against the graph they are generated for (applied in order).
 LinkBench ``FBWorkload.properties`` writes, renormalised to writes only (DESIGN.md):
 addlink 29.05 %, deletelink 9.67 %, updatelink 25.89 %, addnode 8.32 %, updatenode 23.81 %,
 deletenode 3.27 %. Ids are Zipf-like: link writes 0.741, node updates 0.606, node deletes
-uniform. Owns trace generation only; must not import kafka or mpi4py.
+uniform. Given ``arrivals`` (the held-out stream of the RIPPLE++ 80/20 protocol), the add
+operations replay it in order instead of inventing vertices and links. Owns trace
+generation only; must not import kafka or mpi4py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,6 +38,7 @@ class LinkBenchWorkload:
     """Generates batches for ``graph`` (which the caller keeps applying them to)."""
 
     def __init__(self, graph: DynamicGraph, seed: int = 0, mix: dict[type, float] | None = None,
+                 arrivals: Sequence[Update] = (), unit_weights: bool = False,
                  max_tries: int = 20) -> None:
         self.graph = graph
         self.rng = np.random.default_rng(seed)
@@ -42,7 +47,11 @@ class LinkBenchWorkload:
         p = np.array([mix[k] for k in self.kinds], np.float64)
         self.p = p / p.sum()
         self.max_tries = max_tries
-        self.next_id = int(graph.vertex_ids().max(initial=0)) + 1
+        self.arrivals = list(arrivals)
+        self.next_arrival = 0
+        self.unit_weights = unit_weights
+        arriving = [u.id for u in self.arrivals if isinstance(u, AddVertex)]
+        self.next_id = max(int(graph.vertex_ids().max(initial=0)), *arriving, 0) + 1
 
     def batch(self, size: int) -> list[Update]:
         """``size`` updates valid in order against the graph's current state (fewer only if
@@ -94,7 +103,29 @@ class LinkBenchWorkload:
             return None
         return s, d
 
+    def _weight(self) -> float:
+        return 1.0 if self.unit_weights else float(self.rng.uniform(0.5, 1.5))
+
+    def _arrival(self, state: _Overlay) -> Update | None:
+        """The next held-out vertex or link that is still valid (its ends may have been
+        deleted since), or None when the stream is used up."""
+        while self.next_arrival < len(self.arrivals):
+            u = self.arrivals[self.next_arrival]
+            self.next_arrival += 1
+            if isinstance(u, AddVertex):
+                state.added.add(u.id)
+                return u
+            if (self._live(u.src, state) and self._live(u.dst, state)
+                    and not self._has_edge(u.src, u.dst, state)):
+                state.edges[(u.src, u.dst)] = True
+                return u.model_copy(update={"weight": 1.0}) if self.unit_weights else u
+        return None
+
     def _one(self, kind, ids, rank, state: _Overlay) -> Update | None:
+        if kind in (AddVertex, AddEdge):
+            arrival = self._arrival(state)
+            if arrival is not None:
+                return arrival
         if kind is AddVertex:
             v = self.next_id
             self.next_id += 1
@@ -118,14 +149,14 @@ class LinkBenchWorkload:
             if self._has_edge(s, d, state):
                 return None
             state.edges[(s, d)] = True
-            return AddEdge(src=s, dst=d, weight=float(self.rng.uniform(0.5, 1.5)))
+            return AddEdge(src=s, dst=d, weight=self._weight())
         edge = self._existing_edge(ids, rank, state)
         if edge is None:
             return None
         if kind is DeleteEdge:
             state.edges[edge] = False
             return DeleteEdge(src=edge[0], dst=edge[1])
-        return UpdateEdge(src=edge[0], dst=edge[1], weight=float(self.rng.uniform(0.5, 1.5)))
+        return UpdateEdge(src=edge[0], dst=edge[1], weight=self._weight())
 
 
 class _Overlay:

@@ -56,6 +56,24 @@ class _Changed:
 
 
 @dataclass
+class _Step:
+    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` and
+    ``after``; ``fresh`` marks region vertices the batch added (no meaningful before)."""
+
+    region: np.ndarray
+    before: Tensor
+    after: Tensor
+    fresh: np.ndarray
+
+    def changed(self) -> _Changed:
+        """The vertices whose embedding really changed: the next superstep's sources."""
+        moved = (self.after != self.before).any(dim=-1).cpu().numpy() | self.fresh
+        had_old = moved & ~self.fresh
+        return _Changed(self.region[moved], self.region[had_old],
+                        self.before[torch.from_numpy(had_old)])
+
+
+@dataclass
 class _BatchEdges:
     """The batch's net edge changes and what follows from them, shared by all supersteps."""
 
@@ -132,19 +150,23 @@ class Engine:
         for state in self.state:  # a reused slot holds a deleted vertex's state
             if state is not None:
                 state[self._index(added)] = 0
+        is_added = np.zeros(self.graph.num_slots, bool)
+        is_added[added] = True
         result = ApplyResult({})
         for hop, layer in enumerate(self.layers, start=1):
-            changed, before, region = self._superstep(hop, layer, changed, removed, removed_rows,
-                                                      added, edges, result)
-            removed_rows = self.h[hop][torch.from_numpy(removed)]
-        result.changed_labels = self._label_changes(region, before, added)
+            step = self._superstep(hop, layer, changed, removed, removed_rows, is_added, edges,
+                                   result)
+            if hop < self.num_layers:
+                changed = step.changed()
+                removed_rows = self.h[hop][torch.from_numpy(removed)]
+        result.changed_labels = self._label_changes(step)
         touched = self._union(edges.degree_changed, added)
         self._in_weight[touched] = self.graph.in_weight[touched]
         return result
 
     def _superstep(self, hop: int, layer: Layer, changed: _Changed, removed: np.ndarray,
-                   removed_rows: Tensor, added: np.ndarray, edges: _BatchEdges,
-                   result: ApplyResult) -> tuple[_Changed, Tensor, np.ndarray]:
+                   removed_rows: Tensor, is_added: np.ndarray, edges: _BatchEdges,
+                   result: ApplyResult) -> _Step:
         g = self.graph
         sources = changed.slots
         if layer.degree_normalised:
@@ -158,7 +180,7 @@ class Engine:
             result.recomputed.append(0)
             result.pulled.append(0)
             nothing = self.h[hop][:0]
-            return _Changed(region, region, nothing), nothing, region
+            return _Step(region, nothing, nothing, is_added[region])
 
         if self.state[hop - 1] is None:  # RC, or attention
             pull = region
@@ -171,7 +193,7 @@ class Engine:
 
         index = self._index(region)
         rows = self._rows(hop - 1, index)
-        t = layer.transform(rows)
+        t = layer.transform(rows) if layer.self_transform else None
         # Without stored states, the pull covered the whole region.
         state = pulled if self.state[hop - 1] is None else self.state[hop - 1][index]
         count = torch.from_numpy(g.in_degree[region].astype(np.int64)).to(self.device)
@@ -183,12 +205,7 @@ class Engine:
         self.h[hop][index] = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull))
-
-        fresh = np.isin(region, added)
-        moved = (new != before).any(dim=-1).cpu().numpy() | fresh
-        had_old = moved & ~fresh
-        return (_Changed(region[moved], region[had_old], before[torch.from_numpy(had_old)]),
-                before, region)
+        return _Step(region, before, new, is_added[region])
 
     def _messages(self, hop: int, layer: Layer, u1, v1, w1, changed: _Changed, removed,
                   removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> Outbox:
@@ -269,15 +286,13 @@ class Engine:
                            np.sort(_pair_keys(src, dst)), degree_changed,
                            degree_changed[old_degree == 0])
 
-    def _label_changes(self, region: np.ndarray, before: Tensor,
-                       added: np.ndarray) -> dict[int, tuple[int | None, int]]:
-        new = self.h[-1][self._index(region)].argmax(dim=-1).cpu().numpy()
-        old = before.argmax(dim=-1).cpu().numpy()
-        fresh = np.isin(region, added)
-        differs = (new != old) | fresh
-        ext = self.graph.ext[region[differs]]
+    def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
+        new = last.after.argmax(dim=-1).cpu().numpy()
+        old = last.before.argmax(dim=-1).cpu().numpy()
+        differs = (new != old) | last.fresh
+        ext = self.graph.ext[last.region[differs]]
         return {int(v): (None if f else int(o), int(n))
-                for v, o, n, f in zip(ext, old[differs], new[differs], fresh[differs])}
+                for v, o, n, f in zip(ext, old[differs], new[differs], last.fresh[differs])}
 
     def _rows(self, layer: int, index: Tensor) -> Tensor:
         if layer == 0:

@@ -1,0 +1,169 @@
+"""Engine benchmark: RIPPLE++'s seven workloads on the 80/20 protocol with LinkBench's
+write mix; the incremental engine vs layer-wise recompute of the affected region (RC) vs
+a full PyG forward pass, measured in the same run.
+
+    python benchmarks/engine.py [--preset arxiv-like] [--layers 2 3] [--batch-sizes 1 10 100 1000]
+
+For each workload and depth: bootstrap on the 80 % snapshot; then, per batch size, batches
+of LinkBench writes (adds replay the held-out 20 %) go to the engine and to RC in turn
+(the same batches, so both see the same graph), each timed; a full forward pass on the
+current graph is timed too. Prints a table per workload and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import streamgnn as sg
+from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.zoo import ModelSpec
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.workers import Engine
+
+console = Console(width=160)
+# RIPPLE++'s workloads: (label, model, uses edge weights)
+WORKLOADS = [
+    ("GraphConv sum", "graphconv-sum", False),
+    ("GraphSAGE sum", "sage-sum", False),
+    ("GraphConv mean", "graphconv-mean", False),
+    ("GIN sum", "gin", False),
+    ("GraphConv weighted", "graphconv-sum", True),
+    ("GraphConv max", "graphconv-max", False),
+    ("GAT", "gat", False),
+]
+
+
+def stream_split(preset: str, weighted: bool):
+    data = sg.datasets.synthetic(preset, seed=0)
+    if not weighted:
+        data.weight[:] = 1.0
+    return sg.datasets.split_stream(data, frac=0.2, seed=0)
+
+
+def engine_bytes(engine: Engine) -> int:
+    tensors = [h for h in engine.h[1:]] + [s for s in engine.state if s is not None]
+    graph = engine.graph.nbytes()
+    return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
+
+
+def full_forward_seconds(model: torch.nn.Module, engine: Engine, repeat: int) -> float:
+    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        g = engine.graph.to_data().to_pyg()
+        with torch.inference_mode():
+            model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def percentiles(seconds: list[float]) -> dict:
+    ms = np.array(seconds) * 1000
+    return {"median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
+            "batches": len(ms)}
+
+
+def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget: float,
+        full_repeat: int) -> list[dict]:
+    snapshot, events = split
+    torch.manual_seed(0)
+    model = ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=128,
+                      num_layers=layers).build().eval()
+    engine = Engine.from_pyg(model, snapshot)
+    rc = Engine.from_pyg(model, snapshot, recompute=True)
+    workload = LinkBenchWorkload(engine.graph, seed=1, arrivals=events,
+                                 unit_weights=not weighted)
+    memory = {"engine_mb": engine_bytes(engine) / 2**20, "rc_mb": engine_bytes(rc) / 2**20}
+    rows = []
+    for size in sizes:
+        times = {"engine": [], "rc": []}
+        spent = time.perf_counter()
+        while (time.perf_counter() - spent < budget and len(times["engine"]) < 300) or len(
+                times["engine"]) < 2:
+            batch = workload.batch(size)
+            for key, target in (("engine", engine), ("rc", rc)):
+                t = time.perf_counter()
+                target.apply(batch)
+                times[key].append(time.perf_counter() - t)
+        full = full_forward_seconds(model, engine, full_repeat)
+        row = {"workload": label, "layers": layers, "batch": size,
+               "engine": percentiles(times["engine"]), "rc": percentiles(times["rc"]),
+               "full": {"median_ms": full * 1000}}
+        for key in ("engine", "rc", "full"):
+            row[key]["updates_per_s"] = size / (row[key]["median_ms"] / 1000)
+        rows.append(row)
+    ids = engine.vertex_ids()
+    a, b = engine.lookup(ids), rc.lookup(ids)
+    for row in rows:
+        row |= memory
+        row["engine_vs_rc_max_abs"] = float(np.abs(a - b).max())
+        row["engine_vs_rc_max_rel"] = float((np.abs(a - b) / np.maximum(1, np.abs(b))).max())
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    first = rows[0]
+    table = Table(title=f"{first['workload']}, {first['layers']} layers "
+                        f"(engine {first['engine_mb']:.0f} MB, RC {first['rc_mb']:.0f} MB; "
+                        f"max |engine - RC| {first['engine_vs_rc_max_abs']:.1e}, relative "
+                        f"{first['engine_vs_rc_max_rel']:.1e})")
+    for col in ("batch", "engine upd/s", "RC upd/s", "full upd/s", "engine/RC",
+                "engine p50/p99 ms", "RC p50/p99 ms", "full ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        e, c, f = r["engine"], r["rc"], r["full"]
+        table.add_row(str(r["batch"]), f"{e['updates_per_s']:,.0f}", f"{c['updates_per_s']:,.0f}",
+                      f"{f['updates_per_s']:,.1f}",
+                      f"{e['updates_per_s'] / c['updates_per_s']:.1f}x",
+                      f"{e['median_ms']:.2f} / {e['p99_ms']:.2f}",
+                      f"{c['median_ms']:.2f} / {c['p99_ms']:.2f}", f"{f['median_ms']:.0f}")
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="arxiv-like")
+    parser.add_argument("--layers", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 10, 100, 1000])
+    parser.add_argument("--workloads", nargs="+", default=[w[0] for w in WORKLOADS],
+                        help="labels to run (default: all seven)")
+    parser.add_argument("--seconds", type=float, default=6.0,
+                        help="time budget per batch size (engine and RC together)")
+    parser.add_argument("--full-repeat", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    splits = {}
+    results = []
+    for label, name, weighted in WORKLOADS:
+        if label not in args.workloads:
+            continue
+        if weighted not in splits:
+            splits[weighted] = stream_split(args.preset, weighted)
+        for layers in args.layers:
+            rows = run(label, name, weighted, layers, splits[weighted], args.batch_sizes,
+                       args.seconds, args.full_repeat)
+            print_table(rows)
+            results += rows
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({
+                "preset": args.preset, "rows": results,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
+                indent=2))
+    console.print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+                  f" -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
