@@ -184,3 +184,25 @@ def test_public_reads():
     assert len(engine.edges()[0]) == data.num_edges
     with pytest.raises(KeyError):
         engine.lookup([12345])
+
+
+def test_attention_pulls_when_removing_the_dominant_edge():
+    """An edge whose logit dwarfs the others leaves, in float arithmetic, nothing of them
+    in the denominator; deleting it must re-aggregate, not subtract."""
+    from torch_geometric.nn import GATConv
+
+    from streamgnn.models import GNN
+
+    conv = GATConv(2, 2, heads=1)
+    with torch.no_grad():
+        conv.lin.weight.copy_(torch.eye(2))
+        conv.att_src.copy_(torch.tensor([[[5.0, 0.0]]]))
+        conv.att_dst.zero_()
+        conv.bias.zero_()
+    model = GNN([conv]).eval()
+    data = sg.GraphData(ids=[1, 2, 3], src=[1, 2], dst=[3, 3], x=[[10, 0], [0, 1], [0, 0]])
+    engine = Engine.from_pyg(model, data)
+    result = engine.apply([sg.DeleteEdge(src=1, dst=3)])
+    assert result.pulled[0] >= 1
+    np.testing.assert_allclose(engine.lookup([3]), [[0.0, 0.5]], atol=1e-6)
+    assert_exact(engine, model, torch.float32, 1e-6)

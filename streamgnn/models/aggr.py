@@ -1,8 +1,9 @@
 """Neighbour aggregations, one small class each: sum, mean, max and softmax attention.
 
-Each aggregation keeps a per-destination *state* and knows how to
-- ``reduce`` all messages of some destinations into their state (full inference, pulls),
-- ``finalize`` a state into the value the layer's update sees (mean divides by in-degree),
+Each aggregation keeps a per-destination *state* (one row of a tensor) and knows how to
+- ``reduce`` all messages of some destinations (full inference, pulls) and ``pack`` the
+  result into state rows,
+- ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
 - ``apply_delta``: fold messages that stopped and started arriving into stored states,
   returning the destinations whose state it cannot fix that way (they must be pulled),
 - ``merge`` two partial states of the same destinations.
@@ -33,13 +34,18 @@ class Aggregation:
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
+    destination_dependent = False  # messages depend on the destination's own input
     spmm: str | None = None
     state_dtype: torch.dtype | None = None  # None: the embeddings' dtype
 
     def reduce(self, msg: Tensor, index: Tensor, num: int, logits: Tensor | None = None):
         raise NotImplementedError
 
-    def finalize(self, state, count: Tensor):
+    def pack(self, reduced) -> Tensor:
+        """State rows from what ``reduce`` returned."""
+        return reduced
+
+    def finalize(self, state: Tensor, count: Tensor):
         return state
 
     def apply_delta(self, state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
@@ -123,12 +129,64 @@ class SoftmaxPartial:
     def value(self) -> Tensor:
         return self.num / self.den.unsqueeze(-1)
 
+    def to(self, dtype: torch.dtype) -> SoftmaxPartial:
+        return SoftmaxPartial(self.shift.to(dtype), self.den.to(dtype), self.num.to(dtype))
+
 
 class SoftmaxAggregation(Aggregation):
-    """Attention: softmax over each destination's edge logits, then a weighted sum. A
-    logit depends on both ends, so the engine pulls every affected destination."""
+    """Attention: softmax over each destination's edge logits, then a weighted sum, per
+    head. State rows pack (shift, den, num). A message packs (logit, value); a logit
+    depends on the destination too, so a destination whose own input changed is pulled.
+    Elsewhere deltas apply to numerator and denominator, rescaled when the shift grows;
+    a destination is pulled when removals cancel most of its denominator."""
 
     name = "softmax"
+    destination_dependent = True
+    state_dtype = torch.float64
+    cancellation = 1e-6  # pull when the denominator falls below this share of itself
+
+    def __init__(self, heads: int, channels: int) -> None:
+        self.heads, self.channels = heads, channels
+
+    def pack(self, reduced: SoftmaxPartial) -> Tensor:
+        return torch.cat([reduced.shift, reduced.den, reduced.num.flatten(1)], dim=1)
+
+    def unpack(self, state: Tensor) -> SoftmaxPartial:
+        h = self.heads
+        return SoftmaxPartial(state[:, :h], state[:, h:2 * h],
+                              state[:, 2 * h:].view(-1, h, self.channels))
+
+    def finalize(self, state, count) -> SoftmaxPartial:
+        return self.unpack(state)
+
+    def message(self, logits: Tensor, values: Tensor) -> Tensor:
+        """Pack per-edge logits [E, heads] and values [E, heads, channels]."""
+        return torch.cat([logits, values.flatten(1)], dim=1)
+
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
+        h, c = self.heads, self.channels
+        touched = torch.cat([new_dst, old_dst]).unique()
+        at_new = torch.searchsorted(touched, new_dst)
+        at_old = torch.searchsorted(touched, old_dst)
+        part = self.unpack(state[touched])
+        den_before = part.den.clone()
+        old_msg, new_msg = old_msg.to(state.dtype), new_msg.to(state.dtype)
+
+        e = torch.exp(old_msg[:, :h] - part.shift[at_old])
+        den = part.den.index_add(0, at_old, e, alpha=-1)
+        num = part.num.index_add(0, at_old, e.unsqueeze(-1) * old_msg[:, h:].view(-1, h, c),
+                                 alpha=-1)
+        cancelled = (den < self.cancellation * den_before).any(dim=-1)
+
+        logits = new_msg[:, :h]
+        shift = part.shift.index_reduce(0, at_new, logits, "amax", include_self=True)
+        rescale = torch.exp(part.shift - shift).nan_to_num_(0.0)  # -inf - -inf: was empty
+        e = torch.exp(logits - shift[at_new])
+        den = (den * rescale).index_add_(0, at_new, e)
+        num = (num * rescale.unsqueeze(-1)).index_add_(
+            0, at_new, e.unsqueeze(-1) * new_msg[:, h:].view(-1, h, c))
+        state[touched] = self.pack(SoftmaxPartial(shift, den, num))
+        return touched[cancelled]
 
     def reduce(self, msg, index, num, logits=None) -> SoftmaxPartial:
         shift = _scatter(logits, index, num, "amax")

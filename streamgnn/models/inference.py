@@ -40,16 +40,17 @@ def layerwise_inference(layers: Sequence[Layer], graph: DynamicGraph, device: st
     """Every layer's embedding of every slot: ``[h0 (features), h1, ..., hL]``, each of
     shape [graph.num_slots, dim] (rows of deleted slots are meaningless). ``dtype`` must
     match the model's parameters."""
-    return layerwise_states(layers, graph, device, max_edges, progress, dtype)[0]
+    return layerwise_states(layers, graph, device, max_edges, progress, dtype,
+                            keep_states=False)[0]
 
 
 @torch.inference_mode()
 def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str = "cpu",
                      max_edges: int = 1 << 20, progress: bool = True,
-                     dtype: torch.dtype = torch.float32
+                     dtype: torch.dtype = torch.float32, keep_states: bool = True
                      ) -> tuple[list[Tensor], list[Tensor | None]]:
-    """:func:`layerwise_inference` plus each layer's aggregation states (None for
-    attention, whose state the incremental engine does not keep)."""
+    """:func:`layerwise_inference` plus each layer's aggregation state rows (None
+    without ``keep_states``)."""
     n = graph.num_slots
     h = torch.from_numpy(graph.x[:n]).to(device, dtype)
     in_weight = torch.from_numpy(graph.in_weight[:n]).to(device, dtype)
@@ -66,12 +67,13 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
             for a, b in pairwise(bounds.tolist()):
                 ptr, src, w = graph.in_edges(np.arange(a, b))
                 src = torch.from_numpy(src.astype(np.int64)).to(device)
-                state = aggregate(layer, t, ptr, src, torch.from_numpy(w).to(device, dtype),
-                                  scale, torch.arange(a, b, device=device))
-                if isinstance(state, Tensor):
-                    if kept is None:
-                        kept = state.new_zeros((n, *state.shape[1:]),
-                                               dtype=layer.aggr.state_dtype or state.dtype)
+                state = layer.aggr.pack(aggregate(
+                    layer, t, ptr, src, torch.from_numpy(w).to(device, dtype), scale,
+                    torch.arange(a, b, device=device)))
+                if keep_states and kept is None:
+                    kept = state.new_zeros((n, *state.shape[1:]),
+                                           dtype=layer.aggr.state_dtype or state.dtype)
+                if keep_states:
                     kept[a:b] = state
                 agg = layer.aggr.finalize(state, torch.from_numpy(np.diff(ptr)).to(device))
                 out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])

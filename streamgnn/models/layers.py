@@ -74,6 +74,12 @@ class Layer:
         m = t[src]
         return m if factor is None else m * factor.view(-1, *([1] * (m.dim() - 1)))
 
+    def delta_messages(self, t: Tensor, src: Tensor, w: Tensor, t_dst: Tensor | None) -> Tensor:
+        """Messages as the aggregation's ``apply_delta`` takes them, ``t`` already scaled;
+        ``t_dst`` (each edge's destination row of t) only for destination-dependent
+        aggregations."""
+        return self.messages(t, src, w, None)
+
     def update(self, h: Tensor, agg, t: Tensor | None, in_weight: Tensor) -> Tensor:
         """``t`` may be None unless ``self_transform``."""
         out = self.combine(h, agg, t, in_weight)
@@ -204,7 +210,7 @@ class GATLayer(Layer):
         if not conv.add_self_loops:
             raise UnsupportedModelError("GATConv(add_self_loops=False) is not supported")
         self.conv = conv
-        self.aggr = SoftmaxAggregation()
+        self.aggr = SoftmaxAggregation(conv.heads, conv.out_channels)
         self.heads, self.channels = conv.heads, conv.out_channels
         self.in_dim = conv.in_channels
         self.out_dim = conv.heads * conv.out_channels if conv.concat else conv.out_channels
@@ -222,6 +228,11 @@ class GATLayer(Layer):
     def edge_logits(self, t, src, dst):
         a_src, a_dst = self.scores(t)
         return self.logits(a_src[src], a_dst[dst])
+
+    def delta_messages(self, t, src, w, t_dst):
+        a_src = (t[src] * self.conv.att_src).sum(-1)
+        a_dst = (t_dst * self.conv.att_dst).sum(-1)
+        return self.aggr.message(self.logits(a_src, a_dst), t[src])
 
     def combine(self, h, agg: SoftmaxPartial, t, in_weight):
         a_src, a_dst = self.scores(t)

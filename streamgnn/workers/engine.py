@@ -7,10 +7,11 @@ Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layer
 in-degree changed): every message that stops arriving (old value, old edge) and every
 message that starts arriving (new value, new edge) is sent, combined per destination and
 folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
-fix that way (max losing its maximum, attention, new or emptied vertices) are pulled: their
-state is recomputed from all in-neighbours. Then h^l is recomputed for the destinations and
-for vertices whose own h^{l-1} changed. ``recompute=True`` is the RC baseline: the same
-affected region, every destination pulled.
+fix that way (max losing its maximum, attention at a vertex whose own input changed or
+whose denominator cancelled) are pulled: their state is recomputed from all
+in-neighbours. Then h^l is recomputed for the destinations and for vertices whose own
+h^{l-1} changed. ``recompute=True`` is the RC baseline: the same affected region, every
+destination pulled, no states kept.
 
 Owns per-layer state and propagation; must not import kafka or mpi4py (the exchange is
 behind `Partition`).
@@ -182,13 +183,15 @@ class Engine:
             nothing = self.h[hop][:0]
             return _Step(region, nothing, nothing, is_added[region])
 
-        if self.state[hop - 1] is None:  # RC, or attention
+        if self.state[hop - 1] is None:  # RC
             pull = region
         else:
             outbox = self._messages(hop, layer, u1, v1, w1, changed, removed, removed_rows,
                                     edges, region)
             outbox = self.partition.exchange(hop, outbox)
             pull = self._apply_delta(hop, layer, outbox, edges)
+            if layer.aggr.destination_dependent:
+                pull = self._union(pull, changed.slots, live=True)
         pulled = self._pull(hop, layer, pull) if len(pull) else None
 
         index = self._index(region)
@@ -197,9 +200,7 @@ class Engine:
         # Without stored states, the pull covered the whole region.
         state = pulled if self.state[hop - 1] is None else self.state[hop - 1][index]
         count = torch.from_numpy(g.in_degree[region].astype(np.int64)).to(self.device)
-        agg = layer.aggr.finalize(state, count)
-        if isinstance(agg, Tensor):
-            agg = agg.to(rows.dtype)
+        agg = layer.aggr.finalize(state, count).to(rows.dtype)
         new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
         before = self.h[hop][index]
         self.h[hop][index] = new
@@ -232,22 +233,32 @@ class Engine:
         at2 = self._index(np.searchsorted(sources, edges.src))
         has_t, had_t = torch.from_numpy(has), torch.from_numpy(had)
         w1 = torch.from_numpy(w1).to(self.device, self.dtype)
-        new2 = layer.messages(t_new, at2[has_t], edges.after[has_t], None)
-        old2 = layer.messages(t_old, at2[had_t], edges.before[had_t], None)
+        dst1, dst_new, dst_old = v1, edges.dst[has], edges.dst[had]
+        t_dst = self._destination_rows(hop, layer, region, dst1, dst_new, dst_old)
+
+        new2 = layer.delta_messages(t_new, at2[has_t], edges.after[has_t], t_dst[1])
+        old2 = layer.delta_messages(t_old, at2[had_t], edges.before[had_t], t_dst[2])
         if layer.aggr.linear:
-            delta = torch.cat([layer.messages(t_new - t_old, at1, w1, None), new2, -old2])
-            local = self._index(np.searchsorted(
-                region, np.concatenate([v1, edges.dst[has], edges.dst[had]])))
+            delta = torch.cat([layer.delta_messages(t_new - t_old, at1, w1, None), new2, -old2])
+            local = self._index(np.searchsorted(region, np.concatenate([dst1, dst_new,
+                                                                        dst_old])))
             combined = delta.new_zeros((len(region), *delta.shape[1:])).index_add_(0, local,
                                                                                 delta)
             nothing = self._index(region[:0])
             return Outbox(self._index(region), combined, nothing, combined[:0])
-        v1 = self._index(v1)
-        dst = self._index(edges.dst)
-        return Outbox(torch.cat([v1, dst[has_t]]),
-                      torch.cat([layer.messages(t_new, at1, w1, None), new2]),
-                      torch.cat([v1, dst[had_t]]),
-                      torch.cat([layer.messages(t_old, at1, w1, None), old2]))
+        return Outbox(self._index(np.concatenate([dst1, dst_new])),
+                      torch.cat([layer.delta_messages(t_new, at1, w1, t_dst[0]), new2]),
+                      self._index(np.concatenate([dst1, dst_old])),
+                      torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]), old2]))
+
+    def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
+                          *dst_sets: np.ndarray) -> list[Tensor | None]:
+        """For destination-dependent aggregations, t of each message's destination (its
+        current input: a destination whose input changed is pulled anyway)."""
+        if not layer.aggr.destination_dependent:
+            return [None] * len(dst_sets)
+        t = layer.transform(self._rows(hop - 1, self._index(region)))
+        return [t[self._index(np.searchsorted(region, d))] for d in dst_sets]
 
     def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
                      edges: _BatchEdges) -> np.ndarray:
@@ -264,9 +275,10 @@ class Engine:
         t = layer.transform(self._rows(hop - 1, self._index(rows)))
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
-        state = aggregate(layer, t, ptr, self._index(np.searchsorted(rows, src)),
-                          torch.from_numpy(w).to(self.device, t.dtype), scale,
-                          self._index(np.searchsorted(rows, pull)))
+        state = layer.aggr.pack(aggregate(
+            layer, t, ptr, self._index(np.searchsorted(rows, src)),
+            torch.from_numpy(w).to(self.device, t.dtype), scale,
+            self._index(np.searchsorted(rows, pull))))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
         return state
