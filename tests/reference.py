@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from hypothesis import strategies as st
 
 import streamgnn as sg
 
@@ -88,3 +89,16 @@ class Reference:
                 self.e[key] = float(np.float32(u.weight))
 
 
+
+
+def update_strategy(ids: st.SearchStrategy, weights: st.SearchStrategy,
+                    rows: st.SearchStrategy) -> st.SearchStrategy:
+    """Any of the six update types over the given ids, weights and feature rows."""
+    return st.one_of(
+        st.builds(sg.AddEdge, src=ids, dst=ids, weight=weights),
+        st.builds(sg.DeleteEdge, src=ids, dst=ids),
+        st.builds(sg.UpdateEdge, src=ids, dst=ids, weight=weights),
+        st.builds(sg.AddVertex, id=ids, x=rows),
+        st.builds(sg.DeleteVertex, id=ids),
+        st.builds(sg.UpdateFeatures, id=ids, x=rows),
+    )

@@ -15,7 +15,7 @@ from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
-from tests.reference import Reference
+from tests.reference import Reference, update_strategy
 
 
 def assert_exact(engine: Engine, model: torch.nn.Module, dtype: torch.dtype, tol: float):
@@ -44,14 +44,7 @@ POOL = 30  # ids 0..29; the initial graph uses 0..19, so adds, deletes and re-ad
 ids = st.integers(0, POOL - 1)
 row = st.lists(st.floats(-2, 2, width=32), min_size=F_IN, max_size=F_IN)
 weight = st.floats(0.125, 2.0, width=32)
-update = st.one_of(
-    st.builds(sg.AddEdge, src=ids, dst=ids, weight=weight),
-    st.builds(sg.DeleteEdge, src=ids, dst=ids),
-    st.builds(sg.UpdateEdge, src=ids, dst=ids, weight=weight),
-    st.builds(sg.AddVertex, id=ids, x=row),
-    st.builds(sg.DeleteVertex, id=ids),
-    st.builds(sg.UpdateFeatures, id=ids, x=row),
-)
+update = update_strategy(ids, weight, row)
 
 
 def start_graph(seed: int, hubs: int = 2) -> sg.GraphData:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
 from tests.conftest import random_graph
-from tests.reference import D, Reference
+from tests.reference import D, Reference, update_strategy
 
 
 def assert_same(graph: DynamicGraph, ref: Reference) -> None:
@@ -45,14 +45,7 @@ weights = st.one_of(*[_finite] * 8, st.sampled_from([float("nan"), float("inf")]
 _row = st.lists(st.floats(-3, 3, width=32), min_size=D, max_size=D)
 feats = st.one_of(*[_row] * 8, st.lists(st.floats(-3, 3, width=32), min_size=1, max_size=5),
                   st.just([0.0, float("nan"), 1.0]))
-updates = st.one_of(
-    st.builds(sg.AddEdge, src=ids, dst=ids, weight=weights),
-    st.builds(sg.DeleteEdge, src=ids, dst=ids),
-    st.builds(sg.UpdateEdge, src=ids, dst=ids, weight=weights),
-    st.builds(sg.AddVertex, id=ids, x=feats),
-    st.builds(sg.DeleteVertex, id=ids),
-    st.builds(sg.UpdateFeatures, id=ids, x=feats),
-)
+updates = update_strategy(ids, weights, feats)
 
 
 def _start(seed: int) -> sg.GraphData:
