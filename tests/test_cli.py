@@ -30,3 +30,10 @@ def test_train_then_bootstrap(tmp_path):
 def test_generate_writes_a_loadable_file(tmp_path):
     run("datasets", "generate", "tiny", "--out", "t.npz", cwd=tmp_path)
     assert "tiny" in run("datasets", "info", "--dataset", "t.npz", cwd=tmp_path)
+
+
+def test_demo_streams_the_held_out_updates_exactly(tmp_path):
+    text = run("demo", "--dataset", "tiny", "--epochs", "2", "--batch-size", "100", cwd=tmp_path)
+    assert "incremental engine" in text
+    err = float(text.split("max |engine - PyG forward on the final graph|")[1].split("│")[1])
+    assert err < 1e-4
