@@ -70,10 +70,10 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
                 state = layer.aggr.pack(aggregate(
                     layer, t, ptr, src, torch.from_numpy(w).to(device, dtype), scale,
                     torch.arange(a, b, device=device)))
-                if keep_states and kept is None:
-                    kept = state.new_zeros((n, *state.shape[1:]),
-                                           dtype=layer.aggr.state_dtype or state.dtype)
                 if keep_states:
+                    if kept is None:
+                        kept = state.new_zeros((n, *state.shape[1:]),
+                                               dtype=layer.aggr.state_dtype or state.dtype)
                     kept[a:b] = state
                 agg = layer.aggr.finalize(state, torch.from_numpy(np.diff(ptr)).to(device))
                 out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])

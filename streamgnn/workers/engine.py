@@ -71,7 +71,7 @@ class _Step:
         moved = (self.after != self.before).any(dim=-1).cpu().numpy() | self.fresh
         had_old = moved & ~self.fresh
         return _Changed(self.region[moved], self.region[had_old],
-                        self.before[torch.from_numpy(had_old)])
+                        self.before[torch.from_numpy(had_old).to(self.before.device)])
 
 
 @dataclass
@@ -98,7 +98,6 @@ class Engine:
         self.layers: list[Layer] = decompose(model.to(device))
         self.graph = graph
         self.device = torch.device(device)
-        self.recompute = recompute
         self.partition = partition or SinglePartition()
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         hs, self.state = layerwise_states(self.layers, graph, device, progress=progress,
@@ -123,7 +122,7 @@ class Engine:
         """Embeddings of ``ids`` at ``layer`` (0: features, -1: the output)."""
         layer = layer % (self.num_layers + 1)
         slots = self.graph.slots(ids)
-        return self._rows(layer, torch.from_numpy(slots.astype(np.int64))).cpu().numpy()
+        return self._rows(layer, self._index(slots)).cpu().numpy()
 
     def label(self, ids) -> np.ndarray:
         """Predicted class of ``ids``: argmax of the output layer."""
@@ -159,7 +158,7 @@ class Engine:
                                    result)
             if hop < self.num_layers:
                 changed = step.changed()
-                removed_rows = self.h[hop][torch.from_numpy(removed)]
+                removed_rows = self.h[hop][self._index(removed)]
         result.changed_labels = self._label_changes(step)
         touched = self._union(edges.degree_changed, added)
         self._in_weight[touched] = self.graph.in_weight[touched]
@@ -199,7 +198,7 @@ class Engine:
         t = layer.transform(rows) if layer.self_transform else None
         # Without stored states, the pull covered the whole region.
         state = pulled if self.state[hop - 1] is None else self.state[hop - 1][index]
-        count = torch.from_numpy(g.in_degree[region].astype(np.int64)).to(self.device)
+        count = self._index(g.in_degree[region])
         agg = layer.aggr.finalize(state, count).to(rows.dtype)
         new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
         before = self.h[hop][index]
@@ -220,7 +219,7 @@ class Engine:
             _, at, pick = np.intersect1d(sources, slots, assume_unique=True,
                                          return_indices=True)
             if len(at):
-                t_old[torch.from_numpy(at)] = layer.transform(rows[torch.from_numpy(pick)])
+                t_old[self._index(at)] = layer.transform(rows[self._index(pick)])
         if layer.degree_normalised:  # fold the per-source factor into t
             t_new = t_new * layer.source_scale(
                 self._weight(self.graph.in_weight, sources)).unsqueeze(-1)
@@ -231,8 +230,8 @@ class Engine:
         has, had = edges.has & live, edges.had & live
         at1 = self._index(np.searchsorted(sources, u1))
         at2 = self._index(np.searchsorted(sources, edges.src))
-        has_t, had_t = torch.from_numpy(has), torch.from_numpy(had)
-        w1 = torch.from_numpy(w1).to(self.device, self.dtype)
+        has_t, had_t = self._tensor(has), self._tensor(had)
+        w1 = self._tensor(w1).to(self.dtype)
         dst1, dst_new, dst_old = v1, edges.dst[has], edges.dst[had]
         t_dst = self._destination_rows(hop, layer, region, dst1, dst_new, dst_old)
 
@@ -277,7 +276,7 @@ class Engine:
                  if layer.degree_normalised else None)
         state = layer.aggr.pack(aggregate(
             layer, t, ptr, self._index(np.searchsorted(rows, src)),
-            torch.from_numpy(w).to(self.device, t.dtype), scale,
+            self._tensor(w).to(t.dtype), scale,
             self._index(np.searchsorted(rows, pull))))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
