@@ -1,4 +1,5 @@
-"""The ``streamgnn`` command: datasets, training, bootstrap and the demo.
+"""The ``streamgnn`` command: datasets, training, bootstrap, the embedded broker, the
+streaming service and its producer/watch tools, and the demo.
 
 Owns argument parsing and terminal output only; the work lives in the subpackages.
 """
@@ -15,12 +16,16 @@ from rich.table import Table
 
 app = typer.Typer(
     help="streamgnn: exact, incremental GNN inference over a streaming graph.\n\n"
-    "Typical flow: `streamgnn train` a model on a dataset's snapshot, then "
-    "`streamgnn bootstrap` every layer's embeddings from the checkpoint. "
+    "Typical flow: `streamgnn broker start` (or point --bootstrap-servers at Kafka), "
+    "`streamgnn train` a model on a dataset's snapshot, `streamgnn serve` it, send updates "
+    "with `streamgnn produce updates.jsonl` and follow `streamgnn watch labels`. "
     "`streamgnn demo` runs the whole flow on a synthetic graph.",
     no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False)
 datasets_app = typer.Typer(help="Generate and inspect graphs.", no_args_is_help=True)
 app.add_typer(datasets_app, name="datasets")
+broker_app = typer.Typer(help="The embedded Kafka-compatible broker (Tansu, in memory).",
+                         no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
 console = Console()
 
 DatasetOpt = Annotated[str, typer.Option(
@@ -34,6 +39,24 @@ HoldoutOpt = Annotated[float, typer.Option(
                       "stream (RIPPLE++ protocol: 0.2). 0 uses the whole graph.")]
 DeviceOpt = Annotated[str, typer.Option("--device", envvar="STREAMGNN_DEVICE",
                                         help="torch device for dense work: cpu or cuda.")]
+BootstrapOpt = Annotated[str, typer.Option(
+    "--bootstrap-servers", "-b", envvar="STREAMGNN_BOOTSTRAP_SERVERS",
+    help="Kafka brokers (host:port,...); the default is the embedded broker.")]
+TopicPrefixOpt = Annotated[str, typer.Option(
+    "--topic-prefix", envvar="STREAMGNN_TOPIC_PREFIX",
+    help="Prefix of every topic name (graph-updates, label-changes, dead-letters, ...).")]
+BrokerDirOpt = Annotated[Path, typer.Option(
+    "--state-dir", envvar="STREAMGNN_BROKER_DIR", help="Pid file and log of the broker.")]
+BrokerPortOpt = Annotated[int, typer.Option("--port", envvar="STREAMGNN_BROKER_PORT",
+                                            help="Port of the embedded broker.")]
+DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+DEFAULT_BROKER_DIR = Path.home() / ".streamgnn" / "broker"
+
+
+def _topics(prefix: str):
+    from streamgnn.stream import Topics
+
+    return Topics(**{k: prefix + v for k, v in Topics().model_dump().items()})
 
 
 def _snapshot(dataset: str, seed: int, holdout: float):
@@ -66,6 +89,27 @@ def datasets_generate(
     elapsed = time.perf_counter() - t
     path = save(data, out or Path(f"{preset}-seed{seed}.npz"))
     console.print(f"{data} generated in {elapsed:.1f} s -> {path}")
+
+
+@datasets_app.command("holdout")
+def datasets_holdout(
+    dataset: Annotated[str, typer.Argument(help="Preset, .npz or OGB directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")] = Path(
+        "updates.jsonl"),
+    holdout: HoldoutOpt = 0.2,
+    seed: SeedOpt = 0,
+) -> None:
+    """Write the held-out part of a dataset as a JSONL file of updates (one per line), the
+    stream `streamgnn produce` sends to a service bootstrapped on the snapshot."""
+    from tqdm.auto import tqdm
+
+    from streamgnn.stream import encode
+
+    _, _, events = _snapshot(dataset, seed, holdout)
+    with open(out, "wb") as f:
+        for u in tqdm(events, desc="writing", unit="update", leave=False):
+            f.write(encode(u) + b"\n")
+    console.print(f"{len(events):,} updates -> {out}")
 
 
 @datasets_app.command("info")
@@ -232,6 +276,221 @@ def _stream(full, snapshot, events, model, device: str, batch_size: int) -> None
                  "n/a" if acc is None else f"{acc:.3f}")):
         table.add_row(*row)
     console.print(table)
+
+
+# ---------------------------------------------------------------- broker
+@broker_app.command("start")
+def broker_start(state_dir: BrokerDirOpt = DEFAULT_BROKER_DIR, port: BrokerPortOpt = 19092
+                 ) -> None:
+    """Start the embedded broker in the background (no-op if it runs); wait until ready."""
+    from streamgnn.stream.broker import EmbeddedBroker
+
+    status = EmbeddedBroker(state_dir, port=port).start()
+    console.print(f"broker running: pid {status.pid}, bootstrap {status.bootstrap}, "
+                  f"log {status.log}")
+
+
+@broker_app.command("stop")
+def broker_stop(state_dir: BrokerDirOpt = DEFAULT_BROKER_DIR) -> None:
+    """Stop the embedded broker (its topics are in memory and go with it)."""
+    from streamgnn.stream.broker import EmbeddedBroker
+
+    stopped = EmbeddedBroker(state_dir).stop()
+    console.print("broker stopped" if stopped else "broker was not running")
+
+
+@broker_app.command("status")
+def broker_status(state_dir: BrokerDirOpt = DEFAULT_BROKER_DIR) -> None:
+    """Say whether the embedded broker runs, and where; exit code 1 if it does not."""
+    from streamgnn.stream.broker import EmbeddedBroker
+
+    status = EmbeddedBroker(state_dir).status()
+    if not status.running:
+        console.print(f"broker not running (log {status.log})")
+        raise typer.Exit(1)
+    console.print(f"broker running: pid {status.pid}, bootstrap {status.bootstrap}, "
+                  f"log {status.log}")
+
+
+# ---------------------------------------------------------------- streaming
+@app.command()
+def serve(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="Model from `train` "
+                                             "(used when no service state exists).")] = Path(
+        "artifacts/model.pt"),
+    dataset: DatasetOpt = "arxiv-like",
+    holdout: HoldoutOpt = 0.2,
+    seed: SeedOpt = 0,
+    state_dir: Annotated[Path, typer.Option(
+        "--state-dir", envvar="STREAMGNN_STATE_DIR",
+        help="Service checkpoints; a restart resumes from the last one.")] = Path("runs/serve"),
+    batch_size: Annotated[int, typer.Option("--batch-size", "--bs", envvar="STREAMGNN_BATCH_SIZE",
+                                            help="Updates per batch.")] = 1000,
+    max_wait: Annotated[float, typer.Option(help="Seconds before a partial batch is "
+                                            "applied.")] = 0.05,
+    arrival_wait: Annotated[float, typer.Option(help="Seconds an update naming a vertex that "
+                                                "has not arrived waits for it.")] = 2.0,
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N batches ...")] = 50,
+    checkpoint_seconds: Annotated[float, typer.Option(help="... or every this many "
+                                                      "seconds.")] = 30.0,
+    partitions: Annotated[int, typer.Option(help="Graph partitions the router places "
+                                            "over.")] = 1,
+    placement: Annotated[str, typer.Option(help="locality (RIPPLE++ Alg. 1) or hash.")
+                         ] = "locality",
+    until_idle: Annotated[float | None, typer.Option(
+        help="Exit after this many seconds without input (default: run until Ctrl-C).")
+    ] = None,
+    bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    topic_prefix: TopicPrefixOpt = "",
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Serve a model on the update stream: consume graph-updates, keep every embedding
+    exact, publish label-changes and dead-letters, checkpoint state and offsets."""
+    from streamgnn.models.zoo import Checkpoint
+    from streamgnn.router import Checkpoints, Service, ServiceConfig
+    from streamgnn.stream.kafka import KafkaTransport, ensure_topics
+    from streamgnn.workers import Engine
+
+    topics = _topics(topic_prefix)
+    config = ServiceConfig(batch_size=batch_size, max_wait_s=max_wait,
+                           arrival_wait_s=arrival_wait, checkpoint_batches=checkpoint_every,
+                           checkpoint_s=checkpoint_seconds, partitions=partitions,
+                           placement=placement, topics=topics)
+    ensure_topics(bootstrap_servers, topics.all())
+    checkpoints = Checkpoints(state_dir)
+    if checkpoints.exists():
+        console.print(f"resuming from {checkpoints.path}")
+
+    def start(model: Checkpoint) -> Engine:
+        _, data, _ = _snapshot(dataset, seed, holdout)
+        return Engine.from_pyg(model.model(), data, device=device, progress=True)
+
+    service = Service.open(lambda: Checkpoint.load(checkpoint), start,
+                           KafkaTransport(bootstrap_servers, topics.updates), config,
+                           checkpoints, device)
+    console.print(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} "
+                  f"at {bootstrap_servers} (batch {batch_size}, from batch "
+                  f"{service.batch_seq + 1}); Ctrl-C stops")
+    stats = _run_service(service, until_idle)
+    _print_stats(stats)
+
+
+def _run_service(service, until_idle: float | None, stop=lambda: False):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(desc="updates applied", unit="upd", smoothing=0.1, leave=False)
+
+    def progress(report) -> None:
+        bar.update(report.size)
+        bar.set_postfix(labels=service.stats.label_changes,
+                        dead=sum(service.stats.dead_letters.values()), refresh=False)
+
+    try:
+        return service.run(stop=stop, idle_exit_s=until_idle, on_batch=progress)
+    except KeyboardInterrupt:
+        console.print("stopping: last batch applied, checkpoint written")
+        service.transport.flush()
+        service.checkpoint()
+        return service.stats
+    finally:
+        bar.close()
+
+
+def _print_stats(stats) -> None:
+    import numpy as np
+
+    wall = time.perf_counter() - stats.started
+    lat = stats.latencies()
+    table = Table(title="streaming service")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [("events consumed / applied", f"{stats.events:,} / {stats.applied:,}"),
+            ("batches", f"{stats.batches:,}"),
+            ("events/s (while busy)", f"{stats.applied / max(stats.busy_s, 1e-9):,.0f}"),
+            ("events/s (wall clock)", f"{stats.applied / max(wall, 1e-9):,.0f}"),
+            ("label changes published", f"{stats.label_changes:,}"),
+            ("dead letters", ", ".join(f"{k}: {v}" for k, v in
+                                       sorted(stats.dead_letters.items())) or "0")]
+    if len(lat):
+        rows.append(("latency produce -> publish p50 / p99",
+                     f"{np.median(lat):.1f} / {np.percentile(lat, 99):.1f} ms"))
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def produce(
+    file: Annotated[Path, typer.Argument(help="JSONL, one update per line "
+                                         "('-' reads stdin).")],
+    rate: Annotated[float | None, typer.Option(help="Updates per second (default: as fast "
+                                               "as the broker takes them).")] = None,
+    bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    topic_prefix: TopicPrefixOpt = "",
+) -> None:
+    """Send a file of updates to graph-updates, stamping event time where missing. Lines
+    are sent as they are otherwise: the service validates and dead-letters bad ones."""
+    import contextlib
+    import sys
+
+    from tqdm.auto import tqdm
+
+    from streamgnn.stream.kafka import ensure_topics, producer, stamp
+
+    topics = _topics(topic_prefix)
+    ensure_topics(bootstrap_servers, topics.all())
+    out = producer(bootstrap_servers)
+    start, sent = time.perf_counter(), 0
+    with (contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
+          else open(file, "rb")) as lines:
+        for line in tqdm(lines, desc="producing", unit="upd", leave=False):
+            if not line.strip():
+                continue
+            key, value = stamp(line.strip())
+            out.send(topics.updates, key=key, value=value)
+            sent += 1
+            if rate:
+                ahead = sent / rate - (time.perf_counter() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+    out.flush()
+    out.close()
+    console.print(f"{sent:,} updates -> {topics.updates} in "
+                  f"{time.perf_counter() - start:.1f} s")
+
+
+@app.command()
+def watch(
+    what: Annotated[str, typer.Argument(help="labels, dead-letters or results")] = "labels",
+    from_beginning: Annotated[bool, typer.Option(help="Replay the topic first.")] = False,
+    idle: Annotated[float | None, typer.Option(help="Exit after this many quiet "
+                                               "seconds.")] = None,
+    bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    topic_prefix: TopicPrefixOpt = "",
+) -> None:
+    """Print label changes (or dead letters, or query results) as they are published."""
+    import json
+
+    from streamgnn.stream.kafka import follow
+
+    topics = _topics(topic_prefix)
+    names = {"labels": topics.labels, "dead-letters": topics.dead_letters,
+             "results": topics.results}
+    if what not in names:
+        raise typer.BadParameter(f"{what!r}: choose labels, dead-letters or results")
+    try:
+        for record in follow(bootstrap_servers, names[what], from_beginning, idle):
+            m = json.loads(record.value)
+            if what == "labels":
+                console.print(f"batch {m['batch']:>6}  vertex {m['vertex']:>9}  "
+                              f"{m.get('old', '-')!s:>3} -> {m['new']}", highlight=False)
+            elif what == "dead-letters":
+                console.print(f"[red]{m['error']}[/] offset {m['partition']}:{m['offset']}  "
+                              f"{m['reason']}", highlight=False)
+            else:
+                console.print(m, highlight=False)
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 class _Update(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    event_id: str | None = None
+    """Set by producers on the stream (dead letters and label changes name it)."""
+    event_time: float | None = None
+    """When the event happened, seconds since the epoch (end-to-end latency starts here)."""
+
 
 class AddEdge(_Update):
     op: Literal["add_edge"] = "add_edge"

@@ -74,7 +74,8 @@ class GraphDiff:
     ``edges`` holds each ordered pair whose weight or presence differs before vs after the
     batch. ``added``/``removed`` are vertices alive only after/only before it (``removed_x``
     their features from before it); ``changed`` are vertices alive throughout whose
-    features were updated, with ``changed_x_before``."""
+    features were updated, with ``changed_x_before``. ``rejected``: the errors of the
+    updates a ``skip_invalid`` batch left out (``index`` = position in the batch)."""
 
     edges: EdgeLog
     added: np.ndarray
@@ -82,6 +83,7 @@ class GraphDiff:
     removed_x: np.ndarray
     changed: np.ndarray
     changed_x_before: np.ndarray
+    rejected: list[InvalidUpdateError]
 
 
 class DynamicGraph:
@@ -207,21 +209,28 @@ class DynamicGraph:
         return parts
 
     # ---------------------------------------------------------------- batches
-    def apply(self, batch: Sequence[Update]) -> GraphDiff:
+    def apply(self, batch: Sequence[Update], skip_invalid: bool = False) -> GraphDiff:
         """Apply ``batch`` in order, atomically: on a bad update, everything the batch did is
-        undone and the error (``index`` = the update's position) is raised."""
+        undone and the error (``index`` = the update's position) is raised. With
+        ``skip_invalid`` a bad update is left out instead (each update is checked before it
+        changes anything) and its error listed in ``GraphDiff.rejected``."""
         enc = Encoded(batch, self.num_features)
         self._reserve(enc)
         log, xsave = self._new_log(enc)
         args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
         status, index = OK, 0
+        rejected: list[InvalidUpdateError] = []
         while True:
             status, index = apply_kernel((enc.op, enc.a, enc.b, enc.w, enc.xrow, enc.x), index,
                                          *args, log, xsave)
-            if status not in (NEED_ROOM_OUT, NEED_ROOM_IN):
+            if status in (NEED_ROOM_OUT, NEED_ROOM_IN):
+                self._make_room(status, len(batch) - index)
+                args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
+            elif status != OK and skip_invalid:
+                rejected.append(_error(status, index, enc, self.num_features))
+                index += 1
+            else:
                 break
-            self._make_room(status, len(batch) - index)
-            args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
         if status != OK:
             while (undo := undo_kernel(*args, log, xsave)) != OK:
                 self._make_room(undo, 1)
@@ -230,7 +239,7 @@ class DynamicGraph:
             self._release()
             raise _error(status, index, enc, self.num_features)
         self._refresh_in_weight(log)
-        diff = self._net(log, xsave)
+        diff = self._net(log, xsave, rejected)
         self._release()
         return diff
 
@@ -284,7 +293,7 @@ class DynamicGraph:
         self.out.grow_vertices(capacity)
         self.inn.grow_vertices(capacity)
 
-    def _net(self, log, xsave) -> GraphDiff:
+    def _net(self, log, xsave, rejected: list[InvalidUpdateError]) -> GraphDiff:
         """Net effect of the batch from its log."""
         kinds, ints, floats, n = log
         kinds, ints, floats = kinds[:n[0]], ints[:n[0]], floats[:n[0]]
@@ -311,7 +320,7 @@ class DynamicGraph:
         updated = np.isin(gone, ch)  # features from before the batch
         gone_x[updated] = ch_x[np.searchsorted(ch, gone[updated])]
         stayed = self.alive[ch] & ~np.isin(ch, added)
-        return GraphDiff(edges, added, gone, gone_x, ch[stayed], ch_x[stayed])
+        return GraphDiff(edges, added, gone, gone_x, ch[stayed], ch_x[stayed], rejected)
 
 
 def _error(status: int, i: int, enc: Encoded, num_features: int) -> InvalidUpdateError:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from streamgnn.datasets import GraphData
+from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models import decompose
 from streamgnn.models.inference import aggregate, layerwise_states
@@ -39,9 +40,11 @@ from streamgnn.workers.partition import Outbox, Partition, SinglePartition
 class ApplyResult:
     """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
     label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
-    vertices per layer whose embedding was recomputed / whose state was re-aggregated."""
+    vertices per layer whose embedding was recomputed / whose state was re-aggregated;
+    ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out."""
 
     changed_labels: dict[int, tuple[int | None, int]]
+    rejected: list[InvalidUpdateError] = field(default_factory=list)
     recomputed: list[int] = field(default_factory=list)
     pulled: list[int] = field(default_factory=list)
 
@@ -95,11 +98,7 @@ class Engine:
     def __init__(self, model: torch.nn.Module, graph: DynamicGraph, device: str = "cpu",
                  recompute: bool = False, partition: Partition | None = None,
                  progress: bool = False) -> None:
-        self.layers: list[Layer] = decompose(model.to(device))
-        self.graph = graph
-        self.device = torch.device(device)
-        self.partition = partition or SinglePartition()
-        self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
+        self._attach(model, graph, device, partition)
         hs, self.state = layerwise_states(self.layers, graph, device, progress=progress,
                                           dtype=self.dtype)
         if recompute:  # RC re-aggregates from scratch: it keeps no states
@@ -107,11 +106,38 @@ class Engine:
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
 
+    def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str,
+                partition: Partition | None) -> None:
+        self.layers: list[Layer] = decompose(model.to(device))
+        self.graph = graph
+        self.device = torch.device(device)
+        self.partition = partition or SinglePartition()
+        self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
+
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
                  **kwargs) -> Engine:
         """Bootstrap: load ``data`` and compute every layer's state (layer-wise)."""
         return cls(model, DynamicGraph.from_data(data), device, **kwargs)
+
+    def snapshot(self) -> dict:
+        """Everything the engine knows beside the model, for a checkpoint: the graph (as
+        laid out, so a restored engine repeats this one bit for bit), every layer's
+        embeddings and aggregation states."""
+        return {"graph": self.graph, "h": [h.cpu() for h in self.h[1:]],
+                "state": [None if s is None else s.cpu() for s in self.state],
+                "in_weight": self._in_weight}
+
+    @classmethod
+    def restore(cls, model: torch.nn.Module, snapshot: dict, device: str = "cpu",
+                partition: Partition | None = None) -> Engine:
+        """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
+        engine = cls.__new__(cls)
+        engine._attach(model, snapshot["graph"], device, partition)
+        engine.h = [None, *(h.to(device) for h in snapshot["h"])]
+        engine.state = [None if s is None else s.to(device) for s in snapshot["state"]]
+        engine._in_weight = snapshot["in_weight"]
+        return engine
 
     # ---------------------------------------------------------------- reads
     @property
@@ -136,9 +162,11 @@ class Engine:
 
     # ---------------------------------------------------------------- batches
     @torch.inference_mode()
-    def apply(self, batch: Sequence[Update]) -> ApplyResult:
-        """Apply one batch (in order, atomically) and bring every embedding up to date."""
-        diff = self.graph.apply(batch)
+    def apply(self, batch: Sequence[Update], skip_invalid: bool = False) -> ApplyResult:
+        """Apply one batch (in order, atomically) and bring every embedding up to date.
+        A bad update raises its `InvalidUpdateError` and nothing is applied; with
+        ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``."""
+        diff = self.graph.apply(batch, skip_invalid)
         self._fit_capacity()
         edges = self._batch_edges(diff)
         added = diff.added.astype(np.int64)
@@ -152,7 +180,7 @@ class Engine:
                 state[self._index(added)] = 0
         is_added = np.zeros(self.graph.num_slots, bool)
         is_added[added] = True
-        result = ApplyResult({})
+        result = ApplyResult({}, diff.rejected)
         for hop, layer in enumerate(self.layers, start=1):
             step = self._superstep(hop, layer, changed, removed, removed_rows, is_added, edges,
                                    result)

@@ -1,0 +1,103 @@
+"""`Arrivals`: the gate that keeps an update naming a vertex that has not arrived yet until
+it does. Updates can arrive out of order (across topic partitions, or from several
+producers); an update that names an unknown vertex waits, in order, behind that vertex's
+`AddVertex`, and is released right after it. What still waits after ``wait_s`` seconds is
+given up (the service dead-letters it).
+
+Owns waiting updates only; must not import kafka, torch or mpi4py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from streamgnn.updates import AddVertex, DeleteVertex, Update
+
+S = TypeVar("S")  # whatever the caller tracks with an update (its source record)
+
+
+@dataclass
+class Waiting(Generic[S]):
+    update: Update
+    source: S
+    vertex: int       # the missing vertex it waits for
+    deadline: float   # time.time() after which it is given up
+
+
+def referenced(u: Update) -> tuple[int, ...]:
+    """Vertices that must exist before ``u`` can apply."""
+    if isinstance(u, AddVertex):
+        return ()
+    if hasattr(u, "src"):
+        return (u.src, u.dst)
+    return (u.id,)
+
+
+class Arrivals(Generic[S]):
+    """Admits updates in arrival order into the batch being built. ``exists(ids)`` says which
+    vertices the graph holds now; the gate tracks what the open batch adds and deletes
+    until `batch_done`."""
+
+    def __init__(self, exists: Callable[[np.ndarray], np.ndarray], wait_s: float) -> None:
+        self.exists = exists
+        self.wait_s = wait_s
+        self.waiting: dict[int, list[Waiting[S]]] = {}
+        self._batch: dict[int, bool] = {}  # vertex -> alive after the open batch
+
+    def __len__(self) -> int:
+        return sum(len(w) for w in self.waiting.values())
+
+    def admit(self, items: Iterable[tuple[Update, S]], now: float | None = None
+              ) -> list[tuple[Update, S]]:
+        """The updates that may go into the batch now, in order; the rest wait."""
+        items = list(items)
+        now = time.time() if now is None else now
+        ids = {v for u, _ in items for v in referenced(u)} - self._batch.keys()
+        if ids:
+            arr = np.fromiter(ids, np.int64, len(ids))
+            known = dict(zip(arr.tolist(), self.exists(arr).tolist()))
+        else:
+            known = {}
+        out: list[tuple[Update, S]] = []
+        for u, source in items:
+            self._admit(u, source, now + self.wait_s, known, out)
+        return out
+
+    def _admit(self, u: Update, source: S, deadline: float, known: dict[int, bool],
+               out: list[tuple[Update, S]]) -> None:
+        for v in referenced(u):
+            alive = self._batch.get(v, known.get(v))
+            if alive is None:
+                alive = bool(self.exists(np.array([v], np.int64))[0])
+            if not alive:
+                self.waiting.setdefault(v, []).append(Waiting(u, source, v, deadline))
+                return
+        out.append((u, source))
+        if isinstance(u, AddVertex):
+            self._batch[u.id] = True
+            for w in self.waiting.pop(u.id, []):
+                self._admit(w.update, w.source, w.deadline, known, out)
+        elif isinstance(u, DeleteVertex):
+            self._batch[u.id] = False
+
+    def batch_done(self) -> None:
+        """The open batch was applied: the graph itself now says what exists."""
+        self._batch.clear()
+
+    def expired(self, now: float | None = None) -> list[Waiting[S]]:
+        """Remove and return what waited past its deadline."""
+        now = time.time() if now is None else now
+        gone: list[Waiting[S]] = []
+        for v in list(self.waiting):
+            keep = [w for w in self.waiting[v] if w.deadline > now]
+            gone += [w for w in self.waiting[v] if w.deadline <= now]
+            if keep:
+                self.waiting[v] = keep
+            else:
+                del self.waiting[v]
+        return gone

@@ -1,0 +1,21 @@
+"""Streams: the message schemas and topic names (`schemas`), the transport interface the
+router uses (`transport`), its Kafka implementation (`kafka`) and the embedded Tansu broker
+(`broker`). Only `kafka` and `broker` import kafka-python, and only when used: importing
+this package imports neither.
+"""
+
+from streamgnn.stream.schemas import (
+    DeadLetter,
+    DecodeError,
+    LabelChange,
+    QueryRequest,
+    QueryResult,
+    SourceRange,
+    Topics,
+    decode_update,
+    encode,
+)
+from streamgnn.stream.transport import Record, Transport
+
+__all__ = ["DeadLetter", "DecodeError", "LabelChange", "QueryRequest", "QueryResult",
+           "Record", "SourceRange", "Topics", "Transport", "decode_update", "encode"]
