@@ -1,0 +1,35 @@
+"""A real embedded broker (Tansu) for the tests that need Kafka: one broker process per
+test session, fresh topic names per test."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+import pytest
+
+from streamgnn.stream import Topics
+from streamgnn.stream.broker import EmbeddedBroker
+from streamgnn.stream.kafka import ensure_topics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    b = EmbeddedBroker(tmp_path_factory.mktemp("broker"), port=free_port())
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def topics(broker) -> Topics:
+    prefix = f"t{uuid.uuid4().hex[:8]}-"
+    t = Topics(**{k: prefix + v for k, v in Topics().model_dump().items()})
+    ensure_topics(broker.bootstrap, t.all())
+    return t

@@ -1,0 +1,206 @@
+"""The streaming service against a real embedded broker: decoding, dead letters, updates
+arriving before their vertices, exactness against PyG, label changes on the topic, and a
+`kill -9` of `streamgnn serve` mid-stream followed by a restart that ends bit for bit where
+a clean run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import streamgnn as sg
+from streamgnn.datasets import split_stream
+from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.router import Checkpoints, Service, ServiceConfig
+from streamgnn.stream import DecodeError, decode_update, encode
+from streamgnn.stream.broker import BrokerError, EmbeddedBroker
+from streamgnn.stream.kafka import KafkaTransport, follow, producer
+from tests.conftest import pyg_layers
+from tests.kafka_fixtures import broker, free_port, topics  # noqa: F401
+from tests.reference import update_strategy
+
+IDS = st.integers(-2**40, 2**40)
+ROWS = st.lists(st.floats(-1e6, 1e6, width=32), min_size=3, max_size=3)
+
+
+@given(update_strategy(IDS, st.floats(-1e3, 1e3), ROWS))
+def test_every_update_type_survives_the_wire(update):
+    assert decode_update(encode(update)) == update
+
+
+@pytest.mark.parametrize(("raw", "error"), [
+    (b"{not json", "malformed_json"),
+    (b"[1, 2]", "invalid_fields"),
+    (b'{"op": "teleport", "id": 3}', "unknown_op"),
+    (b'{"src": 1, "dst": 2}', "unknown_op"),
+    (b'{"op": "add_edge", "src": 1}', "invalid_fields"),
+    (b'{"op": "add_edge", "src": "one", "dst": 2}', "invalid_fields"),
+    (b'{"op": "add_edge", "src": 1, "dst": 2, "weight": NaN}', "non_finite"),
+    (b'{"op": "update_features", "id": 1, "x": [1.0, Infinity]}', "non_finite"),
+    (b'{"op": "delete_vertex", "id": 1, "colour": "red"}', "invalid_fields"),
+])
+def test_bad_messages_are_named(raw, error):
+    with pytest.raises(DecodeError) as e:
+        decode_update(raw)
+    assert e.value.error == error and str(e.value)
+
+
+def test_broker_lifecycle(tmp_path):
+    b = EmbeddedBroker(tmp_path, port=free_port())
+    first = b.start()
+    assert first.running and b.start().pid == first.pid  # idempotent
+    assert b.status().bootstrap == b.bootstrap
+    other = EmbeddedBroker(tmp_path / "other", port=b.port)
+    with pytest.raises(BrokerError, match="already listens"):
+        other.start()
+    assert b.stop() and not b.status().running and not b.stop()
+
+
+# ---------------------------------------------------------------- the service
+def tiny_setup(dtype=torch.float32):
+    full = sg.datasets.synthetic("tiny", 0)
+    snapshot, events = split_stream(full, 0.2, 0)
+    spec = ModelSpec("sage-mean", full.num_features, full.num_classes, 16, 2)
+    torch.manual_seed(0)
+    return full, snapshot, events, Checkpoint(spec, spec.build().state_dict())
+
+
+def linkbench_stream(snapshot, events, batches: int = 30) -> list[sg.Update]:
+    """All six update types (LinkBench's write mix, the held-out vertices arriving), valid in
+    order from ``snapshot``: replaying any part twice would show."""
+    graph = sg.DynamicGraph.from_data(snapshot)
+    workload = LinkBenchWorkload(graph, seed=1, arrivals=events)
+    stream = []
+    for _ in range(batches):
+        batch = workload.batch(100)
+        graph.apply(batch)
+        stream += batch
+    return stream
+
+
+def run_service(broker, topics, snapshot, model, config, checkpoints=None):
+    transport = KafkaTransport(broker.bootstrap, topics.updates)
+    service = Service.open(lambda: model,
+                           lambda m: sg.Engine.from_pyg(m.model(), snapshot), transport,
+                           config, checkpoints)
+    service.run(idle_exit_s=1.0)
+    transport.close()
+    return service
+
+
+def messages(broker, topic):
+    return [json.loads(r.value) for r in follow(broker.bootstrap, topic, True, idle_s=1.0)]
+
+
+def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
+    full, snapshot, events, model = tiny_setup()
+    first_edge = next(i for i, u in enumerate(events) if isinstance(u, sg.AddEdge))
+    early = events[first_edge]  # arrives before the vertex it names: must wait, not fail
+    late_vertex = next(u for u in events if isinstance(u, sg.AddVertex)
+                       and u.id in (early.src, early.dst))
+    stream = [e for e in events if e is not early]
+    existing = int(snapshot.ids[0])
+    dim = full.num_features
+    bad = {  # raw message -> the dead letter it must produce
+        b"{oops": "malformed_json",
+        b'{"op": "merge_vertices", "id": 1}': "unknown_op",
+        encode(sg.UpdateFeatures(id=existing, x=[0.5] * (dim + 1))): "FeatureDimensionError",
+        b'{"op": "update_edge", "src": 1, "dst": 2, "weight": NaN}': "non_finite",
+        encode(sg.AddVertex(id=existing, x=[0.0] * dim)): "DuplicateVertexError",
+        encode(sg.DeleteEdge(src=existing, dst=existing + 10**9)): "vertex_never_arrived",
+        encode(sg.AddEdge(src=existing, dst=existing)): "SelfLoopError",
+    }
+    out = producer(broker.bootstrap)
+    send = lambda raw: out.send(topics.updates, value=raw)  # noqa: E731
+    send(encode(early))
+    for i, u in enumerate(stream):
+        send(encode(u))
+        if i % 300 == 0 and bad:
+            send(next(iter(bad)))
+            bad_sent = bad.pop(next(iter(bad)))
+            assert bad_sent
+    for raw in list(bad):
+        send(raw)
+    out.flush()
+    config = ServiceConfig(batch_size=97, arrival_wait_s=0.5, topics=topics)
+    service = run_service(broker, topics, snapshot, model, config)
+
+    letters = messages(broker, topics.dead_letters)
+    assert sorted(d["error"] for d in letters) == sorted(
+        ["malformed_json", "unknown_op", "FeatureDimensionError", "non_finite",
+         "DuplicateVertexError", "vertex_never_arrived", "SelfLoopError"])
+    assert all(d["reason"] and d["topic"] == topics.updates for d in letters)
+    assert service.stats.applied == len(events)
+    assert late_vertex.id in set(service.engine.vertex_ids())
+
+    # the final graph is the full dataset, and every layer is PyG's forward pass on it
+    current = service.engine.graph.to_data()
+    assert set(current.ids) == set(full.ids) and current.num_edges == full.num_edges
+    refs = pyg_layers(model.model(), current)
+    for layer, ref in enumerate(refs):
+        assert np.abs(service.engine.lookup(current.ids, layer) - ref.numpy()).max() < 1e-4
+
+    # label changes: the last one published per vertex is its current label
+    changes = messages(broker, topics.labels)
+    assert len(changes) == service.stats.label_changes > 0
+    last = {c["vertex"]: c["new"] for c in sorted(changes, key=lambda c: c["batch"])}
+    ids = np.fromiter(last, np.int64)
+    assert (service.engine.label(ids) == np.fromiter(last.values(), np.int64)).all()
+    new_ids = {u.id for u in events if isinstance(u, sg.AddVertex)}
+    assert new_ids <= set(last)  # every arrival announces its first label
+
+
+def test_kill_9_mid_stream_then_restart_ends_where_a_clean_run_ends(broker, topics, tmp_path):
+    _, snapshot, held_out, model = tiny_setup()
+    events = linkbench_stream(snapshot, held_out)
+    assert {type(u) for u in events} == set(sg.updates.EDGE_UPDATES + sg.updates.VERTEX_UPDATES)
+    model.save(tmp_path / "model.pt")
+    out = producer(broker.bootstrap)
+    for u in events:
+        out.send(topics.updates, value=encode(u))
+    out.flush()
+
+    def serve(state):
+        return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
+                "--dataset", "tiny", "--state-dir", str(state), "--bs", "10", "--max-wait", "2",
+                "--checkpoint-every", "20", "--until-idle", "2", "-b", broker.bootstrap,
+                "--topic-prefix", topics.updates.removesuffix("graph-updates")]
+
+    subprocess.run(serve(tmp_path / "clean"), check=True, capture_output=True, timeout=300)
+    clean = Checkpoints(tmp_path / "clean").load()
+
+    state = tmp_path / "killed"
+    victim = subprocess.Popen(serve(state), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (state / "state.pt").exists():
+        assert victim.poll() is None, victim.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    at_kill = Checkpoints(state).load()
+    assert 0 < at_kill["batch_seq"] < clean["batch_seq"]  # it died mid-stream
+
+    subprocess.run(serve(state), check=True, capture_output=True, timeout=300)
+    resumed = Checkpoints(state).load()
+    assert resumed["batch_seq"] == clean["batch_seq"]
+    assert resumed["positions"] == clean["positions"] == {0: len(events)}
+    engines = [sg.Engine.restore(model.model(), s["engine"]) for s in (resumed, clean)]
+    ids = engines[1].vertex_ids()
+    assert np.array_equal(engines[0].vertex_ids(), ids)
+    for layer in range(engines[0].num_layers + 1):  # bit for bit
+        assert np.array_equal(engines[0].lookup(ids, layer), engines[1].lookup(ids, layer))
+    edges = [sorted(zip(*(a.tolist() for a in e.edges()))) for e in engines]
+    assert edges[0] == edges[1]
+    assert messages(broker, topics.dead_letters) == []  # nothing was applied twice
