@@ -107,7 +107,8 @@ def datasets_holdout(
 
     _, _, events = _snapshot(dataset, seed, holdout)
     with open(out, "wb") as f:
-        for u in tqdm(events, desc="writing", unit="update", leave=False):
+        for u in tqdm(events, desc="writing", unit="update", leave=False,
+                      disable=None):
             f.write(encode(u) + b"\n")
     console.print(f"{len(events):,} updates -> {out}")
 
@@ -227,55 +228,25 @@ def demo(
     dataset: DatasetOpt = "arxiv-like",
     model: Annotated[str, typer.Option("--model", "-m")] = "sage-mean",
     epochs: Annotated[int, typer.Option()] = 40,
-    batch_size: Annotated[int, typer.Option(help="Updates per engine batch.")] = 1000,
+    batch_size: Annotated[int, typer.Option(help="Updates per batch.")] = 1000,
     seed: SeedOpt = 0,
     device: DeviceOpt = "cpu",
+    state_dir: BrokerDirOpt = DEFAULT_BROKER_DIR,
+    port: BrokerPortOpt = 19092,
 ) -> None:
-    """Synthesize a graph, train a model on its 80 % snapshot, bootstrap all layer
-    embeddings, then stream the held-out 20 % through the incremental engine; print
-    accuracy, timings and how far the engine is from PyG's forward pass."""
+    """The whole product on one machine: start the embedded broker (unless one runs),
+    synthesize a graph, train on its 80 % snapshot, bootstrap all layer embeddings, serve,
+    stream the held-out 20 % in through Kafka, show label changes live, and end with a
+    summary checked against PyG's forward pass. Stops what it started."""
+    from streamgnn.demo import run_demo
+    from streamgnn.stream.broker import EmbeddedBroker
+
     out = Path("artifacts") / f"{model}-{dataset}.pt"
     full, data, events, result = _train(dataset, model, 128, 2, epochs, out, 0.2, seed)
     _bootstrap(data, result.checkpoint.model(), device)
-    _stream(full, data, events, result.checkpoint.model(), device, batch_size)
-
-
-def _stream(full, snapshot, events, model, device: str, batch_size: int) -> None:
-    import numpy as np
-    import torch
-    from tqdm.auto import tqdm
-
-    from streamgnn.models.gnn import WEIGHTED_CONVS
-    from streamgnn.workers import Engine
-
-    engine = Engine.from_pyg(model, snapshot, device=device)
-    latencies, changed = [], 0
-    for start in tqdm(range(0, len(events), batch_size), desc="streaming held-out updates",
-                      unit="batch", leave=False):
-        t = time.perf_counter()
-        changed += len(engine.apply(events[start:start + batch_size]).changed_labels)
-        latencies.append(time.perf_counter() - t)
-    ms = np.array(latencies) * 1000
-    current = engine.graph.to_data()
-    g = current.to_pyg().to(device)
-    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
-    with torch.inference_mode():
-        ref = model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
-    err = float(np.abs(engine.lookup(current.ids) - ref.cpu().numpy()).max())
-    acc = float((engine.label(full.ids) == full.y).mean()) if full.y is not None else None
-    table = Table(title=f"incremental engine: {len(events):,} held-out updates in batches of "
-                        f"{batch_size}")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    for row in (("updates/s", f"{len(events) / ms.sum() * 1000:,.0f}"),
-                ("batch latency p50 / p99", f"{np.median(ms):.1f} / "
-                                            f"{np.percentile(ms, 99):.1f} ms"),
-                ("predicted labels that changed (incl. new vertices)", f"{changed:,}"),
-                ("max |engine - PyG forward on the final graph|", f"{err:.1e}"),
-                ("accuracy on the whole graph (new vertices included)",
-                 "n/a" if acc is None else f"{acc:.3f}")):
-        table.add_row(*row)
-    console.print(table)
+    summary = run_demo(EmbeddedBroker(state_dir, port=port), full, data, events,
+                       result.checkpoint, batch_size, device, console)
+    _print_stats(summary.stats, extra=summary.rows)
 
 
 # ---------------------------------------------------------------- broker
@@ -396,7 +367,7 @@ def _run_service(service, until_idle: float | None, stop=lambda: False):
         bar.close()
 
 
-def _print_stats(stats) -> None:
+def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
     import numpy as np
 
     wall = time.perf_counter() - stats.started
@@ -414,7 +385,7 @@ def _print_stats(stats) -> None:
     if len(lat):
         rows.append(("latency produce -> publish p50 / p99",
                      f"{np.median(lat):.1f} / {np.percentile(lat, 99):.1f} ms"))
-    for row in rows:
+    for row in [*rows, *extra]:
         table.add_row(*row)
     console.print(table)
 
@@ -443,7 +414,8 @@ def produce(
     start, sent = time.perf_counter(), 0
     with (contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
           else open(file, "rb")) as lines:
-        for line in tqdm(lines, desc="producing", unit="upd", leave=False):
+        for line in tqdm(lines, desc="producing", unit="upd", leave=False,
+                         disable=None):
             if not line.strip():
                 continue
             key, value = stamp(line.strip())

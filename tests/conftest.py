@@ -61,3 +61,5 @@ def pyg_layers(model: torch.nn.Module, data: sg.GraphData,
         full = model(x, ei, edge_weight=w if weighted else None)
     torch.testing.assert_close(full, outs[-1], rtol=0, atol=0)
     return outs
+
+from tests.kafka_fixtures import broker, topics  # noqa: E402, F401  (fixtures for every test module)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+from tests.kafka_fixtures import free_port
 
 
 def run(*args: str, cwd) -> str:
@@ -15,7 +18,8 @@ def run(*args: str, cwd) -> str:
 
 def test_help_explains_the_commands(tmp_path):
     text = run("--help", cwd=tmp_path)
-    for word in ("train", "bootstrap", "demo", "datasets"):
+    for word in ("train", "bootstrap", "demo", "datasets", "serve", "produce", "watch",
+                 "broker"):
         assert word in text
 
 
@@ -32,8 +36,29 @@ def test_generate_writes_a_loadable_file(tmp_path):
     assert "tiny" in run("datasets", "info", "--dataset", "t.npz", cwd=tmp_path)
 
 
-def test_demo_streams_the_held_out_updates_exactly(tmp_path):
-    text = run("demo", "--dataset", "tiny", "--epochs", "2", "--batch-size", "100", cwd=tmp_path)
-    assert "incremental engine" in text
+def test_demo_streams_the_held_out_updates_through_kafka_exactly(tmp_path):
+    text = run("demo", "--dataset", "tiny", "--epochs", "2", "--batch-size", "100",
+               "--port", str(free_port()), "--state-dir", str(tmp_path / "broker"),
+               cwd=tmp_path)
+    assert "embedded broker started" in text and "embedded broker stopped" in text
+    assert "label changes published" in text
     err = float(text.split("max |engine - PyG forward on the final graph|")[1].split("│")[1])
     assert err < 1e-4
+
+
+def test_docker_compose_runs_the_service_against_kafka(tmp_path):
+    import typer
+    import yaml
+
+    from streamgnn.cli import app
+
+    compose = yaml.safe_load(Path("docker-compose.yml").read_text())
+    kafka, service = compose["services"]["kafka"], compose["services"]["streamgnn"]
+    assert kafka["image"].startswith("apache/kafka")
+    env = service["environment"]
+    assert env["STREAMGNN_BOOTSTRAP_SERVERS"].split(":")[0] == "kafka"
+    assert service["command"][:2] == ["streamgnn", "serve"]
+    # every STREAMGNN_ variable it sets is one the CLI reads
+    serve = typer.main.get_command(app).commands["serve"]
+    known = {p.envvar for p in serve.params if p.envvar}
+    assert {k for k in env if k.startswith("STREAMGNN_")} <= known

@@ -27,7 +27,7 @@ from streamgnn.stream import DecodeError, decode_update, encode
 from streamgnn.stream.broker import BrokerError, EmbeddedBroker
 from streamgnn.stream.kafka import KafkaTransport, follow, producer
 from tests.conftest import pyg_layers
-from tests.kafka_fixtures import broker, free_port, topics  # noqa: F401
+from tests.kafka_fixtures import free_port
 from tests.reference import update_strategy
 
 IDS = st.integers(-2**40, 2**40)

@@ -189,11 +189,13 @@ class Service:
         self.batch_seq += 1
         sources = _ranges([r for _, r in buffer])
         publish, topic = self.transport.publish, self.config.topics.labels
+        published = time.time()
         for vertex, (old, new) in result.changed_labels.items():
             publish(topic, str(vertex).encode(), encode(LabelChange(
-                vertex=vertex, old=old, new=new, batch=self.batch_seq, sources=sources)))
+                event_id=f"lc-{self.batch_seq}-{vertex}", event_time=published, vertex=vertex,
+                old=old, new=new, batch=self.batch_seq, sources=sources)))
         self.transport.flush()
-        published = time.time()
+        published = time.time()  # acknowledged by the broker
         seconds = time.perf_counter() - t
         s = self.stats
         s.batches += 1
@@ -214,7 +216,8 @@ class Service:
     def _dead_letter(self, record: Record, error: str, reason: str,
                      update: Update | None = None) -> None:
         self.stats.dead_letters[error] += 1
-        letter = DeadLetter(reason=reason, error=error, topic=record.topic,
+        letter = DeadLetter(event_id=f"dl-{record.topic}-{record.partition}-{record.offset}",
+                            reason=reason, error=error, topic=record.topic,
                             partition=record.partition, offset=record.offset,
                             payload=record.value.decode("utf-8", "replace")[:100_000],
                             source_event_id=update.event_id if update else None)

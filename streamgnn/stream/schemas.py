@@ -15,7 +15,14 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from streamgnn.updates import UPDATE_ADAPTER, Update
+from streamgnn.updates import (
+    UPDATE_ADAPTER,
+    AddEdge,
+    AddVertex,
+    Update,
+    UpdateEdge,
+    UpdateFeatures,
+)
 
 
 def _now() -> float:
@@ -90,17 +97,19 @@ class LabelChange(_Message):
     """A vertex whose predicted label changed (``old`` is None for a vertex just added),
     in the ``batch``-th batch, which consumed the ``sources`` offsets of the updates topic.
     Batches are numbered deterministically: after a restart a replayed batch carries the
-    same number, so (vertex, batch) identifies a change."""
+    same number and the change the same ``event_id`` (``lc-{batch}-{vertex}``), so
+    consumers drop repeats by id."""
 
     vertex: int
-    old: int | None
+    old: int | None = None
     new: int
     batch: int
     sources: list[SourceRange]
 
 
 class DeadLetter(_Message):
-    """An input message the service could not use: why, and where it came from."""
+    """An input message the service could not use: why, and where it came from
+    (``event_id`` is ``dl-{topic}-{partition}-{offset}``: the same on a replay)."""
 
     reason: str
     error: str
@@ -131,9 +140,10 @@ def decode_update(raw: bytes) -> Update:
         where = ".".join(str(p) for p in first["loc"])
         raise DecodeError(kind, f"{first['msg']}" + (f" (at {where})" if where else "")) \
             from None
-    if not math.isfinite(getattr(update, "weight", 0.0)):
+    if isinstance(update, AddEdge | UpdateEdge) and not math.isfinite(update.weight):
         raise DecodeError("non_finite", f"{update.op}: the weight is NaN or inf")
-    x = getattr(update, "x", None)  # a finite sum is the fast proof that all are finite
+    x = update.x if isinstance(update, AddVertex | UpdateFeatures) else None
+    # a finite sum is the fast proof that all are finite
     if x is not None and not math.isfinite(sum(x)) and not all(map(math.isfinite, x)):
         raise DecodeError("non_finite", f"{update.op}: NaN or inf in the features")
     return update

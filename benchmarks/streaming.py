@@ -1,0 +1,159 @@
+"""End-to-end streaming benchmark: updates produced to Kafka (the embedded broker), served
+by `Service` (consume, decode, arrivals gate, placement, engine, publish label changes,
+acknowledged), next to the in-process engine on the same batches in the same run.
+
+    python benchmarks/streaming.py [--preset arxiv-like] [--batch-sizes 100 1000]
+
+Throughput: a backlog of N LinkBench writes (adds replay the held-out 20 %) is produced
+first; the service drains it; events/s = N / (first poll -> last publish acknowledged).
+The in-process figure applies the same batches to a fresh engine directly. Latency: a
+producer process sends updates paced at half the measured end-to-end rate, stamping event
+time; latency = label-change publish acknowledged - event time, over all events. Prints a
+table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import streamgnn as sg
+from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.router import Service, ServiceConfig
+from streamgnn.stream import Topics, encode
+from streamgnn.stream.broker import EmbeddedBroker
+from streamgnn.stream.kafka import KafkaTransport, ensure_topics, producer
+
+console = Console(width=160)
+
+
+def workload(snapshot, events, n: int) -> list[sg.Update]:
+    graph = sg.DynamicGraph.from_data(snapshot)
+    gen = LinkBenchWorkload(graph, seed=1, arrivals=events)
+    out: list[sg.Update] = []
+    while len(out) < n:
+        batch = gen.batch(1000)
+        graph.apply(batch)
+        out += batch
+    return out[:n]
+
+
+def in_process(model, snapshot, updates, bs: int) -> float:
+    engine = sg.Engine.from_pyg(model, snapshot)
+    t = time.perf_counter()
+    for i in range(0, len(updates), bs):
+        engine.apply(updates[i:i + bs])
+    return len(updates) / (time.perf_counter() - t)
+
+
+def served(bootstrap, checkpoint, snapshot, topics, bs: int):
+    service = Service(sg.Engine.from_pyg(checkpoint.model(), snapshot), checkpoint,
+                      KafkaTransport(bootstrap, topics.updates),
+                      ServiceConfig(batch_size=bs, topics=topics))
+    last = [0.0]
+    t = time.perf_counter()
+    stats = service.run(idle_exit_s=1.5, on_batch=lambda _: last.__setitem__(
+        0, time.perf_counter()))
+    service.transport.close()
+    return stats, last[0] - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="arxiv-like")
+    ap.add_argument("--model", default="graphconv-sum")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--updates", type=int, default=50_000)
+    ap.add_argument("--latency-seconds", type=float, default=8.0)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/streaming.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+
+    full = sg.datasets.synthetic(args.preset, seed=0)
+    full.weight[:] = 1.0
+    snapshot, events = sg.datasets.split_stream(full, 0.2, seed=0)
+    spec = ModelSpec(args.model, full.num_features, full.num_classes, 128, 2)
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(spec, spec.build().state_dict())
+    updates = workload(snapshot, events, args.updates)
+    lines = b"".join(encode(u) + b"\n" for u in updates)
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = EmbeddedBroker(Path(tmp), port=19592)
+        broker.start()
+        try:
+            for bs in args.batch_sizes:
+                rows.append(measure(broker.bootstrap, checkpoint, snapshot, updates, lines,
+                                    bs, args, Path(tmp)))
+        finally:
+            broker.stop()
+
+    table = Table(title=f"streaming end to end: {args.preset}, {args.model} (2 layers), "
+                        f"{args.updates:,} LinkBench writes")
+    for col in ("bs", "in-process upd/s", "end-to-end upd/s", "e2e / in-process",
+                "service busy upd/s", "paced rate", "latency p50 ms", "latency p99 ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["batch_size"]), f"{r['in_process']:,.0f}",
+                      f"{r['end_to_end']:,.0f}", f"{r['ratio']:.0%}",
+                      f"{r['service_busy']:,.0f}", f"{r['paced_rate']:,.0f}",
+                      f"{r['latency_p50_ms']:.1f}", f"{r['latency_p99_ms']:.1f}")
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"preset": args.preset, "model": args.model,
+                                    "rows": rows}, indent=1))
+    console.print(f"-> {args.out}")
+
+
+def measure(bootstrap, checkpoint, snapshot, updates, lines, bs, args, tmp: Path) -> dict:
+    model = checkpoint.model()
+    rate_in = in_process(model, snapshot, updates, bs)
+
+    topics = Topics(**{k: f"b{bs}-" + v for k, v in Topics().model_dump().items()})
+    ensure_topics(bootstrap, topics.all())
+    out = producer(bootstrap)
+    for u in updates:
+        out.send(topics.updates, value=encode(u))
+    out.flush()
+    stats, seconds = served(bootstrap, checkpoint, snapshot, topics, bs)
+    e2e = stats.applied / seconds
+
+    paced = 0.5 * e2e
+    n = min(len(updates), int(paced * args.latency_seconds))
+    file = tmp / f"paced{bs}.jsonl"
+    file.write_bytes(b"".join(lines.splitlines(keepends=True)[:n]))
+    topics = Topics(**{k: f"p{bs}-" + v for k, v in Topics().model_dump().items()})
+    ensure_topics(bootstrap, topics.all())
+    sender = subprocess.Popen([sys.executable, "-m", "streamgnn.cli", "produce", str(file),
+                               "--rate", str(paced), "-b", bootstrap, "--topic-prefix",
+                               f"p{bs}-"], stdout=subprocess.DEVNULL)
+    service = Service(sg.Engine.from_pyg(model, snapshot), checkpoint,
+                      KafkaTransport(bootstrap, topics.updates),
+                      ServiceConfig(batch_size=bs, topics=topics))
+    lat = service.run(stop=lambda: sender.poll() is not None and service.stats.events >= n
+                      ).latencies()
+    sender.wait()
+    service.transport.close()
+    console.print(f"bs={bs}: in-process {rate_in:,.0f}/s, end-to-end {e2e:,.0f}/s, "
+                  f"latency p50 {np.median(lat):.1f} ms")
+    return {"batch_size": bs, "in_process": rate_in, "end_to_end": e2e,
+            "ratio": e2e / rate_in, "service_busy": stats.applied / stats.busy_s,
+            "label_changes": stats.label_changes, "paced_rate": paced, "paced_events": n,
+            "latency_p50_ms": float(np.median(lat)),
+            "latency_p99_ms": float(np.percentile(lat, 99))}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The one-command demo behind `streamgnn demo` / `make demo`: the embedded broker (started
+and stopped here unless one already runs), a producer process sending the held-out updates
+through Kafka, the streaming service, a live view of the label-changes topic, and a
+summary checked against PyG's forward pass on the final graph.
+
+Owns orchestration and terminal output of the demo only; the parts live in stream/,
+router/ and workers/.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from streamgnn.datasets import GraphData
+from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.zoo import Checkpoint
+from streamgnn.router import Service, ServiceConfig, Stats
+from streamgnn.stream import LabelChange, Topics, encode
+from streamgnn.stream.broker import EmbeddedBroker
+from streamgnn.stream.kafka import KafkaTransport, ensure_topics, follow, reachable
+from streamgnn.updates import Update
+from streamgnn.workers import Engine
+
+
+@dataclass
+class Summary:
+    stats: Stats
+    rows: list[tuple[str, str]]
+
+
+class _LabelFeed(threading.Thread):
+    """Follows the label-changes topic: a count and the latest few, for the live view."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.seen = 0
+        self.latest: deque[LabelChange] = deque(maxlen=8)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        for record in follow(self.bootstrap, self.topic, from_beginning=True, idle_s=None):
+            self.seen += 1
+            if self.seen % 97 == 1:
+                self.latest.append(LabelChange.model_validate_json(record.value))
+            if self.done.is_set():
+                return
+
+
+def run_demo(broker: EmbeddedBroker, full: GraphData, snapshot: GraphData,
+             events: list[Update], checkpoint: Checkpoint, batch_size: int, device: str,
+             console: Console) -> Summary:
+    started_broker = not reachable(broker.bootstrap, 0.5)
+    if started_broker:
+        broker.start()
+        console.print(f"embedded broker started at {broker.bootstrap}")
+    try:
+        return _serve_and_stream(broker.bootstrap, full, snapshot, events, checkpoint,
+                                 batch_size, device, console)
+    finally:
+        if started_broker:
+            broker.stop()
+            console.print("embedded broker stopped")
+
+
+def _serve_and_stream(bootstrap: str, full: GraphData, snapshot: GraphData,
+                      events: list[Update], checkpoint: Checkpoint, batch_size: int,
+                      device: str, console: Console) -> Summary:
+    prefix = f"demo-{uuid.uuid4().hex[:6]}-"
+    topics = Topics(**{k: prefix + v for k, v in Topics().model_dump().items()})
+    ensure_topics(bootstrap, topics.all())
+    with tempfile.TemporaryDirectory() as tmp:
+        stream = Path(tmp) / "held-out.jsonl"
+        stream.write_bytes(b"".join(encode(u) + b"\n" for u in events))
+        engine = Engine.from_pyg(checkpoint.model(), snapshot, device=device)
+        service = Service(engine, checkpoint, KafkaTransport(bootstrap, topics.updates),
+                          ServiceConfig(batch_size=batch_size, topics=topics))
+        feed = _LabelFeed(bootstrap, topics.labels)
+        feed.start()
+        producer = subprocess.Popen(
+            [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b", bootstrap,
+             "--topic-prefix", prefix], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        console.print(f"producing {len(events):,} held-out updates to {topics.updates}; "
+                      f"serving in batches of {batch_size:,}")
+        with Live(_view(service, feed, len(events)), console=console,
+                  refresh_per_second=4) as live:
+            stats = service.run(
+                stop=lambda: producer.poll() is not None and (
+                    producer.returncode != 0 or service.stats.events >= len(events)),
+                on_batch=lambda _: live.update(_view(service, feed, len(events))))
+            live.update(_view(service, feed, len(events)))
+        if producer.wait() != 0:
+            raise RuntimeError(f"the producer failed: {producer.stderr.read().decode()}")
+        feed.done.set()
+    return Summary(stats, _check(service.engine, checkpoint, full, device))
+
+
+def _view(service: Service, feed: _LabelFeed, total: int) -> Table:
+    s = service.stats
+    table = Table(title=f"applied {s.applied:,} / {total:,} updates, batch {service.batch_seq}"
+                        f", {s.label_changes:,} label changes published "
+                        f"({feed.seen:,} read back from the topic)")
+    for col in ("batch", "vertex", "old", "new"):
+        table.add_column(col, justify="right")
+    for c in feed.latest:
+        table.add_row(str(c.batch), str(c.vertex), "new" if c.old is None else str(c.old),
+                      str(c.new))
+    return table
+
+
+def _check(engine: Engine, checkpoint: Checkpoint, full: GraphData,
+           device: str) -> list[tuple[str, str]]:
+    model = checkpoint.model().to(device)
+    current = engine.graph.to_data()
+    g = current.to_pyg().to(device)
+    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
+    t = time.perf_counter()
+    with torch.inference_mode():
+        ref = model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
+    t_full = time.perf_counter() - t
+    err = float(np.abs(engine.lookup(current.ids) - ref.cpu().numpy()).max())
+    rows = [("max |engine - PyG forward on the final graph|", f"{err:.1e}"),
+            ("one PyG forward pass on the final graph", f"{t_full:.2f} s")]
+    if full.y is not None:
+        acc = float((engine.label(full.ids) == full.y).mean())
+        rows.append(("accuracy on the whole final graph", f"{acc:.3f}"))
+    return rows
