@@ -190,7 +190,7 @@ def _bootstrap(data, model, device: str) -> None:
 
     from streamgnn.graph import DynamicGraph
     from streamgnn.models import decompose, layerwise_inference
-    from streamgnn.models.gnn import WEIGHTED_CONVS
+    from streamgnn.models.gnn import pyg_forward
 
     t = time.perf_counter()
     graph = DynamicGraph.from_data(data)
@@ -199,11 +199,8 @@ def _bootstrap(data, model, device: str) -> None:
     t = time.perf_counter()
     hs = layerwise_inference(decompose(model), graph, device=device)
     t_ours = time.perf_counter() - t
-    g = data.to_pyg().to(device)
-    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
     t = time.perf_counter()
-    with torch.inference_mode():
-        ref = model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
+    ref = pyg_forward(model, data, device)
     t_pyg = time.perf_counter() - t
     err = (hs[-1] - ref).abs().max().item()
     table = Table(title=f"bootstrap of {data.name} ({device})")

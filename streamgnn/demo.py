@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from streamgnn.datasets import GraphData
-from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.gnn import pyg_forward
 from streamgnn.models.zoo import Checkpoint
 from streamgnn.router import Service, ServiceConfig, Stats
 from streamgnn.stream import LabelChange, Topics, encode
@@ -124,13 +123,9 @@ def _view(service: Service, feed: _LabelFeed, total: int) -> Table:
 
 def _check(engine: Engine, checkpoint: Checkpoint, full: GraphData,
            device: str) -> list[tuple[str, str]]:
-    model = checkpoint.model().to(device)
     current = engine.graph.to_data()
-    g = current.to_pyg().to(device)
-    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
     t = time.perf_counter()
-    with torch.inference_mode():
-        ref = model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
+    ref = pyg_forward(checkpoint.model().to(device), current, device)
     t_full = time.perf_counter() - t
     err = float(np.abs(engine.lookup(current.ids) - ref.cpu().numpy()).max())
     rows = [("max |engine - PyG forward on the final graph|", f"{err:.1e}"),

@@ -36,3 +36,12 @@ class GNN(torch.nn.Module):
             if i < len(self.convs) - 1 and self.act is not None:
                 x = self.act(x)
         return x
+
+
+@torch.inference_mode()
+def pyg_forward(model: torch.nn.Module, data, device: str = "cpu") -> Tensor:
+    """PyG's own forward pass of ``model`` over a `GraphData` (rows in ``data.ids`` order),
+    with edge weights for the convs that take them: the reference the engine must equal."""
+    g = data.to_pyg().to(device)
+    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
+    return model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
