@@ -121,7 +121,7 @@ def measure(bootstrap, checkpoint, snapshot, updates, lines, bs, args, tmp: Path
     model = checkpoint.model()
     rate_in = in_process(model, snapshot, updates, bs)
 
-    topics = Topics(**{k: f"b{bs}-" + v for k, v in Topics().model_dump().items()})
+    topics = Topics.prefixed(f"b{bs}-")
     ensure_topics(bootstrap, topics.all())
     out = producer(bootstrap)
     for u in updates:
@@ -134,7 +134,7 @@ def measure(bootstrap, checkpoint, snapshot, updates, lines, bs, args, tmp: Path
     n = min(len(updates), int(paced * args.latency_seconds))
     file = tmp / f"paced{bs}.jsonl"
     file.write_bytes(b"".join(lines.splitlines(keepends=True)[:n]))
-    topics = Topics(**{k: f"p{bs}-" + v for k, v in Topics().model_dump().items()})
+    topics = Topics.prefixed(f"p{bs}-")
     ensure_topics(bootstrap, topics.all())
     sender = subprocess.Popen([sys.executable, "-m", "streamgnn.cli", "produce", str(file),
                                "--rate", str(paced), "-b", bootstrap, "--topic-prefix",

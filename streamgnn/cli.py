@@ -56,7 +56,7 @@ DEFAULT_BROKER_DIR = Path.home() / ".streamgnn" / "broker"
 def _topics(prefix: str):
     from streamgnn.stream import Topics
 
-    return Topics(**{k: prefix + v for k, v in Topics().model_dump().items()})
+    return Topics.prefixed(prefix)
 
 
 def _snapshot(dataset: str, seed: int, holdout: float):

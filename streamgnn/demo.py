@@ -80,7 +80,7 @@ def _serve_and_stream(bootstrap: str, full: GraphData, snapshot: GraphData,
                       events: list[Update], checkpoint: Checkpoint, batch_size: int,
                       device: str, console: Console) -> Summary:
     prefix = f"demo-{uuid.uuid4().hex[:6]}-"
-    topics = Topics(**{k: prefix + v for k, v in Topics().model_dump().items()})
+    topics = Topics.prefixed(prefix)
     ensure_topics(bootstrap, topics.all())
     with tempfile.TemporaryDirectory() as tmp:
         stream = Path(tmp) / "held-out.jsonl"

@@ -30,6 +30,6 @@ def broker(tmp_path_factory):
 @pytest.fixture
 def topics(broker) -> Topics:
     prefix = f"t{uuid.uuid4().hex[:8]}-"
-    t = Topics(**{k: prefix + v for k, v in Topics().model_dump().items()})
+    t = Topics.prefixed(prefix)
     ensure_topics(broker.bootstrap, t.all())
     return t

@@ -42,6 +42,11 @@ class Topics(BaseModel):
     results: str = "query-results"
     dead_letters: str = "dead-letters"
 
+    @classmethod
+    def prefixed(cls, prefix: str) -> Topics:
+        """The default names, each with ``prefix`` in front."""
+        return cls(**{k: prefix + v for k, v in cls().model_dump().items()})
+
     def all(self) -> list[str]:
         return [self.updates, self.queries, self.labels, self.results, self.dead_letters]
 
