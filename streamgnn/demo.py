@@ -28,7 +28,7 @@ from streamgnn.datasets import GraphData
 from streamgnn.models.gnn import pyg_forward
 from streamgnn.models.zoo import Checkpoint
 from streamgnn.router import Service, ServiceConfig, Stats
-from streamgnn.stream import LabelChange, Topics, encode
+from streamgnn.stream import LabelChange, LabelChanges, Topics, encode
 from streamgnn.stream.broker import EmbeddedBroker
 from streamgnn.stream.kafka import KafkaTransport, ensure_topics, follow, reachable
 from streamgnn.updates import Update
@@ -48,14 +48,14 @@ class _LabelFeed(threading.Thread):
         super().__init__(daemon=True)
         self.bootstrap, self.topic = bootstrap, topic
         self.seen = 0
-        self.latest: deque[LabelChange] = deque(maxlen=8)
+        self.latest: deque[tuple[int, LabelChange]] = deque(maxlen=8)  # (batch, change)
         self.done = threading.Event()
 
     def run(self) -> None:
         for record in follow(self.bootstrap, self.topic, from_beginning=True, idle_s=None):
-            self.seen += 1
-            if self.seen % 97 == 1:
-                self.latest.append(LabelChange.model_validate_json(record.value))
+            message = LabelChanges.model_validate_json(record.value)
+            self.seen += len(message.changes)
+            self.latest += [(message.batch, c) for c in message.changes[:2]]
             if self.done.is_set():
                 return
 
@@ -115,8 +115,8 @@ def _view(service: Service, feed: _LabelFeed, total: int) -> Table:
                         f"({feed.seen:,} read back from the topic)")
     for col in ("batch", "vertex", "old", "new"):
         table.add_column(col, justify="right")
-    for c in feed.latest:
-        table.add_row(str(c.batch), str(c.vertex), "new" if c.old is None else str(c.old),
+    for batch, c in feed.latest:
+        table.add_row(str(batch), str(c.vertex), "new" if c.old is None else str(c.old),
                       str(c.new))
     return table
 

@@ -30,7 +30,7 @@ def test_a_deleted_vertex_is_missing_again_within_the_batch():
     g = gate({1, 2})
     out = g.admit([(sg.DeleteVertex(id=2), 0), (sg.AddEdge(src=1, dst=2), 1)], now=0.0)
     assert [s for _, s in out] == [0] and len(g) == 1
-    g.batch_done()
+    g.all_applied()
 
 
 def test_what_waits_too_long_is_given_up_and_the_rest_stays():

@@ -23,9 +23,18 @@ from streamgnn.datasets import split_stream
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.router import Checkpoints, Service, ServiceConfig
-from streamgnn.stream import DecodeError, decode_update, encode
+from streamgnn.stream import (
+    DecodeError,
+    LabelChange,
+    LabelChanges,
+    SourceRange,
+    decode_update,
+    decode_updates,
+    encode,
+    label_changes_json,
+)
 from streamgnn.stream.broker import BrokerError, EmbeddedBroker
-from streamgnn.stream.kafka import KafkaTransport, follow, producer
+from streamgnn.stream.kafka import KafkaTransport, UpdateSender, follow, producer
 from tests.conftest import pyg_layers
 from tests.kafka_fixtures import free_port
 from tests.reference import update_strategy
@@ -54,6 +63,35 @@ def test_bad_messages_are_named(raw, error):
     with pytest.raises(DecodeError) as e:
         decode_update(raw)
     assert e.value.error == error and str(e.value)
+
+
+@given(st.lists(update_strategy(IDS, st.floats(-1e3, 1e3), ROWS), max_size=5))
+def test_an_array_message_carries_updates_in_order(updates):
+    raw = b"[" + b",".join(encode(u) for u in updates) + b"]"
+    assert decode_updates(raw) == updates
+
+
+def test_bad_items_of_an_array_are_named_and_the_rest_kept():
+    good = sg.AddEdge(src=1, dst=2)
+    raw = (b'[' + encode(good) + b', {"op": "teleport"}, 7, '
+           b'{"op": "update_edge", "src": 1, "dst": 2, "weight": NaN}, ' + encode(good) + b']')
+    items = decode_updates(raw)
+    assert items[0] == items[4] == good
+    assert [e.error for e in items[1:4]] == ["unknown_op", "invalid_fields", "non_finite"]
+    assert json.loads(items[1].item) == {"op": "teleport"} and items[2].item == "7"
+    for whole in (b"[{oops", b'{"op": "teleport"}'):
+        with pytest.raises(DecodeError):
+            decode_updates(whole)
+
+
+@given(st.lists(st.tuples(IDS, st.none() | st.integers(0, 99), st.integers(0, 99)),
+                max_size=20), st.integers(0, 10**6), st.floats(0, 2e9))
+def test_fast_label_changes_json_is_the_schema(changes, batch, at):
+    sources = [SourceRange(partition=0, first=batch, last=batch + 9)]
+    raw = label_changes_json(f"lc-{batch}-0", at, batch, 0, sources, changes)
+    assert LabelChanges.model_validate_json(raw) == LabelChanges(
+        event_id=f"lc-{batch}-0", event_time=at, batch=batch, sources=sources,
+        changes=[LabelChange(vertex=v, old=o, new=n) for v, o, n in changes])
 
 
 def test_broker_lifecycle(tmp_path):
@@ -121,16 +159,26 @@ def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
         encode(sg.DeleteEdge(src=existing, dst=existing + 10**9)): "vertex_never_arrived",
         encode(sg.AddEdge(src=existing, dst=existing)): "SelfLoopError",
     }
+    bad_items = [b'{"op": "add_edge", "src": 1}', encode(sg.DeleteVertex(id=existing + 10**9))]
+    lone = list(bad)
     out = producer(broker.bootstrap)
     send = lambda raw: out.send(topics.updates, value=raw)  # noqa: E731
     send(encode(early))
-    for i, u in enumerate(stream):
-        send(encode(u))
-        if i % 300 == 0 and bad:
-            send(next(iter(bad)))
-            bad_sent = bad.pop(next(iter(bad)))
-            assert bad_sent
-    for raw in list(bad):
+    # alone, and in arrays of 0 to 40 updates, some with a bad item inside
+    cut = np.cumsum(np.random.default_rng(0).integers(0, 40, len(stream) // 10))
+    for i, part in enumerate(np.split(np.arange(len(stream)), cut[cut < len(stream)])):
+        items = [encode(stream[j]) for j in part]
+        if i % 2:
+            if i % 7 == 3 and bad_items:
+                items.insert(len(items) // 2, bad_items.pop())
+            send(b"[" + b", ".join(items) + b"]")
+        else:
+            for raw in items:
+                send(raw)
+        if i % 11 == 0 and lone:
+            send(lone.pop())
+    assert not bad_items
+    for raw in lone:
         send(raw)
     out.flush()
     config = ServiceConfig(batch_size=97, arrival_wait_s=0.5, topics=topics)
@@ -139,8 +187,13 @@ def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
     letters = messages(broker, topics.dead_letters)
     assert sorted(d["error"] for d in letters) == sorted(
         ["malformed_json", "unknown_op", "FeatureDimensionError", "non_finite",
-         "DuplicateVertexError", "vertex_never_arrived", "SelfLoopError"])
+         "DuplicateVertexError", "vertex_never_arrived", "SelfLoopError", "invalid_fields",
+         "vertex_never_arrived"])
     assert all(d["reason"] and d["topic"] == topics.updates for d in letters)
+    in_arrays = [d for d in letters if d.get("index") is not None]
+    assert sorted(json.loads(d["payload"]).get("op") for d in in_arrays) == [
+        "add_edge", "delete_vertex"]
+    assert len({d["event_id"] for d in letters}) == len(letters)
     assert service.stats.applied == len(events)
     assert late_vertex.id in set(service.engine.vertex_ids())
 
@@ -152,9 +205,13 @@ def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
         assert np.abs(service.engine.lookup(current.ids, layer) - ref.numpy()).max() < 1e-4
 
     # label changes: the last one published per vertex is its current label
-    changes = messages(broker, topics.labels)
+    published = sorted((LabelChanges.model_validate_json(r.value) for r in
+                        follow(broker.bootstrap, topics.labels, True, idle_s=1.0)),
+                       key=lambda m: m.batch)
+    changes = [c for m in published for c in m.changes]
     assert len(changes) == service.stats.label_changes > 0
-    last = {c["vertex"]: c["new"] for c in sorted(changes, key=lambda c: c["batch"])}
+    assert service.stats.batches == published[-1].batch
+    last = {c.vertex: c.new for c in changes}
     ids = np.fromiter(last, np.int64)
     assert (service.engine.label(ids) == np.fromiter(last.values(), np.int64)).all()
     new_ids = {u.id for u in events if isinstance(u, sg.AddVertex)}
@@ -166,10 +223,10 @@ def test_kill_9_mid_stream_then_restart_ends_where_a_clean_run_ends(broker, topi
     events = linkbench_stream(snapshot, held_out)
     assert {type(u) for u in events} == set(sg.updates.EDGE_UPDATES + sg.updates.VERTEX_UPDATES)
     model.save(tmp_path / "model.pt")
-    out = producer(broker.bootstrap)
+    out = UpdateSender(broker.bootstrap, topics.updates, per_message=7)  # batches cut arrays
     for u in events:
-        out.send(topics.updates, value=encode(u))
-    out.flush()
+        out.send(encode(u))
+    out.close()
 
     def serve(state):
         return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
@@ -195,7 +252,7 @@ def test_kill_9_mid_stream_then_restart_ends_where_a_clean_run_ends(broker, topi
     subprocess.run(serve(state), check=True, capture_output=True, timeout=300)
     resumed = Checkpoints(state).load()
     assert resumed["batch_seq"] == clean["batch_seq"]
-    assert resumed["positions"] == clean["positions"] == {0: len(events)}
+    assert resumed["positions"] == clean["positions"] == {0: -(-len(events) // 7)}
     engines = [sg.Engine.restore(model.model(), s["engine"]) for s in (resumed, clean)]
     ids = engines[1].vertex_ids()
     assert np.array_equal(engines[0].vertex_ids(), ids)

@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from streamgnn.updates import AddVertex, DeleteVertex, Update
+from streamgnn.updates import EDGE_UPDATES, AddVertex, DeleteVertex, Update
 
 S = TypeVar("S")  # whatever the caller tracks with an update (its source record)
 
@@ -31,23 +31,20 @@ class Waiting(Generic[S]):
 
 def referenced(u: Update) -> tuple[int, ...]:
     """Vertices that must exist before ``u`` can apply."""
-    if isinstance(u, AddVertex):
-        return ()
-    if hasattr(u, "src"):
+    if isinstance(u, EDGE_UPDATES):
         return (u.src, u.dst)
-    return (u.id,)
+    return () if isinstance(u, AddVertex) else (u.id,)
 
 
 class Arrivals(Generic[S]):
-    """Admits updates in arrival order into the batch being built. ``exists(ids)`` says which
-    vertices the graph holds now; the gate tracks what the open batch adds and deletes
-    until `batch_done`."""
+    """Admits updates in arrival order. ``exists(ids)`` says which vertices the graph holds
+    now; the gate tracks what admitted updates add and delete until `all_applied`."""
 
     def __init__(self, exists: Callable[[np.ndarray], np.ndarray], wait_s: float) -> None:
         self.exists = exists
         self.wait_s = wait_s
         self.waiting: dict[int, list[Waiting[S]]] = {}
-        self._batch: dict[int, bool] = {}  # vertex -> alive after the open batch
+        self._admitted: dict[int, bool] = {}  # vertex -> alive after what was admitted
 
     def __len__(self) -> int:
         return sum(len(w) for w in self.waiting.values())
@@ -57,7 +54,7 @@ class Arrivals(Generic[S]):
         """The updates that may go into the batch now, in order; the rest wait."""
         items = list(items)
         now = time.time() if now is None else now
-        ids = {v for u, _ in items for v in referenced(u)} - self._batch.keys()
+        ids = {v for u, _ in items for v in referenced(u)} - self._admitted.keys()
         if ids:
             arr = np.fromiter(ids, np.int64, len(ids))
             known = dict(zip(arr.tolist(), self.exists(arr).tolist()))
@@ -71,23 +68,29 @@ class Arrivals(Generic[S]):
     def _admit(self, u: Update, source: S, deadline: float, known: dict[int, bool],
                out: list[tuple[Update, S]]) -> None:
         for v in referenced(u):
-            alive = self._batch.get(v, known.get(v))
+            alive = self._admitted.get(v, known.get(v))
             if alive is None:
                 alive = bool(self.exists(np.array([v], np.int64))[0])
             if not alive:
                 self.waiting.setdefault(v, []).append(Waiting(u, source, v, deadline))
                 return
         out.append((u, source))
+        self.track(u)
         if isinstance(u, AddVertex):
-            self._batch[u.id] = True
             for w in self.waiting.pop(u.id, []):
                 self._admit(w.update, w.source, w.deadline, known, out)
-        elif isinstance(u, DeleteVertex):
-            self._batch[u.id] = False
 
-    def batch_done(self) -> None:
-        """The open batch was applied: the graph itself now says what exists."""
-        self._batch.clear()
+    def track(self, u: Update) -> None:
+        """Note what an admitted update (or, after a restart, an update admitted before and
+        not applied yet) adds or deletes."""
+        if isinstance(u, AddVertex):
+            self._admitted[u.id] = True
+        elif isinstance(u, DeleteVertex):
+            self._admitted[u.id] = False
+
+    def all_applied(self) -> None:
+        """Everything admitted was applied: the graph itself now says what exists."""
+        self._admitted.clear()
 
     def expired(self, now: float | None = None) -> list[Waiting[S]]:
         """Remove and return what waited past its deadline."""

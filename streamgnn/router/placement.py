@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from streamgnn.updates import AddEdge, AddVertex, DeleteEdge, DeleteVertex, Update
+from streamgnn.updates import EDGE_UPDATES, AddEdge, AddVertex, DeleteEdge, DeleteVertex, Update
 
 Strategy = Literal["locality", "hash"]
 
@@ -101,7 +101,7 @@ class Placement:
                 out[i] = self.part.pop(u.id, 0)
                 self.load[out[i]] -= 1
                 self.in_degree.pop(u.id, None)
-            elif hasattr(u, "src"):
+            elif isinstance(u, EDGE_UPDATES):
                 ps = self.part.get(u.src)
                 ps = self._place(u.src, u.dst) if ps is None else ps
                 pd = self.part.get(u.dst)

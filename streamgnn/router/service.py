@@ -1,19 +1,22 @@
 """`Service`: the streaming loop. Consumes the updates topic through a `Transport`,
-decodes and validates, holds updates that wait for a vertex (`Arrivals`), batches by size
-and by maximum wait, places each batch (`Placement`), applies it to the engine, publishes
-every changed label and every unusable message (dead letter, with reason and source
-offset), and checkpoints state and consumed offsets every N batches or seconds.
+decodes and validates (a message holds one update or an array of them), holds updates
+that wait for a vertex (`Arrivals`), cuts batches of ``batch_size`` updates (or fewer after
+the maximum wait), places each batch (`Placement`), applies it to the engine, publishes
+every changed label (one message per batch and label-topic partition) and every unusable
+update (dead letter, with reason and source offset), and checkpoints state, pending
+updates and consumed offsets every N batches or seconds.
 
 Bad input never stops the loop. Delivery: each update is applied exactly once across
-restarts (state and offsets are checkpointed together, and batch boundaries replay the
-same from a backlog); outputs are at least once, and a replayed batch republishes the same
-changes under the same batch number.
+restarts (state, pending updates and offsets are checkpointed together, and batch
+boundaries replay the same from a backlog); outputs are at least once, and a replayed
+batch republishes the same changes under the same batch number.
 
 Must not import kafka (the transport is injected) or mpi4py.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,11 +32,12 @@ from streamgnn.router.placement import Placement, Strategy
 from streamgnn.stream.schemas import (
     DeadLetter,
     DecodeError,
-    LabelChange,
     SourceRange,
     Topics,
-    decode_update,
+    decode_updates,
     encode,
+    is_array,
+    label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
 from streamgnn.updates import Update
@@ -64,13 +68,31 @@ class Stats:
     batches: int = 0
     label_changes: int = 0
     dead_letters: Counter = field(default_factory=Counter)
-    latency_ms: list[np.ndarray] = field(default_factory=list)  # produce -> publish
+    latency_ms: list[np.ndarray] = field(default_factory=list)  # produce -> acknowledged
     batch_ms: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    first_input: float | None = None  # perf_counter when the first record came
+    last_output: float = 0.0          # ... when the last outputs were acknowledged
     busy_s: float = 0.0
 
     def latencies(self) -> np.ndarray:
         return np.concatenate(self.latency_ms) if self.latency_ms else np.zeros(0)
+
+    def throughput(self) -> float:
+        """Updates applied per second from the first input to the last acknowledged
+        output."""
+        if self.first_input is None or self.last_output <= self.first_input:
+            return 0.0
+        return self.applied / (self.last_output - self.first_input)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an update came from: a record, and its position in the record's array
+    (None when the record is one update)."""
+
+    record: Record
+    index: int | None = None
 
 
 @dataclass
@@ -97,9 +119,11 @@ class Service:
                                              strategy=config.placement,
                                              refresh_every=config.refresh_every)
         self.placement = placement
-        self.arrivals: Arrivals[Record] = Arrivals(engine.graph.contains, config.arrival_wait_s)
+        self.arrivals: Arrivals[Origin] = Arrivals(engine.graph.contains, config.arrival_wait_s)
+        self.pending: list[tuple[Update, Origin]] = []  # admitted, not applied yet
         self.batch_seq = 0
         self.stats = Stats()
+        self._acked: list[tuple[float, float, np.ndarray]] = []  # filled by ack callbacks
         self._last_checkpoint = (0, time.monotonic())
 
     # ---------------------------------------------------------------- start / resume
@@ -117,6 +141,9 @@ class Service:
         engine = Engine.restore(model.model(), saved["engine"], device)
         service = cls(engine, model, transport, config, checkpoints, saved["placement"])
         service.arrivals.waiting = saved["waiting"]
+        service.pending = saved["pending"]
+        for update, _ in service.pending:
+            service.arrivals.track(update)
         service.batch_seq = saved["batch_seq"]
         transport.seek(saved["positions"])
         return service
@@ -124,10 +151,12 @@ class Service:
     def checkpoint(self) -> None:
         if self.checkpoints is None:
             return
+        self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         self.checkpoints.save({
             "spec": asdict(self.model.spec), "weights": self.model.state_dict,
             "engine": self.engine.snapshot(), "placement": self.placement,
-            "waiting": self.arrivals.waiting, "batch_seq": self.batch_seq,
+            "waiting": self.arrivals.waiting, "pending": self.pending,
+            "batch_seq": self.batch_seq,
             "positions": self.transport.positions()})
         self._last_checkpoint = (self.batch_seq, time.monotonic())
 
@@ -137,65 +166,83 @@ class Service:
         """Serve until ``stop()`` is true, or until nothing arrived for ``idle_exit_s``
         seconds and nothing is pending; then flush, checkpoint and return the stats."""
         cfg = self.config
-        buffer: list[tuple[Update, Record]] = []
+        gc.collect()
+        gc.freeze()  # what exists now (graph, engine, model) lives on: keep GC passes off it
+        per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
         while not stop():
-            timeout = cfg.max_wait_s if buffer else 0.1
-            records = self.transport.poll(max(cfg.batch_size - len(buffer), 1), timeout)
+            want = cfg.batch_size - len(self.pending)
+            records = self.transport.poll(max(1, int(want / per_record)),
+                                          cfg.max_wait_s if self.pending else 0.1)
             now = time.monotonic()
+            self._record_acks()
             if records:
+                if self.stats.first_input is None:
+                    self.stats.first_input = time.perf_counter()
                 last_input = now
-                if not buffer:
+                if not self.pending:
                     opened = now
-                buffer += self._admit(records)
+                admitted = self._admit(records)
+                per_record = max(1.0, len(admitted) / len(records))
+                self.pending += admitted
             for w in self.arrivals.expired():
                 self._dead_letter(w.source, "vertex_never_arrived",
                                   f"vertex {w.vertex} did not arrive within "
                                   f"{cfg.arrival_wait_s:g} s", w.update)
-            if buffer and (len(buffer) >= cfg.batch_size or now - opened >= cfg.max_wait_s):
-                report = self._apply(buffer)
-                buffer = []
-                if on_batch is not None:
-                    on_batch(report)
+            waited = bool(self.pending) and now - opened >= cfg.max_wait_s
+            if waited or len(self.pending) >= cfg.batch_size:
+                while len(self.pending) >= cfg.batch_size or (waited and self.pending):
+                    report = self._apply(cfg.batch_size)
+                    if on_batch is not None:
+                        on_batch(report)
+                opened = now
                 self._maybe_checkpoint()
-            elif (idle_exit_s is not None and not buffer and not len(self.arrivals)
+            elif (idle_exit_s is not None and not self.pending and not len(self.arrivals)
                   and now - last_input >= idle_exit_s):
                 break
-        if buffer:
-            self._apply(buffer)
-        self.transport.flush()
+        while self.pending:
+            self._apply(cfg.batch_size)
+        self._settle()
         self.checkpoint()
         return self.stats
 
-    def _admit(self, records: list[Record]) -> list[tuple[Update, Record]]:
+    def _admit(self, records: list[Record]) -> list[tuple[Update, Origin]]:
         decoded = []
         for r in records:
             try:
-                decoded.append((decode_update(r.value), r))
+                items = decode_updates(r.value)
             except DecodeError as e:
-                self._dead_letter(r, e.error, str(e))
-        self.stats.events += len(records)
+                self._dead_letter(Origin(r), e.error, str(e))
+                self.stats.events += 1
+                continue
+            indexed = is_array(r.value)
+            for i, item in enumerate(items):
+                origin = Origin(r, i if indexed else None)
+                if isinstance(item, DecodeError):
+                    self._dead_letter(origin, item.error, str(item), payload=item.item)
+                else:
+                    decoded.append((item, origin))
+            self.stats.events += len(items)
         return self.arrivals.admit(decoded)
 
-    def _apply(self, buffer: list[tuple[Update, Record]]) -> BatchReport:
+    def _apply(self, size: int) -> BatchReport:
+        """Apply the first ``size`` pending updates as the next batch and publish what
+        changed (not waiting for the broker's acknowledgement: `_record_acks`)."""
         t = time.perf_counter()
+        buffer, self.pending = self.pending[:size], self.pending[size:]
         batch = [u for u, _ in buffer]
         self.placement.route(batch)
         result = self.engine.apply(batch, skip_invalid=True)
-        self.arrivals.batch_done()
+        if not self.pending:
+            self.arrivals.all_applied()
         for err in result.rejected:
-            update, record = buffer[err.index]
-            self._dead_letter(record, type(err).__name__, err.reason, update)
+            update, origin = buffer[err.index]
+            self._dead_letter(origin, type(err).__name__, err.reason, update)
         self.batch_seq += 1
-        sources = _ranges([r for _, r in buffer])
-        publish, topic = self.transport.publish, self.config.topics.labels
-        published = time.time()
-        for vertex, (old, new) in result.changed_labels.items():
-            publish(topic, str(vertex).encode(), encode(LabelChange(
-                event_id=f"lc-{self.batch_seq}-{vertex}", event_time=published, vertex=vertex,
-                old=old, new=new, batch=self.batch_seq, sources=sources)))
-        self.transport.flush()
-        published = time.time()  # acknowledged by the broker
+        times = np.array([u.event_time for u in batch if u.event_time is not None],
+                         np.float64)
+        self._publish_changes(result.changed_labels, _ranges([o.record for _, o in buffer]),
+                              times)
         seconds = time.perf_counter() - t
         s = self.stats
         s.batches += 1
@@ -203,9 +250,47 @@ class Service:
         s.label_changes += len(result.changed_labels)
         s.batch_ms.append(seconds * 1000)
         s.busy_s += seconds
-        times = np.array([u.event_time for u in batch if u.event_time is not None])
-        s.latency_ms.append((published - times) * 1000)
         return BatchReport(self.batch_seq, len(batch), result, seconds)
+
+    def _record_acks(self) -> None:
+        """Latencies of the batches whose outputs the broker acknowledged since."""
+        acked, self._acked = self._acked, []
+        for at, perf, times in acked:
+            self.stats.latency_ms.append((at - times) * 1000)
+            self.stats.last_output = max(self.stats.last_output, perf)
+
+    def _settle(self) -> None:
+        """Wait until everything published is acknowledged."""
+        self.transport.flush()
+        self._record_acks()
+
+    def _publish_changes(self, changed: dict[int, tuple[int | None, int]],
+                         sources: list[SourceRange], times: np.ndarray) -> None:
+        """One message per label-topic partition (vertex mod partitions), split further
+        past ``_CHANGES_PER_MESSAGE``; when all are acknowledged, the batch's events
+        (``times``: their event times) are done."""
+        topic = self.config.topics.labels
+        partitions = self.transport.partitions(topic)
+        by_partition: dict[int, list[tuple[int, int | None, int]]] = {}
+        for vertex, (old, new) in changed.items():
+            by_partition.setdefault(vertex % partitions, []).append((vertex, old, new))
+        messages = [(p, changes[i:i + _CHANGES_PER_MESSAGE])
+                    for p, changes in sorted(by_partition.items())
+                    for i in range(0, len(changes), _CHANGES_PER_MESSAGE)]
+        waiting = [len(messages)]
+
+        def acked() -> None:  # on the producer's thread: list appends are atomic
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                self._acked.append((time.time(), time.perf_counter(), times))
+
+        if not messages:
+            acked()
+        now = time.time()
+        for part, (p, changes) in enumerate(messages):
+            self.transport.publish(topic, None, label_changes_json(
+                f"lc-{self.batch_seq}-{part}", now, self.batch_seq, part, sources, changes),
+                partition=p, on_ack=acked)
 
     def _maybe_checkpoint(self) -> None:
         seq, at = self._last_checkpoint
@@ -213,15 +298,24 @@ class Service:
                 or time.monotonic() - at >= self.config.checkpoint_s):
             self.checkpoint()
 
-    def _dead_letter(self, record: Record, error: str, reason: str,
-                     update: Update | None = None) -> None:
+    def _dead_letter(self, origin: Origin, error: str, reason: str,
+                     update: Update | None = None, payload: str | None = None) -> None:
         self.stats.dead_letters[error] += 1
-        letter = DeadLetter(event_id=f"dl-{record.topic}-{record.partition}-{record.offset}",
-                            reason=reason, error=error, topic=record.topic,
-                            partition=record.partition, offset=record.offset,
-                            payload=record.value.decode("utf-8", "replace")[:100_000],
+        r = origin.record
+        if origin.index is None:
+            payload = r.value.decode("utf-8", "replace")[:100_000]
+            where = ""
+        else:
+            payload = payload or (encode(update).decode() if update else "")
+            where = f"-{origin.index}"
+        letter = DeadLetter(event_id=f"dl-{r.topic}-{r.partition}-{r.offset}{where}",
+                            reason=reason, error=error, topic=r.topic, partition=r.partition,
+                            offset=r.offset, index=origin.index, payload=payload,
                             source_event_id=update.event_id if update else None)
         self.transport.publish(self.config.topics.dead_letters, None, encode(letter))
+
+
+_CHANGES_PER_MESSAGE = 10_000
 
 
 def _ranges(records: list[Record]) -> list[SourceRange]:

@@ -8,14 +8,18 @@ from streamgnn.stream.schemas import (
     DeadLetter,
     DecodeError,
     LabelChange,
+    LabelChanges,
     QueryRequest,
     QueryResult,
     SourceRange,
     Topics,
     decode_update,
+    decode_updates,
     encode,
+    label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
 
-__all__ = ["DeadLetter", "DecodeError", "LabelChange", "QueryRequest", "QueryResult",
-           "Record", "SourceRange", "Topics", "Transport", "decode_update", "encode"]
+__all__ = ["DeadLetter", "DecodeError", "LabelChange", "LabelChanges", "QueryRequest",
+           "QueryResult", "Record", "SourceRange", "Topics", "Transport", "decode_update",
+           "decode_updates", "encode", "label_changes_json"]

@@ -1,19 +1,23 @@
 """The JSON messages on streamgnn's topics, as pydantic models, and the topic names.
 
 In: the six update types (`streamgnn.updates`, with ``event_id``/``event_time``) on
-``graph-updates``; `QueryRequest` on ``query-requests``. Out: `LabelChange` on
-``label-changes``, `QueryResult` on ``query-results``, `DeadLetter` on ``dead-letters``.
+``graph-updates``, one per message (a JSON object) or several in order (a JSON array: the
+cheap way to stream at a high rate); `QueryRequest` on ``query-requests``. Out:
+`LabelChanges` on ``label-changes``, `QueryResult` on ``query-results``, `DeadLetter` on
+``dead-letters``.
 
 Pure pydantic; must not import kafka, torch or mpi4py.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from streamgnn.updates import (
     UPDATE_ADAPTER,
@@ -98,59 +102,132 @@ class SourceRange(BaseModel):
     last: int
 
 
-class LabelChange(_Message):
-    """A vertex whose predicted label changed (``old`` is None for a vertex just added),
-    in the ``batch``-th batch, which consumed the ``sources`` offsets of the updates topic.
-    Batches are numbered deterministically: after a restart a replayed batch carries the
-    same number and the change the same ``event_id`` (``lc-{batch}-{vertex}``), so
-    consumers drop repeats by id."""
+class LabelChange(BaseModel):
+    """A vertex whose predicted label changed (``old`` is None for a vertex just added)."""
 
     vertex: int
     old: int | None = None
     new: int
+
+
+class LabelChanges(_Message):
+    """The label changes of the ``batch``-th batch (which consumed the ``sources`` offsets
+    of the updates topic) for the vertices of one partition of the label-changes topic
+    (vertex mod its partition count: a vertex's changes stay in order), ``part``-th of the
+    batch's messages. Batches are numbered deterministically: after a restart a replayed
+    batch carries the same number and its messages the same ``event_id``
+    (``lc-{batch}-{part}``), so consumers drop repeats by id."""
+
     batch: int
+    part: int = 0
     sources: list[SourceRange]
+    changes: list[LabelChange]
+
+
+def label_changes_json(event_id: str, event_time: float, batch: int, part: int,
+                       sources: list[SourceRange],
+                       changes: list[tuple[int, int | None, int]]) -> bytes:
+    """``encode(LabelChanges(...))`` for ``(vertex, old, new)`` triples, ten times faster
+    (the service's hottest output: a batch can change thousands of labels)."""
+    return orjson.dumps({
+        "event_id": event_id, "event_time": event_time, "batch": batch, "part": part,
+        "sources": [s.model_dump() for s in sources],
+        "changes": [{"vertex": v, "new": n} if o is None else {"vertex": v, "old": o, "new": n}
+                    for v, o, n in changes]})
 
 
 class DeadLetter(_Message):
-    """An input message the service could not use: why, and where it came from
-    (``event_id`` is ``dl-{topic}-{partition}-{offset}``: the same on a replay)."""
+    """An input update the service could not use: why, and where it came from: the
+    message at ``offset``, and ``index`` in it when the message is an array (``event_id``
+    is ``dl-{topic}-{partition}-{offset}[-{index}]``: the same on a replay). ``payload`` is
+    the message, or the update's own JSON for an item of an array."""
 
     reason: str
     error: str
     topic: str
     partition: int
     offset: int
+    index: int | None = None
     payload: str
     source_event_id: str | None = None
 
 
 class DecodeError(ValueError):
-    """A message that is not a valid update; ``error`` names the kind of problem."""
+    """A message (or an item of an array message: its JSON is ``item``) that is not a
+    valid update; ``error`` names the kind of problem."""
 
-    def __init__(self, error: str, reason: str) -> None:
+    def __init__(self, error: str, reason: str, item: str | None = None) -> None:
         self.error = error
+        self.item = item
         super().__init__(reason)
 
 
+_UPDATES: TypeAdapter[list[Update]] = TypeAdapter(list[Update])
+_KINDS = {"json_invalid": "malformed_json", "union_tag_invalid": "unknown_op",
+          "union_tag_not_found": "unknown_op"}
+
+
 def decode_update(raw: bytes) -> Update:
-    """Parse one ``graph-updates`` message; raises `DecodeError` saying what is wrong
+    """Parse one update (a JSON object); raises `DecodeError` saying what is wrong
     (malformed JSON, unknown op, missing or mistyped fields, NaN or inf values)."""
     try:
-        update = UPDATE_ADAPTER.validate_json(raw)
+        update = _finite(UPDATE_ADAPTER.validate_json(raw))
     except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        kind = {"json_invalid": "malformed_json", "union_tag_invalid": "unknown_op",
-                "union_tag_not_found": "unknown_op"}.get(first["type"], "invalid_fields")
-        where = ".".join(str(p) for p in first["loc"])
-        raise DecodeError(kind, f"{first['msg']}" + (f" (at {where})" if where else "")) \
-            from None
+        raise _decode_error(e) from None
+    if isinstance(update, DecodeError):
+        raise update
+    return update
+
+
+def is_array(raw: bytes) -> bool:
+    """Whether a ``graph-updates`` message holds an array of updates."""
+    return raw.lstrip()[:1] == b"["
+
+
+def decode_updates(raw: bytes) -> list[Update | DecodeError]:
+    """Parse one ``graph-updates`` message: a JSON object (one update) or a JSON array
+    (several, in order). For an array, each item is the update or the `DecodeError`
+    saying why it is not one. Raises `DecodeError` when the message as a whole is none of
+    these (not JSON, not a valid update, not an array)."""
+    if not is_array(raw):
+        return [decode_update(raw)]
+    try:
+        updates = [_finite(u) for u in _UPDATES.validate_json(raw)]
+        if not any(isinstance(u, DecodeError) for u in updates):
+            return updates
+    except ValidationError:
+        pass
+    try:  # item by item, to keep the good ones and say what is wrong with the rest
+        items = json.loads(raw)
+    except ValueError as e:
+        raise DecodeError("malformed_json", f"invalid JSON: {e}") from None
+    return [_item(item) for item in items]
+
+
+def _item(item: object) -> Update | DecodeError:
+    try:
+        update = _finite(UPDATE_ADAPTER.validate_python(item))
+    except ValidationError as e:
+        update = _decode_error(e)
+    if isinstance(update, DecodeError):
+        update.item = json.dumps(item)
+    return update
+
+
+def _decode_error(e: ValidationError) -> DecodeError:
+    first = e.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return DecodeError(_KINDS.get(first["type"], "invalid_fields"),
+                       f"{first['msg']}" + (f" (at {where})" if where else ""))
+
+
+def _finite(update: Update) -> Update | DecodeError:
     if isinstance(update, AddEdge | UpdateEdge) and not math.isfinite(update.weight):
-        raise DecodeError("non_finite", f"{update.op}: the weight is NaN or inf")
+        return DecodeError("non_finite", f"{update.op}: the weight is NaN or inf")
     x = update.x if isinstance(update, AddVertex | UpdateFeatures) else None
     # a finite sum is the fast proof that all are finite
     if x is not None and not math.isfinite(sum(x)) and not all(map(math.isfinite, x)):
-        raise DecodeError("non_finite", f"{update.op}: NaN or inf in the features")
+        return DecodeError("non_finite", f"{update.op}: NaN or inf in the features")
     return update
 
 

@@ -6,6 +6,7 @@ Owns the interface only; must not import kafka.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +36,15 @@ class Transport(Protocol):
         """Continue consuming from ``positions`` (from a checkpoint)."""
         ...
 
-    def publish(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def partitions(self, topic: str) -> int:
+        """How many partitions an output topic has."""
+        ...
+
+    def publish(self, topic: str, key: bytes | None, value: bytes,
+                partition: int | None = None,
+                on_ack: Callable[[], None] | None = None) -> None:
+        """Send ``value`` to ``partition`` of ``topic`` (by default, the one ``key``
+        hashes to); ``on_ack`` is called, from any thread, once the broker has it."""
         ...
 
     def flush(self) -> None:
