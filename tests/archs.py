@@ -30,10 +30,13 @@ ARCHS = {
     "sage-sum": lambda L: stack(SAGEConv, [F_IN] + [16] * (L - 1) + [5], aggr="sum"),
     "sage-max": lambda L: stack(SAGEConv, [F_IN] + [16] * (L - 1) + [5], aggr="max"),
     "sage-wide": lambda L: stack(SAGEConv, [F_IN] + [32] * (L - 1) + [5], aggr="mean"),
+    "sage-narrowing-normalize": lambda L: stack(SAGEConv, [*[F_IN, 10, 8][:L], 5],
+                                                 normalize=True),
     "sage-normalize": lambda L: stack(SAGEConv, [F_IN] + [16] * (L - 1) + [5],
                                        normalize=True, root_weight=False),
     "graphconv-add": lambda L: stack(GraphConv, [F_IN] + [16] * (L - 1) + [5]),
     "graphconv-mean": lambda L: stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="mean"),
+    "graphconv-narrowing": lambda L: stack(GraphConv, [*[F_IN, 10, 8][:L], 5]),
     "graphconv-max": lambda L: stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="max"),
     "gin-eps": lambda L: GNN([GINConv(MLP([a, 16, b]), eps=0.3, train_eps=True)
                               for a, b in zip([F_IN] + [16] * (L - 1), [16] * (L - 1) + [5])]),

@@ -82,10 +82,25 @@ class Layer:
 
     def update(self, h: Tensor, agg, t: Tensor | None, in_weight: Tensor) -> Tensor:
         """``t`` may be None unless ``self_transform``."""
-        out = self.combine(h, agg, t, in_weight)
+        return self.finish(self.combine(h, agg, t, in_weight))
+
+    def finish(self, out: Tensor) -> Tensor:
+        """The inter-layer activation/norm."""
         return out if self.post is None else self.post(out)
 
     def combine(self, h: Tensor, agg, t: Tensor, in_weight: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    caches_root = False
+    """Whether ``update`` is ``finish(combine_root(agg, root(h)))`` with messages arriving
+    already transformed: an engine keeping ``root`` per vertex then updates a vertex whose
+    own input did not change without any matmul."""
+
+    def root(self, h: Tensor) -> Tensor:
+        """The part of the update that depends only on the vertex's own input."""
+        raise NotImplementedError
+
+    def combine_root(self, agg, root: Tensor | None) -> Tensor:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -145,16 +160,23 @@ class _LinearRootLayer(Layer):
         self.lin_nbr, self.lin_root = lin_nbr, lin_root
         self.in_dim, self.out_dim = in_dim, out_dim
         self.pre = not isinstance(self.aggr, MaxAggregation) and out_dim < in_dim
+        self.caches_root = self.pre and lin_root is not None
 
     def transform(self, h):
         return _linear(self.lin_nbr, h, bias=False) if self.pre else h
 
+    def root(self, h):
+        return self.lin_root(h)
+
     def combine(self, h, agg, t, in_weight):
+        return self.combine_root(agg, None if self.lin_root is None else self.lin_root(h))
+
+    def combine_root(self, agg, root):
         if self.pre:
             out = agg if self.lin_nbr.bias is None else agg + self.lin_nbr.bias
         else:
             out = self.lin_nbr(agg)
-        return out if self.lin_root is None else out + self.lin_root(h)
+        return out if root is None else out + root
 
 
 class SAGELayer(_LinearRootLayer):
@@ -165,8 +187,8 @@ class SAGELayer(_LinearRootLayer):
                          conv.in_channels, conv.out_channels, post)
         self.normalize = conv.normalize
 
-    def combine(self, h, agg, t, in_weight):
-        out = super().combine(h, agg, t, in_weight)
+    def combine_root(self, agg, root):
+        out = super().combine_root(agg, root)
         return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
 

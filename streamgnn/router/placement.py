@@ -6,7 +6,8 @@ updates). An edge whose ends share a partition goes there; a cut edge goes to it
 partition plus a no-compute copy to its sink's. A new vertex joins the partition of the
 first existing neighbour its batch links it to if that neighbour is high in-degree, else
 the least-loaded partition (``locality``); or ``id % P`` (``hash``). The initial map comes
-from METIS (pymetis) over the snapshot.
+from METIS (pymetis) over the snapshot. With one partition there is nothing to decide:
+everything goes to partition 0 and the metadata stays as bootstrapped.
 
 Owns routing metadata only; must not import kafka, torch or mpi4py.
 """
@@ -91,6 +92,8 @@ class Placement:
 
     def route(self, batch: Sequence[Update]) -> Routed:
         """Place every update of ``batch`` (in order) and update the metadata."""
+        if self.num_partitions == 1:
+            return Routed(np.zeros(len(batch), np.int64), [])
         neighbour = _first_neighbours(batch)
         out = np.zeros(len(batch), np.int64)
         copies: list[tuple[int, int]] = []

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -86,8 +87,7 @@ class Stats:
         return self.applied / (self.last_output - self.first_input)
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """Where an update came from: a record, and its position in the record's array
     (None when the record is one update)."""
 

@@ -10,11 +10,11 @@ Owns every kafka-python import of the package.
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import time
 from collections.abc import Callable, Iterator
 
+import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
@@ -48,10 +48,10 @@ class UpdateSender:
     def send(self, line: bytes) -> None:
         now = time.time()
         try:
-            update = json.loads(line)
+            update = orjson.loads(line)
             update.setdefault("event_time", now)
             key = int(update.get("src", update.get("id")))
-            item = json.dumps(update, separators=(",", ":")).encode()
+            item = orjson.dumps(update)
         except (ValueError, AttributeError, TypeError):
             self._producer.send(self.topic, value=line)
             return

@@ -104,6 +104,9 @@ class Engine:
         if recompute:  # RC re-aggregates from scratch: it keeps no states
             self.state = [None] * len(self.layers)
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
+        with torch.inference_mode():
+            self.root = [layer.root(h) if layer.caches_root and not recompute else None
+                         for layer, h in zip(self.layers, hs, strict=False)]
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str,
@@ -123,9 +126,10 @@ class Engine:
     def snapshot(self) -> dict:
         """Everything the engine knows beside the model, for a checkpoint: the graph (as
         laid out, so a restored engine repeats this one bit for bit), every layer's
-        embeddings and aggregation states."""
+        embeddings, aggregation states and kept root terms."""
         return {"graph": self.graph, "h": [h.cpu() for h in self.h[1:]],
                 "state": [None if s is None else s.cpu() for s in self.state],
+                "root": [None if r is None else r.cpu() for r in self.root],
                 "in_weight": self._in_weight}
 
     @classmethod
@@ -136,6 +140,7 @@ class Engine:
         engine._attach(model, snapshot["graph"], device, partition)
         engine.h = [None, *(h.to(device) for h in snapshot["h"])]
         engine.state = [None if s is None else s.to(device) for s in snapshot["state"]]
+        engine.root = [None if r is None else r.to(device) for r in snapshot["root"]]
         engine._in_weight = snapshot["in_weight"]
         return engine
 
@@ -222,13 +227,19 @@ class Engine:
         pulled = self._pull(hop, layer, pull) if len(pull) else None
 
         index = self._index(region)
-        rows = self._rows(hop - 1, index)
-        t = layer.transform(rows) if layer.self_transform else None
         # Without stored states, the pull covered the whole region.
         state = pulled if self.state[hop - 1] is None else self.state[hop - 1][index]
         count = self._index(g.in_degree[region])
-        agg = layer.aggr.finalize(state, count).to(rows.dtype)
-        new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
+        agg = layer.aggr.finalize(state, count).to(self.dtype)
+        root = self.root[hop - 1]
+        if root is None:
+            rows = self._rows(hop - 1, index)
+            t = layer.transform(rows) if layer.self_transform else None
+            new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
+        else:  # only vertices whose own input changed need their root term again
+            own = self._index(changed.slots)
+            root[own] = layer.root(self._rows(hop - 1, own))
+            new = layer.finish(layer.combine_root(agg, root[index]))
         before = self.h[hop][index]
         self.h[hop][index] = new
         result.recomputed.append(len(region))
@@ -366,6 +377,7 @@ class Engine:
         size = max(need, have * 5 // 4)
         self.h = [None, *(_grown(h, size) for h in self.h[1:])]
         self.state = [None if s is None else _grown(s, size) for s in self.state]
+        self.root = [None if r is None else _grown(r, size) for r in self.root]
         if len(self._in_weight) < len(self.graph.in_weight):
             grown = np.zeros(len(self.graph.in_weight))
             grown[:len(self._in_weight)] = self._in_weight
