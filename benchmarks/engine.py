@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import streamgnn as sg
-from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.gnn import pyg_forward
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
@@ -56,13 +56,10 @@ def engine_bytes(engine: Engine) -> int:
 
 
 def full_forward_seconds(model: torch.nn.Module, engine: Engine, repeat: int) -> float:
-    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
-        g = engine.graph.to_data().to_pyg()
-        with torch.inference_mode():
-            model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
+        pyg_forward(model, engine.graph.to_data())
         best = min(best, time.perf_counter() - t)
     return best
 

@@ -21,7 +21,7 @@ from rich.table import Table
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
 from streamgnn.models import decompose, layerwise_inference
-from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.gnn import pyg_forward
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 
@@ -50,20 +50,14 @@ def bench_generation(preset: str) -> dict:
 
 
 def bench_inference(data: sg.GraphData, graph: DynamicGraph) -> list[dict]:
-    g = data.to_pyg()
     rows = []
     for name in MODELS:
         torch.manual_seed(0)
         model = ModelSpec(name, data.num_features, data.num_classes, hidden=128).build().eval()
-        weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
         layers = decompose(model)
         t_ours, hs = timed(lambda ls=layers: layerwise_inference(ls, graph, progress=False), 2)
 
-        def pyg(model=model, w=g.edge_weight if weighted else None):
-            with torch.inference_mode():
-                return model(g.x, g.edge_index, edge_weight=w)
-
-        t_pyg, ref = timed(pyg, 2)
+        t_pyg, ref = timed(lambda m=model: pyg_forward(m, data), 2)
         err = (hs[-1][graph.slots(data.ids)] - ref).abs().max().item()
         rows.append({"model": name, "ours_s": t_ours, "pyg_s": t_pyg,
                      "ratio": t_ours / t_pyg, "max_abs_err": err})

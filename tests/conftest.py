@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import streamgnn as sg
-from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.gnn import WEIGHTED_CONVS, takes_edge_weights
 
 settings.register_profile("ci", deadline=None, max_examples=40,
                           suppress_health_check=[HealthCheck.too_slow,
@@ -57,8 +57,7 @@ def pyg_layers(model: torch.nn.Module, data: sg.GraphData,
                 if model.act is not None and not act_first:
                     h = model.act(h)
             outs.append(h)
-        weighted = any(isinstance(c, WEIGHTED_CONVS) for c in convs)
-        full = model(x, ei, edge_weight=w if weighted else None)
+        full = model(x, ei, edge_weight=w if takes_edge_weights(model) else None)
     torch.testing.assert_close(full, outs[-1], rtol=0, atol=0)
     return outs
 

@@ -38,10 +38,15 @@ class GNN(torch.nn.Module):
         return x
 
 
+def takes_edge_weights(model: torch.nn.Module) -> bool:
+    """Whether some conv of ``model`` takes edge weights (GCNConv, GraphConv)."""
+    return any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
+
+
 @torch.inference_mode()
 def pyg_forward(model: torch.nn.Module, data, device: str = "cpu") -> Tensor:
     """PyG's own forward pass of ``model`` over a `GraphData` (rows in ``data.ids`` order),
     with edge weights for the convs that take them: the reference the engine must equal."""
     g = data.to_pyg().to(device)
-    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
-    return model(g.x, g.edge_index, edge_weight=g.edge_weight if weighted else None)
+    return model(g.x, g.edge_index,
+                 edge_weight=g.edge_weight if takes_edge_weights(model) else None)

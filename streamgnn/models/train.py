@@ -18,7 +18,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 from tqdm.auto import tqdm
 
 from streamgnn.datasets import GraphData
-from streamgnn.models.gnn import WEIGHTED_CONVS
+from streamgnn.models.gnn import takes_edge_weights
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 
 
@@ -61,10 +61,10 @@ def train(data: GraphData, spec: ModelSpec, epochs: int = 100, lr: float = 0.01,
     model = spec.build()
     # A sparse adjacency (rows = destinations): PyG's fused sparse-dense products, about
     # 3x faster than edge-wise gather/scatter here and the same function.
-    weighted = any(isinstance(m, WEIGHTED_CONVS) for m in model.modules())
+    weight = g.edge_weight if takes_edge_weights(model) else None
     with warnings.catch_warnings():  # torch: "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
-        adj_t = to_torch_csr_tensor(g.edge_index.flip(0), g.edge_weight if weighted else None,
+        adj_t = to_torch_csr_tensor(g.edge_index.flip(0), weight,
                                     size=(data.num_vertices, data.num_vertices))
     gnn_acc, best = _fit(model, lambda m: m(g.x, adj_t), g.y, masks, epochs, lr, progress,
                          spec.name)
