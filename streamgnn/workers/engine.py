@@ -61,11 +61,12 @@ class _Changed:
 
 @dataclass
 class _Step:
-    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` and
+    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` (None at
+    the last layer, whose old rows only mattered for labels: the engine keeps those) and
     ``after``; ``fresh`` marks region vertices the batch added (no meaningful before)."""
 
     region: np.ndarray
-    before: Tensor
+    before: Tensor | None
     after: Tensor
     fresh: np.ndarray
 
@@ -104,6 +105,7 @@ class Engine:
         if recompute:  # RC re-aggregates from scratch: it keeps no states
             self.state = [None] * len(self.layers)
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
+        self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
         with torch.inference_mode():
             self.root = [layer.root(h) if layer.caches_root and not recompute else None
                          for layer, h in zip(self.layers, hs, strict=False)]
@@ -142,6 +144,7 @@ class Engine:
         engine.state = [None if s is None else s.to(device) for s in snapshot["state"]]
         engine.root = [None if r is None else r.to(device) for r in snapshot["root"]]
         engine._in_weight = snapshot["in_weight"]
+        engine._labels = engine.h[-1].argmax(dim=-1).cpu().numpy()
         return engine
 
     # ---------------------------------------------------------------- reads
@@ -240,7 +243,7 @@ class Engine:
             own = self._index(changed.slots)
             root[own] = layer.root(self._rows(hop - 1, own))
             new = layer.finish(layer.combine_root(agg, root[index]))
-        before = self.h[hop][index]
+        before = self.h[hop][index] if hop < self.num_layers else None
         self.h[hop][index] = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull))
@@ -338,11 +341,13 @@ class Engine:
 
     def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
         new = last.after.argmax(dim=-1).cpu().numpy()
-        old = last.before.argmax(dim=-1).cpu().numpy()
+        old = self._labels[last.region]
+        self._labels[last.region] = new
         differs = (new != old) | last.fresh
-        ext = self.graph.ext[last.region[differs]]
-        return {int(v): (None if f else int(o), int(n))
-                for v, o, n, f in zip(ext, old[differs], new[differs], last.fresh[differs])}
+        old = np.where(last.fresh, -1, old)[differs].tolist()
+        return dict(zip(self.graph.ext[last.region[differs]].tolist(),
+                        ((None if o < 0 else o, n) for o, n in
+                         zip(old, new[differs].tolist(), strict=True)), strict=True))
 
     def _rows(self, layer: int, index: Tensor) -> Tensor:
         if layer == 0:
@@ -378,6 +383,8 @@ class Engine:
         self.h = [None, *(_grown(h, size) for h in self.h[1:])]
         self.state = [None if s is None else _grown(s, size) for s in self.state]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
+        self._labels = np.concatenate([self._labels,
+                                       np.zeros(size - len(self._labels), np.int64)])
         if len(self._in_weight) < len(self.graph.in_weight):
             grown = np.zeros(len(self.graph.in_weight))
             grown[:len(self._in_weight)] = self._in_weight
