@@ -62,3 +62,25 @@ def test_docker_compose_runs_the_service_against_kafka(tmp_path):
     serve = typer.main.get_command(app).commands["serve"]
     known = {p.envvar for p in serve.params if p.envvar}
     assert {k for k in env if k.startswith("STREAMGNN_")} <= known
+
+
+def test_produce_serve_watch_round_trip(tmp_path, broker, topics):
+    """A user's loop: produce a file (with a bad line) into Kafka, serve it until idle,
+    watch the label changes and the dead letter."""
+    prefix = topics.updates.removesuffix("graph-updates")
+    common = ("-b", broker.bootstrap, "--topic-prefix", prefix)
+    run("train", "--dataset", "tiny", "--model", "sage-mean", "--epochs", "2", "--hidden",
+        "8", "--out", "m.pt", cwd=tmp_path)
+    run("datasets", "holdout", "tiny", "-o", "u.jsonl", cwd=tmp_path)
+    lines = (tmp_path / "u.jsonl").read_text().splitlines()[:300]
+    (tmp_path / "u.jsonl").write_text("\n".join([*lines[:150], "{oops", *lines[150:]]) + "\n")
+    assert "301 updates" in run("produce", "u.jsonl", "--per-message", "25", *common,
+                                cwd=tmp_path)
+    run("serve", "-c", "m.pt", "--dataset", "tiny", "--bs", "50", "--until-idle", "2",
+        "--state-dir", "state", *common, cwd=tmp_path)
+    labels = run("watch", "labels", "--from-beginning", "--idle", "2", *common,
+                 cwd=tmp_path).splitlines()
+    assert labels and all(line.split()[0] == "batch" and "->" in line for line in labels)
+    letters = run("watch", "dead-letters", "--from-beginning", "--idle", "2", *common,
+                  cwd=tmp_path)
+    assert "malformed_json" in letters

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -34,7 +35,13 @@ from streamgnn.stream import (
     label_changes_json,
 )
 from streamgnn.stream.broker import BrokerError, EmbeddedBroker
-from streamgnn.stream.kafka import KafkaTransport, UpdateSender, follow, producer
+from streamgnn.stream.kafka import (
+    KafkaTransport,
+    UpdateSender,
+    ensure_topics,
+    follow,
+    producer,
+)
 from tests.conftest import pyg_layers
 from tests.kafka_fixtures import free_port
 from tests.reference import update_strategy
@@ -92,6 +99,33 @@ def test_fast_label_changes_json_is_the_schema(changes, batch, at):
     assert LabelChanges.model_validate_json(raw) == LabelChanges(
         event_id=f"lc-{batch}-0", event_time=at, batch=batch, sources=sources,
         changes=[LabelChange(vertex=v, old=o, new=n) for v, o, n in changes])
+
+
+def test_update_sender_keeps_each_vertex_in_order_on_its_partition(broker):
+    topic = f"sender-{uuid.uuid4().hex[:8]}"
+    ensure_topics(broker.bootstrap, [topic], partitions=3)
+    out = UpdateSender(broker.bootstrap, topic, per_message=4, linger_s=0.05)
+    out.send(encode(sg.AddEdge(src=7, dst=1)))
+    out.idle(0.2)  # a message waiting for more updates leaves after its linger time
+    assert [json.loads(r.value)[0]["dst"] for r in follow(broker.bootstrap, topic, True,
+                                                           idle_s=1.0)] == [1]
+    sent = [sg.AddEdge(src=i % 6, dst=100 + i) for i in range(40)]
+    for u in sent:
+        out.send(encode(u))
+    out.send(b"{oops")
+    out.close()
+    records = list(follow(broker.bootstrap, topic, True, idle_s=1.0))
+    assert b"{oops" in [r.value for r in records]  # unparsable lines go as they are
+    got: dict[int, list[int]] = {}
+    for r in records:
+        if r.value == b"{oops":
+            continue
+        items = json.loads(r.value)
+        assert 1 <= len(items) <= 4
+        for item in items:
+            assert item["src"] % 3 == r.partition and item["event_time"] > 0
+            got.setdefault(item["src"], []).append(item["dst"])
+    assert got == {7: [1]} | {s: [u.dst for u in sent if u.src == s] for s in range(6)}
 
 
 def test_broker_lifecycle(tmp_path):
