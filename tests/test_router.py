@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
 import streamgnn as sg
-from streamgnn.router import Arrivals, Placement
+from streamgnn.router import Arrivals, Checkpoints, Placement
 
 
 def gate(existing, wait_s=1.0) -> Arrivals:
@@ -94,3 +96,10 @@ def test_hash_placement_uses_the_id():
     p = Placement.from_edges(ids, src, dst, num_partitions=3, strategy="hash")
     p.route([sg.AddVertex(id=104, x=[0.0]), sg.AddEdge(src=104, dst=0)])
     assert p.part[104] == 104 % 3
+
+
+def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
+    torch.save({"format": "streamgnn-service/1"}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=r"streamgnn-service/1.*fresh --state-dir"):
+        Checkpoints(tmp_path).load()
+    assert Checkpoints(tmp_path / "none").load() is None

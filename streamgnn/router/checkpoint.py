@@ -1,10 +1,10 @@
 """`Checkpoints`: the service's state on disk, written atomically (temporary file, fsync,
 rename), so a killed process finds either the previous checkpoint or the new one whole.
 
-A checkpoint holds the model, the engine snapshot (graph, embeddings, states), the router's
-maps, the updates still waiting for a vertex, the batch counter and the consumed offsets of
-the updates topic: restarting from it and replaying the topic from those offsets repeats
-the original run exactly. Must not import kafka or mpi4py.
+A checkpoint holds the model, the engine snapshot (graph, embeddings, states, root terms),
+the router's maps, the updates still waiting for a vertex or for their batch, the batch
+counter and the consumed offsets of the updates topic: restarting from it and replaying
+the topic from those offsets repeats the original run exactly. Must not import kafka or mpi4py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = "streamgnn-service/1"
+FORMAT = "streamgnn-service/2"  # /2: pending updates, engine root terms
 
 
 class Checkpoints:
@@ -41,5 +41,6 @@ class Checkpoints:
             return None
         state = torch.load(self.path, map_location="cpu", weights_only=False)
         if state.get("format") != FORMAT:
-            raise ValueError(f"{self.path} is not a streamgnn service checkpoint ({FORMAT})")
+            raise ValueError(f"{self.path} is not a {FORMAT} checkpoint (it says "
+                             f"{state.get('format')!r}): start with a fresh --state-dir")
         return state
