@@ -6,7 +6,7 @@ cheap way to stream at a high rate); `QueryRequest` on ``query-requests``. Out:
 `LabelChanges` on ``label-changes``, `QueryResult` on ``query-results``, `DeadLetter` on
 ``dead-letters``.
 
-Pure pydantic; must not import kafka, torch or mpi4py.
+Pydantic (orjson for the hottest output); must not import kafka, torch or mpi4py.
 """
 
 from __future__ import annotations
