@@ -169,7 +169,7 @@ class _LinearRootLayer(Layer):
         return self.lin_root(h)
 
     def combine(self, h, agg, t, in_weight):
-        return self.combine_root(agg, None if self.lin_root is None else self.lin_root(h))
+        return self.combine_root(agg, None if self.lin_root is None else self.root(h))
 
     def combine_root(self, agg, root):
         if self.pre:
