@@ -91,6 +91,29 @@ def _gather(adj, vertices, ptr, out_nbr, out_w):
 
 
 @njit(cache=True)
+def _gather_except(adj, vertices, skip):
+    start, deg, _, nbr, w, _ = adj
+    total = 0
+    for i in range(len(vertices)):
+        total += deg[vertices[i]]
+    at = np.empty(total, np.int64)
+    out_nbr = np.empty(total, np.int64)
+    out_w = np.empty(total, np.float32)
+    n = 0
+    for i in range(len(vertices)):
+        u = vertices[i]
+        for k in range(start[u], start[u] + deg[u]):
+            if len(skip):
+                key = (u << 32) | nbr[k]
+                j = np.searchsorted(skip, key)
+                if j < len(skip) and skip[j] == key:
+                    continue
+            at[n], out_nbr[n], out_w[n] = i, nbr[k], w[k]
+            n += 1
+    return at[:n], out_nbr[:n], out_w[:n]
+
+
+@njit(cache=True)
 def _weight_sums(adj, vertices, out):
     start, deg, _, _, w, _ = adj
     for i in range(len(vertices)):
@@ -114,6 +137,11 @@ def _compact(adj, new_nbr, new_w):
         room[v] = d + d // 4
         end += room[v]
     return end
+
+
+def pair_keys(owner: np.ndarray, nbr: np.ndarray) -> np.ndarray:
+    """One int64 per (owner, neighbour) pair: owner << 32 | neighbour."""
+    return (np.asarray(owner, np.int64) << 32) | np.asarray(nbr, np.int64)
 
 
 class Adjacency:
@@ -173,6 +201,13 @@ class Adjacency:
         w = np.empty(ptr[-1], np.float32)
         _gather(self.arrays, vertices, ptr, nbr, w)
         return ptr, nbr, w
+
+    def gather_except(self, vertices: np.ndarray, skip: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Entries of ``vertices`` except the pairs whose `pair_keys` are in sorted ``skip``,
+        COO-style: (position of the owner in ``vertices``, neighbour, weight)."""
+        return _gather_except(self.arrays, np.ascontiguousarray(vertices, np.int64),
+                              np.ascontiguousarray(skip, np.int64))
 
     def weight_sums(self, vertices: np.ndarray) -> np.ndarray:
         """Sum of block weights per vertex, accumulated in float64."""

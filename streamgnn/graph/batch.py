@@ -214,3 +214,68 @@ def undo_kernel(ids, verts, out, inn, log, xsave) -> int:
             x[i0] = xsave[i1]
     n[0] = 0
     return OK
+
+
+@njit(cache=True)
+def _firsts(keys):
+    """Positions of the first occurrence of each distinct key, in sorted-key order, and of
+    the last one alongside."""
+    order = np.argsort(keys, kind="mergesort")
+    first = np.empty(len(keys), np.int64)
+    last = np.empty(len(keys), np.int64)
+    n = 0
+    for k in range(len(order)):
+        if k == 0 or keys[order[k]] != keys[order[k - 1]]:
+            first[n] = order[k]
+            n += 1
+        last[n - 1] = order[k]
+    return first[:n], last[:n]
+
+
+@njit(cache=True)
+def _member(sorted_values, x) -> bool:
+    j = np.searchsorted(sorted_values, x)
+    return j < len(sorted_values) and sorted_values[j] == x
+
+
+@njit(cache=True)
+def net_kernel(log, alive):
+    """The net effect of a logged batch, as log positions and slots:
+    ``edge_first``/``edge_last``: the first and last entry of each pair whose weight or
+    presence differs before vs after (pairs in key order); ``touched``: sorted destinations
+    of all edge entries; ``added``: slots added and alive; ``gone``: slots deleted that
+    existed before (``gone_save``: the xsave row of their features before the batch, -1
+    where they were not updated); ``changed``: slots alive throughout whose features were
+    updated (sorted), ``changed_save`` their xsave rows."""
+    kinds, ints, floats, count = log
+    m = count[0]
+    edge = np.flatnonzero(kinds[:m] == EDGE)
+    keys = (ints[edge, 0] << 32) | ints[edge, 1]
+    first, last = _firsts(keys)
+    keep = np.empty(len(first), np.bool_)
+    for k in range(len(first)):
+        b, a = floats[edge[first[k]], 0], floats[edge[last[k]], 1]
+        keep[k] = not (b == a or (np.isnan(b) and np.isnan(a)))
+    touched = np.unique(ints[edge, 1])
+
+    vadd = np.sort(ints[np.flatnonzero(kinds[:m] == VADD), 0])
+    added = vadd[alive[vadd]]
+    feat = np.flatnonzero(kinds[:m] == FEAT)
+    feat_first, _ = _firsts(ints[feat, 0])
+    feat_slot = ints[feat[feat_first], 0]
+    feat_save = ints[feat[feat_first], 1]
+    vdel = ints[np.flatnonzero(kinds[:m] == VDEL), 0]
+    gone = np.empty(len(vdel), np.int64)
+    gone_save = np.empty(len(vdel), np.int64)
+    n = 0
+    for s in vdel:
+        if not _member(vadd, s):  # born in the batch: no net effect
+            j = np.searchsorted(feat_slot, s)
+            gone[n] = s
+            gone_save[n] = feat_save[j] if j < len(feat_slot) and feat_slot[j] == s else -1
+            n += 1
+    stayed = np.empty(len(feat_slot), np.bool_)
+    for k in range(len(feat_slot)):
+        stayed[k] = alive[feat_slot[k]] and not _member(vadd, feat_slot[k])
+    return (edge[first[keep]], edge[last[keep]], touched, added, gone[:n], gone_save[:n],
+            feat_slot[stayed], feat_save[stayed])

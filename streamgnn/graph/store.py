@@ -35,8 +35,6 @@ from streamgnn.graph.batch import (
     DELETE_VERTEX,
     DUPLICATE_EDGE,
     DUPLICATE_VERTEX,
-    EDGE,
-    FEAT,
     NEED_ROOM_IN,
     NEED_ROOM_OUT,
     NONFINITE_X,
@@ -47,10 +45,9 @@ from streamgnn.graph.batch import (
     UNKNOWN_EDGE,
     UPDATE_EDGE,
     UPDATE_FEATURES,
-    VADD,
-    VDEL,
     Encoded,
     apply_kernel,
+    net_kernel,
     undo_kernel,
 )
 from streamgnn.graph.idmap import IdMap
@@ -190,6 +187,12 @@ class DynamicGraph:
         """(ptr, dst slots, weights) of the out-edges of ``vertices``, CSR-style."""
         return self.out.gather(vertices)
 
+    def out_edges_except(self, vertices: np.ndarray, skip: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Out-edges of ``vertices`` except the pairs whose `pair_keys` are in sorted
+        ``skip``: (position of the source in ``vertices``, dst slot, weight)."""
+        return self.out.gather_except(vertices, skip)
+
     def to_data(self) -> GraphData:
         """The current graph as a snapshot (vertices in slot order)."""
         v = self.vertex_slots()
@@ -235,10 +238,8 @@ class DynamicGraph:
             while (undo := undo_kernel(*args, log, xsave)) != OK:
                 self._make_room(undo, 1)
                 args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
-            self._refresh_in_weight(log)
             self._release()
             raise _error(status, index, enc, self.num_features)
-        self._refresh_in_weight(log)
         diff = self._net(log, xsave, rejected)
         self._release()
         return diff
@@ -269,13 +270,6 @@ class DynamicGraph:
     def _make_room(self, status: int, pending: int) -> None:
         (self.out if status == NEED_ROOM_OUT else self.inn).make_room(pending)
 
-    def _refresh_in_weight(self, log) -> None:
-        kinds, ints, _, n = log
-        edges = kinds[:n[0]] == EDGE
-        if edges.any():
-            v = np.unique(ints[:n[0]][edges, 1])
-            self.in_weight[v] = self.inn.weight_sums(v)
-
     def _release(self) -> None:
         """Slots deleted in the batch become reusable once it is over."""
         free_top, limbo_top = int(self._counts[0]), int(self._counts[1])
@@ -294,33 +288,19 @@ class DynamicGraph:
         self.inn.grow_vertices(capacity)
 
     def _net(self, log, xsave, rejected: list[InvalidUpdateError]) -> GraphDiff:
-        """Net effect of the batch from its log."""
-        kinds, ints, floats, n = log
-        kinds, ints, floats = kinds[:n[0]], ints[:n[0]], floats[:n[0]]
-        e = kinds == EDGE
-        src, dst = ints[e, 0].astype(np.int32), ints[e, 1].astype(np.int32)
-        key = (src.astype(np.int64) << 32) | dst
-        _, first = np.unique(key, return_index=True)
-        _, last_rev = np.unique(key[::-1], return_index=True)
-        last = len(key) - 1 - last_rev  # aligned with ``first``: both in sorted-key order
-        before, after = floats[e, 0][first], floats[e, 1][last]
-        differs = ~((before == after) | (np.isnan(before) & np.isnan(after)))
-        edges = EdgeLog(src[first][differs], dst[first][differs], before[differs],
-                        after[differs])
-
-        added = ints[kinds == VADD, 0].astype(np.int32)
-        added = added[self.alive[added]]
-        gone = ints[kinds == VDEL, 0].astype(np.int32)
-        gone = gone[~np.isin(gone, ints[kinds == VADD, 0])]  # born in the batch: no net
-        feat = kinds == FEAT
-        ch = ints[feat, 0].astype(np.int32)
-        _, first_ch = np.unique(ch, return_index=True)
-        ch, ch_x = ch[first_ch], xsave[ints[feat, 1][first_ch]]
-        gone_x = self.x[gone].copy()
-        updated = np.isin(gone, ch)  # features from before the batch
-        gone_x[updated] = ch_x[np.searchsorted(ch, gone[updated])]
-        stayed = self.alive[ch] & ~np.isin(ch, added)
-        return GraphDiff(edges, added, gone, gone_x, ch[stayed], ch_x[stayed], rejected)
+        """Net effect of the batch from its log; refreshes the weighted in-degree of every
+        destination an edge entry touched."""
+        (first, last, touched, added, gone, gone_save, changed,
+         changed_save) = net_kernel(log, self.alive)
+        _, ints, floats, _ = log
+        self.in_weight[touched] = self.inn.weight_sums(touched)
+        edges = EdgeLog(ints[first, 0].astype(np.int32), ints[first, 1].astype(np.int32),
+                        floats[first, 0], floats[last, 1])
+        gone_x = self.x[gone]
+        updated = gone_save >= 0  # features from before the batch
+        gone_x[updated] = xsave[gone_save[updated]]
+        return GraphDiff(edges, added.astype(np.int32), gone.astype(np.int32), gone_x,
+                         changed.astype(np.int32), xsave[changed_save], rejected)
 
 
 def _error(status: int, i: int, enc: Encoded, num_features: int) -> InvalidUpdateError:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
 
@@ -26,6 +28,16 @@ def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
 
 def _column(x: Tensor, like: Tensor) -> Tensor:
     return x.view(-1, *([1] * (like.dim() - 1)))
+
+
+@njit(cache=True)
+def _combine_rows(t, rows, coef, dst, num):
+    out = np.zeros((num, t.shape[1]), np.float64)
+    for k in range(len(rows)):
+        r, d, c = rows[k], dst[k], coef[k]
+        for j in range(t.shape[1]):
+            out[d, j] += c * t[r, j]
+    return out
 
 
 class Aggregation:
@@ -71,6 +83,18 @@ class SumAggregation(Aggregation):
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
+
+    @staticmethod
+    def combine(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
+                num: int) -> Tensor:
+        """Messages ``coef[k] * t[rows[k]]`` (t 2-D) summed per destination ``dst[k]`` in
+        ``0..num``, in float64: one gather-scale-scatter (a numba loop on the CPU)."""
+        if t.device.type == "cpu":
+            return torch.from_numpy(_combine_rows(t.numpy(), rows, coef, dst, num))
+        msg = t[torch.from_numpy(rows).to(t.device)].double()
+        msg *= torch.from_numpy(coef).to(t.device).unsqueeze(-1)
+        return msg.new_zeros((num, t.shape[1])).index_add_(
+            0, torch.from_numpy(dst).to(t.device), msg)
 
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
         state.index_add_(0, new_dst, new_msg.to(state.dtype))

@@ -28,12 +28,13 @@ from torch import Tensor
 
 from streamgnn.datasets import GraphData
 from streamgnn.errors import InvalidUpdateError
-from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models import decompose
 from streamgnn.models.inference import aggregate, layerwise_states
 from streamgnn.models.layers import Layer
 from streamgnn.updates import Update
 from streamgnn.workers.partition import Outbox, Partition, SinglePartition
+from streamgnn.workers.slotsets import SlotSets
 
 
 @dataclass
@@ -84,8 +85,8 @@ class _BatchEdges:
 
     src: np.ndarray
     dst: np.ndarray
-    before: Tensor
-    after: Tensor
+    before: np.ndarray           # weights, 0 where absent
+    after: np.ndarray
     had: np.ndarray
     has: np.ndarray
     keys: np.ndarray             # sorted (src << 32 | dst) of the changed pairs
@@ -117,6 +118,7 @@ class Engine:
         self.graph = graph
         self.device = torch.device(device)
         self.partition = partition or SinglePartition()
+        self.sets = SlotSets(len(graph.alive))
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
 
     @classmethod
@@ -175,6 +177,7 @@ class Engine:
         A bad update raises its `InvalidUpdateError` and nothing is applied; with
         ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``."""
         diff = self.graph.apply(batch, skip_invalid)
+        self.sets.fit(len(self.graph.alive))
         self._fit_capacity()
         edges = self._batch_edges(diff)
         added = diff.added.astype(np.int64)
@@ -196,7 +199,7 @@ class Engine:
                 changed = step.changed()
                 removed_rows = self.h[hop][self._index(removed)]
         result.changed_labels = self._label_changes(step)
-        touched = self._union(edges.degree_changed, added)
+        touched = self.sets.union(edges.degree_changed, added)
         self._in_weight[touched] = self.graph.in_weight[touched]
         return result
 
@@ -206,12 +209,10 @@ class Engine:
         g = self.graph
         sources = changed.slots
         if layer.degree_normalised:
-            sources = self._union(sources, edges.degree_changed)
-        ptr, v1, w1 = g.out_edges(sources)
-        u1 = np.repeat(sources, np.diff(ptr))
-        keep = ~_contains(edges.keys, _pair_keys(u1, v1))  # changed pairs go separately
-        u1, v1, w1 = u1[keep], v1[keep].astype(np.int64), w1[keep]
-        region = self._union(v1, edges.dst, changed.slots, live=True)
+            sources = self.sets.union(sources, edges.degree_changed)
+        # Unchanged out-edges of the sources (the changed pairs are sent separately).
+        at, v1, w1 = g.out_edges_except(sources, edges.keys)
+        region = self.sets.union(v1, edges.dst, changed.slots, alive=g.alive)
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
@@ -221,12 +222,12 @@ class Engine:
         if self.state[hop - 1] is None:  # RC
             pull = region
         else:
-            outbox = self._messages(hop, layer, u1, v1, w1, changed, removed, removed_rows,
-                                    edges, region)
+            outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
+                                    removed_rows, edges, region)
             outbox = self.partition.exchange(hop, outbox)
             pull = self._apply_delta(hop, layer, outbox, edges)
             if layer.aggr.destination_dependent:
-                pull = self._union(pull, changed.slots, live=True)
+                pull = self.sets.union(pull, changed.slots, alive=g.alive)
         pulled = self._pull(hop, layer, pull) if len(pull) else None
 
         index = self._index(region)
@@ -249,48 +250,65 @@ class Engine:
         result.pulled.append(len(pull))
         return _Step(region, before, new, is_added[region])
 
-    def _messages(self, hop: int, layer: Layer, u1, v1, w1, changed: _Changed, removed,
+    def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
+                  v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
                   removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> Outbox:
-        """Messages that stop and start arriving in the region: along unchanged edges out
-        of changed sources, and along the changed edges. Linear aggregations get them
-        combined per destination into one delta each."""
-        sources = self._union(u1, edges.src)
-        t_new = layer.transform(self._rows(hop - 1, self._index(sources)))
-        t_old = t_new.clone()
-        for slots, rows in ((changed.old_slots, changed.old_rows), (removed, removed_rows)):
-            _, at, pick = np.intersect1d(sources, slots, assume_unique=True,
-                                         return_indices=True)
-            if len(at):
-                t_old[self._index(at)] = layer.transform(rows[self._index(pick)])
-        if layer.degree_normalised:  # fold the per-source factor into t
-            t_new = t_new * layer.source_scale(
-                self._weight(self.graph.in_weight, sources)).unsqueeze(-1)
-            t_old = t_old * layer.source_scale(
-                self._weight(self._in_weight, sources)).unsqueeze(-1)
-
+        """Messages that stop and start arriving in the region: along the unchanged edges
+        ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
+        aggregations get them combined per destination into one delta each."""
+        sets = self.sets
+        slots = sets.union(sources, edges.src)  # every message's source
+        t_new, t_old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
         live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
         has, had = edges.has & live, edges.had & live
-        at1 = self._index(np.searchsorted(sources, u1))
-        at2 = self._index(np.searchsorted(sources, edges.src))
-        has_t, had_t = self._tensor(has), self._tensor(had)
-        w1 = self._tensor(w1).to(self.dtype)
-        dst1, dst_new, dst_old = v1, edges.dst[has], edges.dst[had]
-        t_dst = self._destination_rows(hop, layer, region, dst1, dst_new, dst_old)
+        at1 = sets.positions(slots, sources)[at]
+        at2 = sets.positions(slots, edges.src)
+        if layer.aggr.linear:  # rows of cat(t_new, t_old); one row per message
+            def factor(w: np.ndarray) -> np.ndarray:
+                return w if layer.edge_weighted else np.ones_like(w)
+            n = len(slots)
+            local1 = sets.positions(region, v1)
+            rows = np.concatenate([at1, at1 + n, at2[has], at2[had] + n])
+            coef = np.concatenate([factor(w1), -factor(w1), factor(edges.after[has]),
+                                   -factor(edges.before[had])]).astype(np.float64)
+            local = np.concatenate([local1, local1, sets.positions(region, edges.dst[has]),
+                                    sets.positions(region, edges.dst[had])])
+            combined = layer.aggr.combine(torch.cat([t_new, t_old]), rows, coef, local,
+                                          len(region))
+            return Outbox(self._index(region), combined, self._index(region[:0]), combined[:0])
 
-        new2 = layer.delta_messages(t_new, at2[has_t], edges.after[has_t], t_dst[1])
-        old2 = layer.delta_messages(t_old, at2[had_t], edges.before[had_t], t_dst[2])
-        if layer.aggr.linear:
-            delta = torch.cat([layer.delta_messages(t_new - t_old, at1, w1, None), new2, -old2])
-            local = self._index(np.searchsorted(region, np.concatenate([dst1, dst_new,
-                                                                        dst_old])))
-            combined = delta.new_zeros((len(region), *delta.shape[1:])).index_add_(0, local,
-                                                                                delta)
-            nothing = self._index(region[:0])
-            return Outbox(self._index(region), combined, nothing, combined[:0])
-        return Outbox(self._index(np.concatenate([dst1, dst_new])),
-                      torch.cat([layer.delta_messages(t_new, at1, w1, t_dst[0]), new2]),
-                      self._index(np.concatenate([dst1, dst_old])),
-                      torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]), old2]))
+        dst_new, dst_old = edges.dst[has], edges.dst[had]
+        t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
+        at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
+        has_t, had_t = self._tensor(has), self._tensor(had)
+        after = self._tensor(edges.after).to(self.dtype)
+        before = self._tensor(edges.before).to(self.dtype)
+        return Outbox(self._index(np.concatenate([v1, dst_new])),
+                      torch.cat([layer.delta_messages(t_new, at1, w1, t_dst[0]),
+                                 layer.delta_messages(t_new, at2[has_t], after[has_t],
+                                                      t_dst[1])]),
+                      self._index(np.concatenate([v1, dst_old])),
+                      torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]),
+                                 layer.delta_messages(t_old, at2[had_t], before[had_t],
+                                                      t_dst[2])]))
+
+    def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
+                     removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, Tensor]:
+        """t of the message sources ``slots`` after and before the batch (scaled by the
+        source factor for degree-normalised layers)."""
+        t_new = layer.transform(self._rows(hop - 1, self._index(slots)))
+        t_old = t_new.clone()
+        for olds, rows in ((changed.old_slots, changed.old_rows), (removed, removed_rows)):
+            inside = _contains(slots, olds)  # a removed vertex without out-edges sent none
+            if inside.any():
+                at = self.sets.positions(slots, olds[inside])
+                t_old[self._index(at)] = layer.transform(rows[self._tensor(inside)])
+        if layer.degree_normalised:  # fold the per-source factor into t
+            t_new = t_new * layer.source_scale(
+                self._weight(self.graph.in_weight, slots)).unsqueeze(-1)
+            t_old = t_old * layer.source_scale(
+                self._weight(self._in_weight, slots)).unsqueeze(-1)
+        return t_new, t_old
 
     def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
                           *dst_sets: np.ndarray) -> list[Tensor | None]:
@@ -299,7 +317,7 @@ class Engine:
         if not layer.aggr.destination_dependent:
             return [None] * len(dst_sets)
         t = layer.transform(self._rows(hop - 1, self._index(region)))
-        return [t[self._index(np.searchsorted(region, d))] for d in dst_sets]
+        return [t[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
     def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
                      edges: _BatchEdges) -> np.ndarray:
@@ -329,14 +347,15 @@ class Engine:
         g, e = self.graph, diff.edges
         src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        degree_changed = np.unique(dst)
-        degree_changed = degree_changed[g.alive[degree_changed]]
-        gained = np.bincount(dst[has & ~had], minlength=g.num_slots)[degree_changed]
-        lost = np.bincount(dst[had & ~has], minlength=g.num_slots)[degree_changed]
+        degree_changed = self.sets.union(dst, alive=g.alive)
+        live = g.alive[dst]
+        gained = np.bincount(self.sets.positions(degree_changed, dst[has & ~had]),
+                             minlength=len(degree_changed))
+        lost = np.bincount(self.sets.positions(degree_changed, dst[had & ~has & live]),
+                           minlength=len(degree_changed))
         old_degree = g.in_degree[degree_changed] - gained + lost
-        return _BatchEdges(src, dst, self._tensor(np.nan_to_num(e.before)).to(self.dtype),
-                           self._tensor(np.nan_to_num(e.after)).to(self.dtype), had, has,
-                           np.sort(_pair_keys(src, dst)), degree_changed,
+        return _BatchEdges(src, dst, np.nan_to_num(e.before), np.nan_to_num(e.after), had, has,
+                           np.sort(pair_keys(src, dst)), degree_changed,
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
@@ -354,15 +373,6 @@ class Engine:
             return torch.from_numpy(self.graph.x[index.cpu().numpy()]).to(self.device,
                                                                           self.dtype)
         return self.h[layer][index]
-
-    def _union(self, *slot_sets: np.ndarray, live: bool = False) -> np.ndarray:
-        """Sorted union of slot sets (optionally only live vertices), by marking."""
-        mark = np.zeros(self.graph.num_slots, bool)
-        for slots in slot_sets:
-            mark[slots] = True
-        if live:
-            mark &= self.graph.alive[:len(mark)]
-        return np.flatnonzero(mark)
 
     def _index(self, slots: np.ndarray) -> Tensor:
         return torch.from_numpy(np.asarray(slots, np.int64)).to(self.device)
@@ -395,10 +405,6 @@ def _grown(t: Tensor, size: int) -> Tensor:
     out = t.new_zeros((size, *t.shape[1:]))
     out[:len(t)] = t
     return out
-
-
-def _pair_keys(s: np.ndarray, d: np.ndarray) -> np.ndarray:
-    return (np.asarray(s, np.int64) << 32) | np.asarray(d, np.int64)
 
 
 def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:

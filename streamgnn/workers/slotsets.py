@@ -1,0 +1,60 @@
+"""`SlotSets`: sorted unions of vertex-slot sets and positions within them, the index work
+of every superstep. Marks scratch arrays as long as the graph's slots (numba), so a union
+costs the size of its inputs, not of the graph.
+
+Owns these set operations only; must not import torch, kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _union(values, mark, alive, live_only):
+    out = np.empty(len(values), np.int64)
+    n = 0
+    for x in values:
+        if not mark[x] and (not live_only or alive[x]):
+            mark[x] = True
+            out[n] = x
+            n += 1
+    out = np.sort(out[:n])
+    for x in out:
+        mark[x] = False
+    return out
+
+
+@njit(cache=True)
+def _positions(members, queries, scratch):
+    for i in range(len(members)):
+        scratch[members[i]] = i
+    out = np.empty(len(queries), np.int64)
+    for j in range(len(queries)):
+        out[j] = scratch[queries[j]]
+    return out
+
+
+class SlotSets:
+    """Set operations on slots below ``size`` (grown with `fit`)."""
+
+    def __init__(self, size: int) -> None:
+        self._mark = np.zeros(size, bool)
+        self._scratch = np.zeros(size, np.int64)
+
+    def fit(self, size: int) -> None:
+        if size > len(self._mark):
+            self.__init__(size)
+
+    def union(self, *sets: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
+        """Sorted union of ``sets`` (int64); with ``alive``, only slots where it is True."""
+        values = np.concatenate([np.asarray(s, np.int64) for s in sets])
+        return _union(values, self._mark, self._mark if alive is None else alive,
+                      alive is not None)
+
+    def positions(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
+        """Position in ``members`` (distinct slots) of each query, all of which must be
+        members."""
+        return _positions(np.asarray(members, np.int64), np.asarray(queries, np.int64),
+                          self._scratch)
