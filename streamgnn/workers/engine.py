@@ -73,7 +73,7 @@ class _Step:
 
     def changed(self) -> _Changed:
         """The vertices whose embedding really changed: the next superstep's sources."""
-        moved = (self.after != self.before).any(dim=-1).cpu().numpy() | self.fresh
+        moved = _rows_differ(self.after, self.before) | self.fresh
         had_old = moved & ~self.fresh
         return _Changed(self.region[moved], self.region[had_old],
                         self.before[torch.from_numpy(had_old).to(self.before.device)])
@@ -257,7 +257,7 @@ class Engine:
         ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
         aggregations get them combined per destination into one delta each."""
         sets = self.sets
-        slots = sets.union(sources, edges.src)  # every message's source
+        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
         t_new, t_old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
         live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
         has, had = edges.has & live, edges.had & live
@@ -298,11 +298,10 @@ class Engine:
         source factor for degree-normalised layers)."""
         t_new = layer.transform(self._rows(hop - 1, self._index(slots)))
         t_old = t_new.clone()
-        for olds, rows in ((changed.old_slots, changed.old_rows), (removed, removed_rows)):
-            inside = _contains(slots, olds)  # a removed vertex without out-edges sent none
-            if inside.any():
-                at = self.sets.positions(slots, olds[inside])
-                t_old[self._index(at)] = layer.transform(rows[self._tensor(inside)])
+        olds = np.concatenate([changed.old_slots, removed])
+        if len(olds):
+            at = self._index(self.sets.positions(slots, olds))
+            t_old[at] = layer.transform(torch.cat([changed.old_rows, removed_rows]))
         if layer.degree_normalised:  # fold the per-source factor into t
             t_new = t_new * layer.source_scale(
                 self._weight(self.graph.in_weight, slots)).unsqueeze(-1)
@@ -407,8 +406,8 @@ def _grown(t: Tensor, size: int) -> Tensor:
     return out
 
 
-def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    if not len(sorted_keys):
-        return np.zeros(len(keys), bool)
-    pos = np.searchsorted(sorted_keys, keys).clip(max=len(sorted_keys) - 1)
-    return sorted_keys[pos] == keys
+def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
+    """Which rows of ``a`` and ``b`` differ anywhere (numpy is quicker on small CPU rows)."""
+    if a.device.type == "cpu":
+        return (a.numpy() != b.numpy()).any(axis=1)
+    return (a != b).any(dim=-1).cpu().numpy()
