@@ -98,7 +98,8 @@ class SumAggregation(Aggregation):
 
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
         state.index_add_(0, new_dst, new_msg.to(state.dtype))
-        state.index_add_(0, old_dst, old_msg.to(state.dtype), alpha=-1)
+        if len(old_dst):  # combined deltas come as new messages only
+            state.index_add_(0, old_dst, old_msg.to(state.dtype), alpha=-1)
         return new_dst[:0]
 
     @staticmethod

@@ -75,8 +75,8 @@ class _Step:
         """The vertices whose embedding really changed: the next superstep's sources."""
         moved = _rows_differ(self.after, self.before) | self.fresh
         had_old = moved & ~self.fresh
-        return _Changed(self.region[moved], self.region[had_old],
-                        self.before[torch.from_numpy(had_old).to(self.before.device)])
+        return _Changed(self.region[moved], self.region[had_old], self.before.index_select(
+            0, torch.from_numpy(np.flatnonzero(had_old)).to(self.before.device)))
 
 
 @dataclass
@@ -197,7 +197,7 @@ class Engine:
                                    result)
             if hop < self.num_layers:
                 changed = step.changed()
-                removed_rows = self.h[hop][self._index(removed)]
+                removed_rows = self.h[hop].index_select(0, self._index(removed))
         result.changed_labels = self._label_changes(step)
         touched = self.sets.union(edges.degree_changed, added)
         self._in_weight[touched] = self.graph.in_weight[touched]
@@ -232,7 +232,8 @@ class Engine:
 
         index = self._index(region)
         # Without stored states, the pull covered the whole region.
-        state = pulled if self.state[hop - 1] is None else self.state[hop - 1][index]
+        state = pulled if self.state[hop - 1] is None else self.state[hop - 1].index_select(
+            0, index)
         count = self._index(g.in_degree[region])
         agg = layer.aggr.finalize(state, count).to(self.dtype)
         root = self.root[hop - 1]
@@ -243,8 +244,8 @@ class Engine:
         else:  # only vertices whose own input changed need their root term again
             own = self._index(changed.slots)
             root[own] = layer.root(self._rows(hop - 1, own))
-            new = layer.finish(layer.combine_root(agg, root[index]))
-        before = self.h[hop][index] if hop < self.num_layers else None
+            new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
+        before = self.h[hop].index_select(0, index) if hop < self.num_layers else None
         self.h[hop][index] = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull))
@@ -358,23 +359,25 @@ class Engine:
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
-        new = last.after.argmax(dim=-1).cpu().numpy()
+        new = _argmax_rows(last.after)
         old = self._labels[last.region]
         self._labels[last.region] = new
         differs = (new != old) | last.fresh
-        old = np.where(last.fresh, -1, old)[differs].tolist()
-        return dict(zip(self.graph.ext[last.region[differs]].tolist(),
-                        ((None if o < 0 else o, n) for o, n in
-                         zip(old, new[differs].tolist(), strict=True)), strict=True))
+        changes = dict(zip(self.graph.ext[last.region[differs]].tolist(),
+                           zip(old[differs].tolist(), new[differs].tolist())))
+        for v in self.graph.ext[last.region[last.fresh]].tolist():
+            changes[v] = (None, changes[v][1])  # added by the batch: no old label
+        return changes
 
     def _rows(self, layer: int, index: Tensor) -> Tensor:
         if layer == 0:
-            return torch.from_numpy(self.graph.x[index.cpu().numpy()]).to(self.device,
-                                                                          self.dtype)
-        return self.h[layer][index]
+            rows = self.graph.x.take(index.cpu().numpy(), axis=0)
+            return torch.from_numpy(rows).to(self.device, self.dtype)
+        return self.h[layer].index_select(0, index)
 
     def _index(self, slots: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.asarray(slots, np.int64)).to(self.device)
+        index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
+        return index if self.device.type == "cpu" else index.to(self.device)
 
     def _tensor(self, array: np.ndarray) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
@@ -406,8 +409,12 @@ def _grown(t: Tensor, size: int) -> Tensor:
     return out
 
 
+# Row reductions: numpy is quicker than torch on the small CPU tensors of a batch.
+def _argmax_rows(t: Tensor) -> np.ndarray:
+    return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
+
+
 def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
-    """Which rows of ``a`` and ``b`` differ anywhere (numpy is quicker on small CPU rows)."""
     if a.device.type == "cpu":
         return (a.numpy() != b.numpy()).any(axis=1)
     return (a != b).any(dim=-1).cpu().numpy()

@@ -49,7 +49,7 @@ class SlotSets:
 
     def union(self, *sets: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
         """Sorted union of ``sets`` (int64); with ``alive``, only slots where it is True."""
-        values = np.concatenate([np.asarray(s, np.int64) for s in sets])
+        values = np.concatenate(sets, dtype=np.int64)
         return _union(values, self._mark, self._mark if alive is None else alive,
                       alive is not None)
 
