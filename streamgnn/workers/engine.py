@@ -33,6 +33,7 @@ from streamgnn.models import decompose
 from streamgnn.models.inference import aggregate, layerwise_states
 from streamgnn.models.layers import Layer
 from streamgnn.updates import Update
+from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.partition import Outbox, Partition, SinglePartition
 from streamgnn.workers.slotsets import SlotSets
 
@@ -187,7 +188,7 @@ class Engine:
                            self._tensor(diff.changed_x_before).to(self.dtype))
         removed_rows = self._tensor(diff.removed_x).to(self.dtype)
         for state in self.state:  # a reused slot holds a deleted vertex's state
-            if state is not None:
+            if state is not None and len(added):
                 state[self._index(added)] = 0
         is_added = np.zeros(self.graph.num_slots, bool)
         is_added[added] = True
@@ -264,16 +265,10 @@ class Engine:
         has, had = edges.has & live, edges.had & live
         at1 = sets.positions(slots, sources)[at]
         at2 = sets.positions(slots, edges.src)
-        if layer.aggr.linear:  # rows of cat(t_new, t_old); one row per message
-            def factor(w: np.ndarray) -> np.ndarray:
-                return w if layer.edge_weighted else np.ones_like(w)
-            n = len(slots)
-            local1 = sets.positions(region, v1)
-            rows = np.concatenate([at1, at1 + n, at2[has], at2[had] + n])
-            coef = np.concatenate([factor(w1), -factor(w1), factor(edges.after[has]),
-                                   -factor(edges.before[had])]).astype(np.float64)
-            local = np.concatenate([local1, local1, sets.positions(region, edges.dst[has]),
-                                    sets.positions(region, edges.dst[had])])
+        if layer.aggr.linear:  # one message per row of cat(t_new, t_old) it carries
+            rows, coef, local = linear_delta_messages(
+                len(slots), at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
+                layer.edge_weighted, region, sets.scratch)
             combined = layer.aggr.combine(torch.cat([t_new, t_old]), rows, coef, local,
                                           len(region))
             return Outbox(self._index(region), combined, self._index(region[:0]), combined[:0])
@@ -354,8 +349,8 @@ class Engine:
         lost = np.bincount(self.sets.positions(degree_changed, dst[had & ~has & live]),
                            minlength=len(degree_changed))
         old_degree = g.in_degree[degree_changed] - gained + lost
-        return _BatchEdges(src, dst, np.nan_to_num(e.before), np.nan_to_num(e.after), had, has,
-                           np.sort(pair_keys(src, dst)), degree_changed,
+        return _BatchEdges(src, dst, np.where(had, e.before, 0), np.where(has, e.after, 0),
+                           had, has, np.sort(pair_keys(src, dst)), degree_changed,
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:

@@ -37,11 +37,12 @@ def _positions(members, queries, scratch):
 
 
 class SlotSets:
-    """Set operations on slots below ``size`` (grown with `fit`)."""
+    """Set operations on slots below ``size`` (grown with `fit`). ``scratch`` (int64, one
+    per slot, contents meaningless between calls) may be borrowed by other kernels."""
 
     def __init__(self, size: int) -> None:
         self._mark = np.zeros(size, bool)
-        self._scratch = np.zeros(size, np.int64)
+        self.scratch = np.zeros(size, np.int64)
 
     def fit(self, size: int) -> None:
         if size > len(self._mark):
@@ -57,4 +58,4 @@ class SlotSets:
         """Position in ``members`` (distinct slots) of each query, all of which must be
         members."""
         return _positions(np.asarray(members, np.int64), np.asarray(queries, np.int64),
-                          self._scratch)
+                          self.scratch)
