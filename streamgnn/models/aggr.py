@@ -40,6 +40,22 @@ def _combine_rows(t, rows, coef, dst, num):
     return out
 
 
+@njit(cache=True)
+def _add_rows(state, index, rows):
+    for i in range(len(index)):
+        for j in range(state.shape[1]):
+            state[index[i], j] += rows[i, j]
+
+
+def _index_add(state: Tensor, index: Tensor, rows: Tensor) -> None:
+    """``state.index_add_(0, index, rows)`` (2-D): a numba loop on the CPU, where torch's
+    is slower for the few hundred rows of a batch."""
+    if state.device.type == "cpu":
+        _add_rows(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
+    else:
+        state.index_add_(0, index, rows.to(state.dtype))
+
+
 class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
     ``state_dtype``: what the engine stores states in (sums accumulate in float64)."""
@@ -97,9 +113,8 @@ class SumAggregation(Aggregation):
             0, torch.from_numpy(dst).to(t.device), msg)
 
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        state.index_add_(0, new_dst, new_msg.to(state.dtype))
-        if len(old_dst):  # combined deltas come as new messages only
-            state.index_add_(0, old_dst, old_msg.to(state.dtype), alpha=-1)
+        _index_add(state, new_dst, new_msg)
+        _index_add(state, old_dst, -old_msg)
         return new_dst[:0]
 
     @staticmethod
