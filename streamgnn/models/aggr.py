@@ -6,7 +6,8 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
 - ``apply_delta``: fold messages that stopped and started arriving into stored states,
   returning the destinations whose state it cannot fix that way (they must be pulled),
-- ``merge`` two partial states of the same destinations.
+- ``merge`` two partial states of the same destinations,
+- and, for linear ones, ``combine`` messages into one delta per destination.
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
 """
 
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
+
+from streamgnn.models.rowops import add_rows_, combine_rows
 
 
 def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
@@ -28,32 +30,6 @@ def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
 
 def _column(x: Tensor, like: Tensor) -> Tensor:
     return x.view(-1, *([1] * (like.dim() - 1)))
-
-
-@njit(cache=True)
-def _combine_rows(t, rows, coef, dst, num):
-    out = np.zeros((num, t.shape[1]), np.float64)
-    for k in range(len(rows)):
-        r, d, c = rows[k], dst[k], coef[k]
-        for j in range(t.shape[1]):
-            out[d, j] += c * t[r, j]
-    return out
-
-
-@njit(cache=True)
-def _add_rows(state, index, rows):
-    for i in range(len(index)):
-        for j in range(state.shape[1]):
-            state[index[i], j] += rows[i, j]
-
-
-def _index_add(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    """``state.index_add_(0, index, rows)`` (2-D): a numba loop on the CPU, where torch's
-    is slower for the few hundred rows of a batch."""
-    if state.device.type == "cpu":
-        _add_rows(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
-    else:
-        state.index_add_(0, index, rows.to(state.dtype))
 
 
 class Aggregation:
@@ -104,17 +80,12 @@ class SumAggregation(Aggregation):
     def combine(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
                 num: int) -> Tensor:
         """Messages ``coef[k] * t[rows[k]]`` (t 2-D) summed per destination ``dst[k]`` in
-        ``0..num``, in float64: one gather-scale-scatter (a numba loop on the CPU)."""
-        if t.device.type == "cpu":
-            return torch.from_numpy(_combine_rows(t.numpy(), rows, coef, dst, num))
-        msg = t[torch.from_numpy(rows).to(t.device)].double()
-        msg *= torch.from_numpy(coef).to(t.device).unsqueeze(-1)
-        return msg.new_zeros((num, t.shape[1])).index_add_(
-            0, torch.from_numpy(dst).to(t.device), msg)
+        ``0..num``, in float64: one gather-scale-scatter."""
+        return combine_rows(t, rows, coef, dst, num)
 
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        _index_add(state, new_dst, new_msg)
-        _index_add(state, old_dst, -old_msg)
+        add_rows_(state, new_dst, new_msg)
+        add_rows_(state, old_dst, -old_msg)
         return new_dst[:0]
 
     @staticmethod
