@@ -71,7 +71,7 @@ class GraphDiff:
     ``edges`` holds each ordered pair whose weight or presence differs before vs after the
     batch. ``added``/``removed`` are vertices alive only after/only before it (``removed_x``
     their features from before it); ``changed`` are vertices alive throughout whose
-    features were updated, with ``changed_x_before``. ``rejected``: the errors of the
+    features differ after the batch, with ``changed_x_before``. ``rejected``: the errors of the
     updates a ``skip_invalid`` batch left out (``index`` = position in the batch)."""
 
     edges: EdgeLog
@@ -299,8 +299,10 @@ class DynamicGraph:
         gone_x = self.x[gone]
         updated = gone_save >= 0  # features from before the batch
         gone_x[updated] = xsave[gone_save[updated]]
+        changed_x = xsave[changed_save]
+        differs = (changed_x != self.x[changed]).any(axis=1)  # rewritten to the same values
         return GraphDiff(edges, added.astype(np.int32), gone.astype(np.int32), gone_x,
-                         changed.astype(np.int32), xsave[changed_save], rejected)
+                         changed[differs].astype(np.int32), changed_x[differs], rejected)
 
 
 def _error(status: int, i: int, enc: Encoded, num_features: int) -> InvalidUpdateError:
