@@ -128,6 +128,32 @@ def test_update_sender_keeps_each_vertex_in_order_on_its_partition(broker):
     assert got == {7: [1]} | {s: [u.dst for u in sent if u.src == s] for s in range(6)}
 
 
+def test_transport_positions_follow_what_was_handed_out_not_what_was_prefetched(broker):
+    topic = f"prefetch-{uuid.uuid4().hex[:8]}"
+    ensure_topics(broker.bootstrap, [topic], partitions=2)
+    out = producer(broker.bootstrap)
+    for i in range(60):
+        out.send(topic, value=b"%d" % i, partition=i % 2)
+    out.flush()
+    transport = KafkaTransport(broker.bootstrap, topic, prefetch=40)
+    transport.seek({0: 5})  # a checkpoint's positions: partition 0 resumes at offset 5
+    got = transport.poll(7, 5.0)
+    while len(got) < 7:
+        got += transport.poll(7 - len(got), 5.0)
+    time.sleep(0.5)  # the reader fetches ahead meanwhile
+    ends = {p: max(r.offset for r in got if r.partition == p) + 1
+            for p in {r.partition for r in got}}
+    assert transport.positions() == {0: 5, 1: 0} | ends
+    rest = []
+    while len(got) + len(rest) < 55:
+        rest += transport.poll(100, 5.0)
+    assert sorted(int(r.value) for r in got + rest) == sorted(
+        [i for i in range(60) if i % 2 or i >= 10])  # nothing skipped, nothing twice
+    with pytest.raises(RuntimeError, match="before the first poll"):
+        transport.seek({0: 0})
+    transport.close()
+
+
 def test_broker_lifecycle(tmp_path):
     b = EmbeddedBroker(tmp_path, port=free_port())
     first = b.start()

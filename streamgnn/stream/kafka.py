@@ -10,8 +10,11 @@ Owns every kafka-python import of the package.
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 import orjson
@@ -143,24 +146,67 @@ def _assigned(bootstrap: str, topic: str) -> tuple[KafkaConsumer, list[TopicPart
 
 
 class KafkaTransport:
-    """`Transport` over Kafka: all partitions of the input topic, idempotent producer."""
+    """`Transport` over Kafka: all partitions of the input topic, idempotent producer.
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    From the first `poll` on, a reader thread owns the consumer and keeps up to
+    ``prefetch`` records fetched ahead, so the broker round trip and kafka-python's record
+    parsing overlap the service's work instead of stalling it (kafka-python fetches again
+    only once its buffer is drained). `positions` are those of the records handed out."""
+
+    def __init__(self, bootstrap: str, topic: str, prefetch: int = 400) -> None:
         self.topic = topic
         self._consumer, self._tps = _assigned(bootstrap, topic)
         self._consumer.seek_to_beginning()
         self._producer = producer(bootstrap)
         self._partitions: dict[str, int] = {}
+        self._chunk = max(1, prefetch // 8)
+        self._chunks: queue.Queue[list[Record]] = queue.Queue(maxsize=8)
+        self._buffer: deque[Record] = deque()
+        self._next: dict[int, int] = {}
+        self._reader: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        got = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        return [Record(self.topic, m.partition, m.offset, m.value)
-                for tp in sorted(got, key=lambda tp: tp.partition) for m in got[tp]]
+        if self._reader is None:
+            self._next = self.positions()
+            self._reader = threading.Thread(target=self._read, name="streamgnn-reader",
+                                            daemon=True)
+            self._reader.start()
+        try:
+            if not self._buffer:
+                self._buffer.extend(self._chunks.get(timeout=timeout_s))
+            while len(self._buffer) < max_records:
+                self._buffer.extend(self._chunks.get_nowait())
+        except queue.Empty:
+            if self._error is not None:
+                raise self._error from None
+        out = [self._buffer.popleft() for _ in range(min(max_records, len(self._buffer)))]
+        for r in out:
+            self._next[r.partition] = r.offset + 1
+        return out
+
+    def _read(self) -> None:
+        try:
+            while not self._stop.is_set():
+                got = self._consumer.poll(timeout_ms=100, max_records=self._chunk)
+                records = [Record(self.topic, m.partition, m.offset, m.value)
+                           for tp in sorted(got, key=lambda tp: tp.partition) for m in got[tp]]
+                while records and not self._stop.is_set():
+                    with contextlib.suppress(queue.Full):
+                        self._chunks.put(records, timeout=0.1)
+                        break
+        except BaseException as e:  # handed to the service by the next poll
+            self._error = e
 
     def positions(self) -> dict[int, int]:
+        if self._reader is not None:
+            return dict(self._next)
         return {tp.partition: self._consumer.position(tp) for tp in self._tps}
 
     def seek(self, positions: dict[int, int]) -> None:
+        if self._reader is not None:
+            raise RuntimeError("seek() must come before the first poll()")
         for tp in self._tps:
             if tp.partition in positions:
                 self._consumer.seek(tp, positions[tp.partition])
@@ -181,6 +227,9 @@ class KafkaTransport:
         self._producer.flush()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.join()
         self._producer.close()
         self._consumer.close()
 
