@@ -41,12 +41,16 @@ class SlotSets:
     per slot, contents meaningless between calls) may be borrowed by other kernels."""
 
     def __init__(self, size: int) -> None:
-        self._mark = np.zeros(size, bool)
-        self.scratch = np.zeros(size, np.int64)
+        self._mark = np.zeros(0, bool)
+        self.scratch = np.zeros(0, np.int64)
+        self.fit(size)
 
     def fit(self, size: int) -> None:
+        """Make room for slots below ``size`` (the scratch arrays hold nothing between calls,
+        so new ones do)."""
         if size > len(self._mark):
-            self.__init__(size)
+            self._mark = np.zeros(size, bool)
+            self.scratch = np.zeros(size, np.int64)
 
     def union(self, *sets: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
         """Sorted union of ``sets`` (int64); with ``alive``, only slots where it is True."""
