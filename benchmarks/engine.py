@@ -3,17 +3,22 @@ write mix; the incremental engine vs layer-wise recompute of the affected region
 a full PyG forward pass, measured in the same run.
 
     python benchmarks/engine.py [--preset arxiv-like] [--layers 2 3] [--batch-sizes 1 10 100 1000]
+    python benchmarks/engine.py --profile --workloads "GraphConv sum" --layers 2 --batch-sizes 100
 
 For each workload and depth: bootstrap on the 80 % snapshot; then, per batch size, batches
 of LinkBench writes (adds replay the held-out 20 %) go to the engine and to RC in turn
 (the same batches, so both see the same graph), each timed; a full forward pass on the
-current graph is timed too. Prints a table per workload and writes JSON.
+current graph is timed too. Prints a table per workload and writes JSON. ``--profile``
+instead runs the engine alone under cProfile (first workload, depth and batch size chosen)
+and prints where a batch's time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import resource
 import time
 from pathlib import Path
@@ -70,16 +75,22 @@ def percentiles(seconds: list[float]) -> dict:
             "batches": len(ms)}
 
 
-def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget: float,
-        full_repeat: int) -> list[dict]:
+def bootstrap(name: str, weighted: bool, layers: int, split, recompute: bool = True):
+    """The model (untrained, seeded), its engine, RC (if asked) and the LinkBench workload."""
     snapshot, events = split
     torch.manual_seed(0)
     model = ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=128,
                       num_layers=layers).build().eval()
     engine = Engine.from_pyg(model, snapshot)
-    rc = Engine.from_pyg(model, snapshot, recompute=True)
+    rc = Engine.from_pyg(model, snapshot, recompute=True) if recompute else None
     workload = LinkBenchWorkload(engine.graph, seed=1, arrivals=events,
                                  unit_weights=not weighted)
+    return model, engine, rc, workload
+
+
+def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget: float,
+        full_repeat: int) -> list[dict]:
+    model, engine, rc, workload = bootstrap(name, weighted, layers, split)
     memory = {"engine_mb": engine_bytes(engine) / 2**20, "rc_mb": engine_bytes(rc) / 2**20}
     rows = []
     for size in sizes:
@@ -106,6 +117,33 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         row["engine_vs_rc_max_abs"] = float(np.abs(a - b).max())
         row["engine_vs_rc_max_rel"] = float((np.abs(a - b) / np.maximum(1, np.abs(b))).max())
     return rows
+
+
+def profile(label: str, name: str, weighted: bool, layers: int, split, size: int,
+            batches: int, top: int = 30) -> None:
+    """cProfile of ``engine.apply`` over ``batches`` batches (after 10 unprofiled ones)."""
+    _, engine, _, workload = bootstrap(name, weighted, layers, split, recompute=False)
+    for _ in range(10):
+        engine.apply(workload.batch(size))
+    profiler, spent = cProfile.Profile(), 0.0
+    for _ in range(batches):
+        batch = workload.batch(size)
+        t = time.perf_counter()
+        profiler.enable()
+        engine.apply(batch)
+        profiler.disable()
+        spent += time.perf_counter() - t
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, _, self, cumulative, _)
+    table = Table(title=f"{label}, {layers} layers, bs={size}: {spent / batches * 1e3:.2f} ms "
+                        f"a batch under cProfile, {batches} batches; top {top} by own time")
+    for col in ("function", "calls/batch", "own us/batch", "with callees us/batch"):
+        table.add_column(col, justify="left" if col == "function" else "right")
+    by_own = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, func), (calls, _, own, cumulative, _) in by_own:
+        where = f"{Path(file).name}:{line} {func}" if line else func
+        table.add_row(where, f"{calls / batches:.1f}", f"{own / batches * 1e6:.0f}",
+                      f"{cumulative / batches * 1e6:.0f}")
+    console.print(table)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -138,9 +176,17 @@ def main() -> None:
                         help="time budget per batch size (engine and RC together)")
     parser.add_argument("--full-repeat", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/engine.json"))
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the engine instead (first workload, depth, batch size)")
+    parser.add_argument("--profile-batches", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(2)
 
+    if args.profile:
+        label, name, weighted = next(w for w in WORKLOADS if w[0] in args.workloads)
+        profile(label, name, weighted, args.layers[0], stream_split(args.preset, weighted),
+                args.batch_sizes[0], args.profile_batches)
+        return
     splits = {}
     results = []
     for label, name, weighted in WORKLOADS:
