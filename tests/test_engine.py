@@ -3,6 +3,8 @@ type, random graphs and random streams of all six update types."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -122,6 +124,20 @@ def test_vertices_outside_the_l_hop_region_are_not_touched():
         assert torch.equal(s_old[outside], s_new[outside])
     assert max(result.recomputed) <= len(reach)
     assert_exact(engine, model, torch.float32, 1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_cuda_engine_stays_exact(arch):
+    """The device path (torch twins of the CPU kernels, device index tensors): float64 on
+    the GPU against PyG's forward on the CPU."""
+    data = random_graph(np.random.default_rng(7), n=300, m=1500, d=F_IN, hubs=3)
+    model = randomise(ARCHS[arch](2), 7).double()
+    engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda")
+    workload = LinkBenchWorkload(engine.graph, seed=7)
+    for size in (1, 10, 100, 1000):
+        engine.apply(workload.batch(size))
+        assert_exact(engine, model, torch.float64, 1e-9)
 
 
 def test_deterministic():
