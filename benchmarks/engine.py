@@ -64,9 +64,15 @@ def full_forward_seconds(model: torch.nn.Module, engine: Engine, repeat: int) ->
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
-        pyg_forward(model, engine.graph.to_data())
+        pyg_forward(model, engine.graph.to_data(), str(engine.device))
+        _sync(engine.device)
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def percentiles(seconds: list[float]) -> dict:
@@ -75,22 +81,23 @@ def percentiles(seconds: list[float]) -> dict:
             "batches": len(ms)}
 
 
-def bootstrap(name: str, weighted: bool, layers: int, split, recompute: bool = True):
+def bootstrap(name: str, weighted: bool, layers: int, split, device: str,
+              recompute: bool = True):
     """The model (untrained, seeded), its engine, RC (if asked) and the LinkBench workload."""
     snapshot, events = split
     torch.manual_seed(0)
     model = ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=128,
                       num_layers=layers).build().eval()
-    engine = Engine.from_pyg(model, snapshot)
-    rc = Engine.from_pyg(model, snapshot, recompute=True) if recompute else None
+    engine = Engine.from_pyg(model, snapshot, device)
+    rc = Engine.from_pyg(model, snapshot, device, recompute=True) if recompute else None
     workload = LinkBenchWorkload(engine.graph, seed=1, arrivals=events,
                                  unit_weights=not weighted)
     return model, engine, rc, workload
 
 
 def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget: float,
-        full_repeat: int) -> list[dict]:
-    model, engine, rc, workload = bootstrap(name, weighted, layers, split)
+        full_repeat: int, device: str) -> list[dict]:
+    model, engine, rc, workload = bootstrap(name, weighted, layers, split, device)
     memory = {"engine_mb": engine_bytes(engine) / 2**20, "rc_mb": engine_bytes(rc) / 2**20}
     rows = []
     for size in sizes:
@@ -102,6 +109,7 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
             for key, target in (("engine", engine), ("rc", rc)):
                 t = time.perf_counter()
                 target.apply(batch)
+                _sync(target.device)
                 times[key].append(time.perf_counter() - t)
         full = full_forward_seconds(model, engine, full_repeat)
         row = {"workload": label, "layers": layers, "batch": size,
@@ -120,9 +128,9 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
 
 
 def profile(label: str, name: str, weighted: bool, layers: int, split, size: int,
-            batches: int, top: int = 30) -> None:
+            batches: int, device: str, top: int = 30) -> None:
     """cProfile of ``engine.apply`` over ``batches`` batches (after 10 unprofiled ones)."""
-    _, engine, _, workload = bootstrap(name, weighted, layers, split, recompute=False)
+    _, engine, _, workload = bootstrap(name, weighted, layers, split, device, recompute=False)
     for _ in range(10):
         engine.apply(workload.batch(size))
     profiler, spent = cProfile.Profile(), 0.0
@@ -131,6 +139,7 @@ def profile(label: str, name: str, weighted: bool, layers: int, split, size: int
         t = time.perf_counter()
         profiler.enable()
         engine.apply(batch)
+        _sync(engine.device)
         profiler.disable()
         spent += time.perf_counter() - t
     stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, _, self, cumulative, _)
@@ -179,13 +188,14 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile the engine instead (first workload, depth, batch size)")
     parser.add_argument("--profile-batches", type=int, default=300)
+    parser.add_argument("--device", default="cpu", help="where engine and RC run: cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(2)
 
     if args.profile:
         label, name, weighted = next(w for w in WORKLOADS if w[0] in args.workloads)
         profile(label, name, weighted, args.layers[0], stream_split(args.preset, weighted),
-                args.batch_sizes[0], args.profile_batches)
+                args.batch_sizes[0], args.profile_batches, args.device)
         return
     splits = {}
     results = []
@@ -196,12 +206,12 @@ def main() -> None:
             splits[weighted] = stream_split(args.preset, weighted)
         for layers in args.layers:
             rows = run(label, name, weighted, layers, splits[weighted], args.batch_sizes,
-                       args.seconds, args.full_repeat)
+                       args.seconds, args.full_repeat, args.device)
             print_table(rows)
             results += rows
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({
-                "preset": args.preset, "rows": results,
+                "preset": args.preset, "device": args.device, "rows": results,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
                 indent=2))
     console.print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
