@@ -189,9 +189,8 @@ class KafkaTransport:
     def _read(self) -> None:
         try:
             while not self._stop.is_set():
-                got = self._consumer.poll(timeout_ms=100, max_records=self._chunk)
-                records = [Record(self.topic, m.partition, m.offset, m.value)
-                           for tp in sorted(got, key=lambda tp: tp.partition) for m in got[tp]]
+                records = _records(self.topic, self._consumer.poll(timeout_ms=100,
+                                                                   max_records=self._chunk))
                 while records and not self._stop.is_set():
                     with contextlib.suppress(queue.Full):
                         self._chunks.put(records, timeout=0.1)
@@ -246,10 +245,14 @@ def follow(bootstrap: str, topic: str, from_beginning: bool = False,
     last = time.monotonic()
     try:
         while idle_s is None or time.monotonic() - last < idle_s:
-            got = consumer.poll(timeout_ms=200)
-            for tp in sorted(got, key=lambda tp: tp.partition):
-                for m in got[tp]:
-                    last = time.monotonic()
-                    yield Record(topic, m.partition, m.offset, m.value)
+            for record in _records(topic, consumer.poll(timeout_ms=200)):
+                last = time.monotonic()
+                yield record
     finally:
         consumer.close()
+
+
+def _records(topic: str, got: dict) -> list[Record]:
+    """What a ``KafkaConsumer.poll`` returned, as records in partition order."""
+    return [Record(topic, m.partition, m.offset, m.value)
+            for tp in sorted(got, key=lambda tp: tp.partition) for m in got[tp]]
