@@ -8,7 +8,8 @@ a full PyG forward pass, measured in the same run.
 For each workload and depth: bootstrap on the 80 % snapshot; then, per batch size, batches
 of LinkBench writes (adds replay the held-out 20 %) go to the engine and to RC in turn
 (the same batches, so both see the same graph), each timed; a full forward pass on the
-current graph is timed too. Prints a table per workload and writes JSON. ``--profile``
+current graph is timed too. Batches are handed over as `UpdateBatch` columns, as the router
+ships them to workers (building those from update objects costs ~2 us per update more). Prints a table per workload and writes JSON. ``--profile``
 instead runs the engine alone under cProfile (first workload, depth and batch size chosen)
 and prints where a batch's time goes.
 """
@@ -75,6 +76,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def columns(workload: LinkBenchWorkload, size: int) -> sg.UpdateBatch:
+    return sg.UpdateBatch.from_updates(workload.batch(size), workload.graph.num_features)
+
+
 def percentiles(seconds: list[float]) -> dict:
     ms = np.array(seconds) * 1000
     return {"median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
@@ -105,7 +110,7 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         spent = time.perf_counter()
         while (time.perf_counter() - spent < budget and len(times["engine"]) < 300) or len(
                 times["engine"]) < 2:
-            batch = workload.batch(size)
+            batch = columns(workload, size)
             for key, target in (("engine", engine), ("rc", rc)):
                 t = time.perf_counter()
                 target.apply(batch)
@@ -132,10 +137,10 @@ def profile(label: str, name: str, weighted: bool, layers: int, split, size: int
     """cProfile of ``engine.apply`` over ``batches`` batches (after 10 unprofiled ones)."""
     _, engine, _, workload = bootstrap(name, weighted, layers, split, device, recompute=False)
     for _ in range(10):
-        engine.apply(workload.batch(size))
+        engine.apply(columns(workload, size))
     profiler, spent = cProfile.Profile(), 0.0
     for _ in range(batches):
-        batch = workload.batch(size)
+        batch = columns(workload, size)
         t = time.perf_counter()
         profiler.enable()
         engine.apply(batch)

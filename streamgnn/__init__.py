@@ -1,8 +1,8 @@
 """streamgnn: exact, incremental GNN inference over a changing graph.
 
 The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
-``sg.DynamicGraph``, the six update types and the errors. Importing streamgnn must not
-import kafka or mpi4py.
+``sg.DynamicGraph``, the six update types, ``sg.UpdateBatch`` and the errors. Importing
+streamgnn must not import kafka or mpi4py.
 """
 
 from streamgnn import datasets, models
@@ -26,6 +26,7 @@ from streamgnn.updates import (
     DeleteEdge,
     DeleteVertex,
     Update,
+    UpdateBatch,
     UpdateEdge,
     UpdateFeatures,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "UnknownVertexError",
     "UnsupportedModelError",
     "Update",
+    "UpdateBatch",
     "UpdateEdge",
     "UpdateFeatures",
     "datasets",

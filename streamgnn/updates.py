@@ -1,13 +1,17 @@
 """The six graph-update types: the vocabulary shared by the graph store, the engine,
-the router and the Kafka streams (which carry them as JSON).
+the router and the Kafka streams (which carry them as JSON); and `UpdateBatch`, a batch of
+them in columns.
 
-Pure pydantic; must not import torch, kafka or mpi4py.
+Pydantic and numpy; must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
@@ -66,3 +70,91 @@ Update = Annotated[
 UPDATE_ADAPTER: TypeAdapter[Update] = TypeAdapter(Update)
 EDGE_UPDATES = (AddEdge, DeleteEdge, UpdateEdge)
 VERTEX_UPDATES = (AddVertex, DeleteVertex, UpdateFeatures)
+
+UPDATE_TYPES = (AddEdge, DeleteEdge, UpdateEdge, AddVertex, DeleteVertex, UpdateFeatures)
+"""Op codes: an update type's position here (edge updates first)."""
+OP_CODES = {cls: code for code, cls in enumerate(UPDATE_TYPES)}
+ADD_EDGE, DELETE_EDGE, UPDATE_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES = range(6)
+NO_X, BAD_WIDTH = -1, -2  # xrow of an update without features / with the wrong number
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """A batch of updates in columns, the form the graph's batch kernel reads; accepted
+    wherever a list of updates is (``engine.apply``, ``graph.apply``), so a producer that
+    has arrays skips building an object per update.
+
+    Row i is update i: ``op`` its code (`OP_CODES`), ``a`` the source (edge updates) or the
+    vertex id, ``b`` the destination, ``w`` the weight (add/update edge), ``xrow`` the row of
+    ``x`` [k, num_features] holding its features (add_vertex/update_features; ``NO_X``
+    otherwise, ``BAD_WIDTH`` for a vector of the wrong length, whose length is then in
+    ``b``). Columns that do not apply to an update are ignored."""
+
+    op: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    xrow: np.ndarray
+    x: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.op)
+        for name, dtype in (("op", np.int8), ("a", np.int64), ("b", np.int64),
+                            ("w", np.float32), ("xrow", np.int64)):
+            column = np.ascontiguousarray(getattr(self, name), dtype)
+            if column.shape != (n,):
+                raise ValueError(f"UpdateBatch.{name} has shape {column.shape}, op has ({n},)")
+            object.__setattr__(self, name, column)
+        x = np.ascontiguousarray(self.x, np.float32)
+        if x.ndim != 2:
+            raise ValueError(f"UpdateBatch.x must be 2-D, not of shape {x.shape}")
+        object.__setattr__(self, "x", x)
+        if n and not (self.op.min() >= 0 and self.op.max() < len(UPDATE_TYPES)):
+            raise ValueError(f"UpdateBatch.op holds codes outside 0..{len(UPDATE_TYPES) - 1}")
+        featured = (self.op == ADD_VERTEX) | (self.op == UPDATE_FEATURES)
+        rows = self.xrow[featured]
+        if ((rows < BAD_WIDTH) | (rows >= len(x)) | (rows == NO_X)).any():
+            raise ValueError("UpdateBatch.xrow: every add_vertex/update_features needs a row "
+                             f"of x (0..{len(x) - 1}) or BAD_WIDTH")
+
+    @classmethod
+    def from_updates(cls, updates: Sequence[Update], num_features: int) -> UpdateBatch:
+        """The columns of ``updates``; feature vectors not ``num_features`` long are marked
+        ``BAD_WIDTH`` (the graph rejects them by index)."""
+        n = len(updates)
+        op = np.fromiter((OP_CODES[type(u)] for u in updates), np.int8, n)
+        a, b = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        w, xrow = np.zeros(n, np.float32), np.full(n, NO_X, np.int64)
+        rows: list[list[float]] = []
+        for i, u in enumerate(updates):
+            if op[i] <= UPDATE_EDGE:
+                a[i], b[i] = u.src, u.dst
+                if op[i] != DELETE_EDGE:
+                    w[i] = u.weight
+                continue
+            a[i] = u.id
+            if op[i] != DELETE_VERTEX:
+                if len(u.x) == num_features:
+                    xrow[i] = len(rows)
+                    rows.append(u.x)
+                else:
+                    xrow[i], b[i] = BAD_WIDTH, len(u.x)
+        x = np.array(rows, np.float32).reshape(len(rows), num_features)
+        return cls(op, a, b, w, xrow, x)
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+    def counts(self) -> np.ndarray:
+        """Updates per op code."""
+        return np.bincount(self.op, minlength=len(UPDATE_TYPES))
+
+    def with_width(self, num_features: int) -> UpdateBatch:
+        """This batch for a graph of ``num_features``: if ``x`` is not that wide, every
+        feature vector is marked ``BAD_WIDTH``."""
+        if self.x.shape[1] == num_features or not (self.xrow >= 0).any():
+            return self
+        bad = self.xrow >= 0
+        return UpdateBatch(self.op, self.a, np.where(bad, self.x.shape[1], self.b), self.w,
+                           np.where(bad, BAD_WIDTH, self.xrow),
+                           np.zeros((0, num_features), np.float32))

@@ -189,3 +189,50 @@ def test_diff_of_update_then_delete_reports_features_from_before_the_batch():
     np.testing.assert_array_equal(diff.removed_x, data.x[3:4])
     assert graph.ext[diff.removed].tolist() == [3] and graph.ext[diff.added].tolist() == [3]
     assert diff.removed[0] != diff.added[0] and len(diff.changed) == 0
+
+
+def test_update_batch_columns_apply_like_the_updates_they_hold():
+    """Columns a producer built itself (its own dtypes, x rows out of order) change the
+    graph as the same updates as objects do."""
+    data = _start(2)
+    by_list, by_columns = DynamicGraph.from_data(data), DynamicGraph.from_data(data)
+    (s1, d1), (s2, d2) = sorted(Reference(data).e)[:2]
+    x = np.arange(2 * D, dtype=np.float64).reshape(2, D)
+    by_columns.apply(sg.UpdateBatch(
+        op=[3, 0, 5, 2, 1, 4], a=[40, 1, 2, s1, s2, 5], b=[0, 40, 0, d1, d2, 0],
+        w=[0, 0.5, 0, 2.0, 0, 0], xrow=[1, -1, 0, -1, -1, -1], x=x))
+    by_list.apply([sg.AddVertex(id=40, x=x[1].tolist()), sg.AddEdge(src=1, dst=40, weight=0.5),
+                   sg.UpdateFeatures(id=2, x=x[0].tolist()),
+                   sg.UpdateEdge(src=s1, dst=d1, weight=2.0), sg.DeleteEdge(src=s2, dst=d2),
+                   sg.DeleteVertex(id=5)])
+    for g in (by_columns, by_list):
+        np.testing.assert_array_equal(g.x[g.slots(np.array([2, 40]))], x)
+        assert 5 not in g.vertex_ids()
+    assert set(zip(*map(np.ndarray.tolist, by_columns.edges()))) == set(
+        zip(*map(np.ndarray.tolist, by_list.edges())))
+
+
+def test_update_batch_of_the_wrong_width_rejects_its_feature_updates_by_index():
+    graph = DynamicGraph.from_data(_start(3))
+    batch = sg.UpdateBatch(op=[5, 0, 3], a=[1, 2, 50], b=[0, 3, 0], w=[0, 1, 0],
+                           xrow=[0, -1, 1], x=np.zeros((2, D + 2)))
+    diff = graph.apply(batch, skip_invalid=True)
+    assert [(type(e), e.index) for e in diff.rejected] == [(sg.FeatureDimensionError, 0),
+                                                          (sg.FeatureDimensionError, 2)]
+    assert f"{D + 2} features" in str(diff.rejected[0])
+    with pytest.raises(sg.FeatureDimensionError, match="vertex 1"):
+        graph.apply(batch)
+
+
+@pytest.mark.parametrize(("columns", "needle"), [
+    ({"op": [0, 6]}, "codes outside"),
+    ({"a": [1]}, "UpdateBatch.a has shape"),
+    ({"xrow": [-1, -1]}, "needs a row of x"),
+    ({"xrow": [-1, 3]}, "needs a row of x"),
+    ({"x": np.zeros(3)}, "2-D"),
+])
+def test_update_batch_names_malformed_columns(columns, needle):
+    good = {"op": [0, 5], "a": [1, 2], "b": [2, 0], "w": [1, 0], "xrow": [-1, 0],
+            "x": np.zeros((1, D))}
+    with pytest.raises(ValueError, match=needle):
+        sg.UpdateBatch(**(good | columns))

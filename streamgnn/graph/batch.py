@@ -5,12 +5,11 @@ The log is one sequence of primitive changes (kind, i0, i1, f0, f1):
   EDGE  i0 -> i1 (slots), weight f0 before and f1 after (NaN: absent)
   VADD  slot i0 got external id i1          VDEL  slot i0 (id i1) was deleted
   FEAT  slot i0's old features are row i1 of ``xsave``
-Owns the encoding of updates and these kernels; must not import torch, kafka or mpi4py.
+Owns these kernels (their input is an `UpdateBatch`); must not import torch, kafka or
+mpi4py.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 from numba import njit
@@ -18,54 +17,19 @@ from numba import njit
 from streamgnn.graph.adjacency import find1, has_room1, insert1, remove1
 from streamgnn.graph.idmap import del1, get1, put1
 from streamgnn.updates import (
-    AddEdge,
-    AddVertex,
-    DeleteEdge,
-    DeleteVertex,
-    Update,
-    UpdateEdge,
-    UpdateFeatures,
+    ADD_EDGE,
+    ADD_VERTEX,
+    BAD_WIDTH,
+    DELETE_EDGE,
+    DELETE_VERTEX,
+    UPDATE_EDGE,
 )
 
-ADD_EDGE, DELETE_EDGE, UPDATE_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES = range(6)
-OP_CODES = {AddEdge: ADD_EDGE, DeleteEdge: DELETE_EDGE, UpdateEdge: UPDATE_EDGE,
-            AddVertex: ADD_VERTEX, DeleteVertex: DELETE_VERTEX, UpdateFeatures: UPDATE_FEATURES}
 EDGE, VADD, VDEL, FEAT = range(4)
 
 # Status codes returned by apply_kernel with the index of the update they concern.
 (OK, UNKNOWN_A, UNKNOWN_B, DUPLICATE_VERTEX, UNKNOWN_EDGE, DUPLICATE_EDGE, SELF_LOOP,
  BAD_DIMENSION, NONFINITE_X, NONFINITE_W, NEED_ROOM_OUT, NEED_ROOM_IN) = range(12)
-
-
-class Encoded:
-    """A batch as arrays: op code, a (id or src), b (dst), w, xrow (row of ``x``; -2 for
-    a feature vector of the wrong length, whose length is then in ``b``)."""
-
-    def __init__(self, batch: Sequence[Update], num_features: int) -> None:
-        n = len(batch)
-        self.op = np.empty(n, np.int8)
-        self.a = np.zeros(n, np.int64)
-        self.b = np.zeros(n, np.int64)
-        self.w = np.zeros(n, np.float32)
-        self.xrow = np.full(n, -1, np.int64)
-        rows: list[list[float]] = []
-        for i, u in enumerate(batch):
-            code = OP_CODES[type(u)]
-            self.op[i] = code
-            if code <= UPDATE_EDGE:
-                self.a[i], self.b[i] = u.src, u.dst
-                if code != DELETE_EDGE:
-                    self.w[i] = u.weight
-            else:
-                self.a[i] = u.id
-                if code != DELETE_VERTEX:
-                    if len(u.x) == num_features:
-                        self.xrow[i] = len(rows)
-                        rows.append(u.x)
-                    else:
-                        self.xrow[i], self.b[i] = -2, len(u.x)
-        self.x = np.array(rows, np.float32).reshape(len(rows), num_features)
-        self.counts = np.bincount(self.op, minlength=6)
 
 
 @njit(cache=True)
@@ -92,7 +56,8 @@ def _drop_edge(out, inn, u, v, log) -> None:
 
 @njit(cache=True)
 def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
-    """Apply updates ``first..`` in order. ``enc`` = (op, a, b, w, xrow, x); ``ids`` the
+    """Apply updates ``first..`` in order. ``enc`` = the `UpdateBatch` columns (op, a, b,
+    w, xrow, x); ``ids`` the
     IdMap table; ``verts`` = (alive, x, free, limbo, counts[free_top, limbo_top,
     num_slots, xsave_n]). Returns (status, index): OK, an error for update ``index``
     (nothing of it applied), or NEED_ROOM_* (the caller compacts and resumes at index)."""
@@ -147,7 +112,7 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
             _log(log, VDEL, u, a[i], np.nan, np.nan)
         else:
             r = xrow[i]
-            if r == -2:
+            if r == BAD_WIDTH:
                 return BAD_DIMENSION, i
             if not _finite_row(xnew, r):
                 return NONFINITE_X, i

@@ -29,10 +29,7 @@ from streamgnn.errors import (
 )
 from streamgnn.graph.adjacency import Adjacency
 from streamgnn.graph.batch import (
-    ADD_EDGE,
-    ADD_VERTEX,
     BAD_DIMENSION,
-    DELETE_VERTEX,
     DUPLICATE_EDGE,
     DUPLICATE_VERTEX,
     NEED_ROOM_IN,
@@ -43,15 +40,20 @@ from streamgnn.graph.batch import (
     UNKNOWN_A,
     UNKNOWN_B,
     UNKNOWN_EDGE,
-    UPDATE_EDGE,
-    UPDATE_FEATURES,
-    Encoded,
     apply_kernel,
     net_kernel,
     undo_kernel,
 )
 from streamgnn.graph.idmap import IdMap
-from streamgnn.updates import Update
+from streamgnn.updates import (
+    ADD_EDGE,
+    ADD_VERTEX,
+    DELETE_VERTEX,
+    UPDATE_EDGE,
+    UPDATE_FEATURES,
+    Update,
+    UpdateBatch,
+)
 
 
 @dataclass
@@ -212,12 +214,14 @@ class DynamicGraph:
         return parts
 
     # ---------------------------------------------------------------- batches
-    def apply(self, batch: Sequence[Update], skip_invalid: bool = False) -> GraphDiff:
-        """Apply ``batch`` in order, atomically: on a bad update, everything the batch did is
-        undone and the error (``index`` = the update's position) is raised. With
-        ``skip_invalid`` a bad update is left out instead (each update is checked before it
-        changes anything) and its error listed in ``GraphDiff.rejected``."""
-        enc = Encoded(batch, self.num_features)
+    def apply(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool = False
+              ) -> GraphDiff:
+        """Apply ``batch`` (updates, or their columns) in order, atomically: on a bad update,
+        everything the batch did is undone and the error (``index`` = the update's position)
+        is raised. With ``skip_invalid`` a bad update is left out instead (each update is
+        checked before it changes anything) and its error listed in ``GraphDiff.rejected``."""
+        enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
+               else UpdateBatch.from_updates(batch, self.num_features))
         self._reserve(enc)
         log, xsave = self._new_log(enc)
         args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
@@ -227,7 +231,7 @@ class DynamicGraph:
             status, index = apply_kernel((enc.op, enc.a, enc.b, enc.w, enc.xrow, enc.x), index,
                                          *args, log, xsave)
             if status in (NEED_ROOM_OUT, NEED_ROOM_IN):
-                self._make_room(status, len(batch) - index)
+                self._make_room(status, len(enc) - index)
                 args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
             elif status != OK and skip_invalid:
                 rejected.append(_error(status, index, enc, self.num_features))
@@ -244,24 +248,25 @@ class DynamicGraph:
         self._release()
         return diff
 
-    def _reserve(self, enc: Encoded) -> None:
-        adds = int(enc.counts[ADD_VERTEX])
+    def _reserve(self, enc: UpdateBatch) -> None:
+        adds = int(enc.counts()[ADD_VERTEX])
         self._ids.reserve(adds)
         if self.num_slots + adds > len(self.ext):
             self._grow(max(len(self.ext) * 5 // 4, self.num_slots + adds))
 
-    def _new_log(self, enc: Encoded):
+    def _new_log(self, enc: UpdateBatch):
         """Log arrays big enough for the batch: every edge op, every feature change, every
         vertex op, and every edge a vertex deletion can cascade to."""
         targets = self._ids.get(enc.a[enc.op == DELETE_VERTEX])
         targets = targets[targets >= 0]
         cascade = int(self.out.deg[targets].sum() + self.inn.deg[targets].sum())
-        size = len(enc.op) + int(enc.counts[ADD_EDGE]) + cascade + 1
+        counts = enc.counts()
+        size = len(enc.op) + int(counts[ADD_EDGE]) + cascade + 1
         log = (np.zeros(size, np.int8), np.zeros((size, 2), np.int64),
                np.zeros((size, 2), np.float32), np.zeros(1, np.int64))
         self._counts[3] = 0
-        self._limbo = np.zeros(int(enc.counts[DELETE_VERTEX]), np.int32)
-        return log, np.zeros((int(enc.counts[UPDATE_FEATURES]), self.num_features), np.float32)
+        self._limbo = np.zeros(int(counts[DELETE_VERTEX]), np.int32)
+        return log, np.zeros((int(counts[UPDATE_FEATURES]), self.num_features), np.float32)
 
     @property
     def _verts(self) -> tuple:
@@ -305,7 +310,7 @@ class DynamicGraph:
                          changed[differs].astype(np.int32), changed_x[differs], rejected)
 
 
-def _error(status: int, i: int, enc: Encoded, num_features: int) -> InvalidUpdateError:
+def _error(status: int, i: int, enc: UpdateBatch, num_features: int) -> InvalidUpdateError:
     """The exception for a kernel status, naming the update's ids."""
     a, b, code = int(enc.a[i]), int(enc.b[i]), int(enc.op[i])
     edge = f"edge ({a}, {b})"

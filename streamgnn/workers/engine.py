@@ -32,7 +32,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models import decompose
 from streamgnn.models.inference import aggregate, layerwise_states
 from streamgnn.models.layers import Layer
-from streamgnn.updates import Update
+from streamgnn.updates import Update, UpdateBatch
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.partition import Outbox, Partition, SinglePartition
 from streamgnn.workers.slotsets import SlotSets
@@ -173,8 +173,10 @@ class Engine:
 
     # ---------------------------------------------------------------- batches
     @torch.inference_mode()
-    def apply(self, batch: Sequence[Update], skip_invalid: bool = False) -> ApplyResult:
-        """Apply one batch (in order, atomically) and bring every embedding up to date.
+    def apply(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool = False
+              ) -> ApplyResult:
+        """Apply one batch (updates, or their columns; in order, atomically) and bring every
+        embedding up to date.
         A bad update raises its `InvalidUpdateError` and nothing is applied; with
         ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``."""
         diff = self.graph.apply(batch, skip_invalid)
