@@ -8,8 +8,10 @@ a full PyG forward pass, measured in the same run.
 For each workload and depth: bootstrap on the 80 % snapshot; then, per batch size, batches
 of LinkBench writes (adds replay the held-out 20 %) go to the engine and to RC in turn
 (the same batches, so both see the same graph), each timed; a full forward pass on the
-current graph is timed too. Batches are handed over as `UpdateBatch` columns, as the router
-ships them to workers (building those from update objects costs ~2 us per update more). Prints a table per workload and writes JSON. ``--profile``
+current graph is timed too. Batches are generated on a graph of their own (so neither side
+finds the graph warm in cache from the generator) and handed over as `UpdateBatch` columns,
+as the router ships them to workers (building those from update objects costs ~2 us per
+update more). Prints a table per workload and writes JSON. ``--profile``
 instead runs the engine alone under cProfile (first workload, depth and batch size chosen)
 and prints where a batch's time goes.
 """
@@ -76,8 +78,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def columns(workload: LinkBenchWorkload, size: int) -> sg.UpdateBatch:
-    return sg.UpdateBatch.from_updates(workload.batch(size), workload.graph.num_features)
+class Trace:
+    """LinkBench batches generated against a graph of its own, kept in step with the
+    engines by applying each batch to it too."""
+
+    def __init__(self, snapshot: sg.GraphData, events, weighted: bool) -> None:
+        self.graph = sg.DynamicGraph.from_data(snapshot)
+        self.workload = LinkBenchWorkload(self.graph, seed=1, arrivals=events,
+                                          unit_weights=not weighted)
+
+    def batch(self, size: int) -> sg.UpdateBatch:
+        batch = sg.UpdateBatch.from_updates(self.workload.batch(size), self.graph.num_features)
+        self.graph.apply(batch)
+        return batch
 
 
 def percentiles(seconds: list[float]) -> dict:
@@ -88,21 +101,19 @@ def percentiles(seconds: list[float]) -> dict:
 
 def bootstrap(name: str, weighted: bool, layers: int, split, device: str,
               recompute: bool = True):
-    """The model (untrained, seeded), its engine, RC (if asked) and the LinkBench workload."""
+    """The model (untrained, seeded), its engine, RC (if asked) and the LinkBench trace."""
     snapshot, events = split
     torch.manual_seed(0)
     model = ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=128,
                       num_layers=layers).build().eval()
     engine = Engine.from_pyg(model, snapshot, device)
     rc = Engine.from_pyg(model, snapshot, device, recompute=True) if recompute else None
-    workload = LinkBenchWorkload(engine.graph, seed=1, arrivals=events,
-                                 unit_weights=not weighted)
-    return model, engine, rc, workload
+    return model, engine, rc, Trace(snapshot, events, weighted)
 
 
 def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget: float,
         full_repeat: int, device: str) -> list[dict]:
-    model, engine, rc, workload = bootstrap(name, weighted, layers, split, device)
+    model, engine, rc, trace = bootstrap(name, weighted, layers, split, device)
     memory = {"engine_mb": engine_bytes(engine) / 2**20, "rc_mb": engine_bytes(rc) / 2**20}
     rows = []
     for size in sizes:
@@ -110,7 +121,7 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         spent = time.perf_counter()
         while (time.perf_counter() - spent < budget and len(times["engine"]) < 300) or len(
                 times["engine"]) < 2:
-            batch = columns(workload, size)
+            batch = trace.batch(size)
             for key, target in (("engine", engine), ("rc", rc)):
                 t = time.perf_counter()
                 target.apply(batch)
@@ -135,12 +146,12 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
 def profile(label: str, name: str, weighted: bool, layers: int, split, size: int,
             batches: int, device: str, top: int = 30) -> None:
     """cProfile of ``engine.apply`` over ``batches`` batches (after 10 unprofiled ones)."""
-    _, engine, _, workload = bootstrap(name, weighted, layers, split, device, recompute=False)
+    _, engine, _, trace = bootstrap(name, weighted, layers, split, device, recompute=False)
     for _ in range(10):
-        engine.apply(columns(workload, size))
+        engine.apply(trace.batch(size))
     profiler, spent = cProfile.Profile(), 0.0
     for _ in range(batches):
-        batch = columns(workload, size)
+        batch = trace.batch(size)
         t = time.perf_counter()
         profiler.enable()
         engine.apply(batch)
