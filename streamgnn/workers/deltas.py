@@ -1,8 +1,9 @@
 """The message list of a linear aggregation's delta, built in one numba pass: for each
-message, the row of ``cat(t_new, t_old)`` it carries, its coefficient and its
-destination's position in the region. Unchanged edges out of changed sources send
-``+w t_new - w t_old``; changed edges send ``+after t_new`` where they exist after the batch
-and ``-before t_old`` where they existed before it.
+message, the row of the sources' t it carries, its coefficient and its destination's
+position in the region. With s the per-source factor (degree-normalised layers), unchanged
+edges out of changed sources send ``+w s_new t_new - w s_old t_old`` (one message when
+t did not change); changed edges send ``+after s_new t_new`` where they exist after the
+batch and ``-before s_old t_old`` where they existed before it.
 
 Owns this index arithmetic only; must not import torch, kafka or mpi4py.
 """
@@ -14,13 +15,14 @@ from numba import njit
 
 
 @njit(cache=True)
-def linear_delta_messages(num_sources, at, v1, w1, at2, dst, before, after, has, had,
-                          weighted, region, scratch):
-    """``at``/``v1``/``w1``: unchanged edges (source row, destination slot, weight);
-    ``at2``/``dst``/``before``/``after``/``has``/``had``: changed edges (source row,
+def linear_delta_messages(old, at, v1, w1, at2, dst, before, after, has, had, weighted,
+                          scale_new, scale_old, region, scratch):
+    """Sources are numbered 0..len(old): source i's t after the batch is row i, before it
+    row ``old[i]``; ``scale_new``/``scale_old`` its factor after/before.
+    ``at``/``v1``/``w1``: unchanged edges (source, destination slot, weight);
+    ``at2``/``dst``/``before``/``after``/``has``/``had``: changed edges (source,
     destination slot, weights, whether they exist after/before and reach a live vertex).
-    Source rows index t_new; ``num_sources`` is where t_old's rows start. ``scratch``: an
-    int64 array as long as the slots. Returns (rows, coef, local)."""
+    ``scratch``: an int64 array as long as the slots. Returns (rows, coef, local)."""
     for i in range(len(region)):
         scratch[region[i]] = i
     size = 2 * len(at) + has.sum() + had.sum()
@@ -29,17 +31,21 @@ def linear_delta_messages(num_sources, at, v1, w1, at2, dst, before, after, has,
     local = np.empty(size, np.int64)
     k = 0
     for i in range(len(at)):
-        c = w1[i] if weighted else 1.0
-        d = scratch[v1[i]]
-        rows[k], coef[k], local[k] = at[i], c, d
-        rows[k + 1], coef[k + 1], local[k + 1] = at[i] + num_sources, -c, d
-        k += 2
+        a, c, d = at[i], w1[i] if weighted else 1.0, scratch[v1[i]]
+        if old[a] == a:  # only the factor changed
+            rows[k], coef[k], local[k] = a, c * (scale_new[a] - scale_old[a]), d
+            k += 1
+        else:
+            rows[k], coef[k], local[k] = a, c * scale_new[a], d
+            rows[k + 1], coef[k + 1], local[k + 1] = old[a], -c * scale_old[a], d
+            k += 2
     for i in range(len(at2)):
-        d = scratch[dst[i]]
+        a, d = at2[i], scratch[dst[i]]
         if has[i]:
-            rows[k], coef[k], local[k] = at2[i], after[i] if weighted else 1.0, d
+            rows[k], coef[k], local[k] = a, (after[i] if weighted else 1.0) * scale_new[a], d
             k += 1
         if had[i]:
-            rows[k], coef[k], local[k] = at2[i] + num_sources, -before[i] if weighted else -1.0, d
+            rows[k] = old[a]
+            coef[k], local[k] = -(before[i] if weighted else 1.0) * scale_old[a], d
             k += 1
-    return rows, coef, local
+    return rows[:k], coef[:k], local[:k]

@@ -262,19 +262,20 @@ class Engine:
         aggregations get them combined per destination into one delta each."""
         sets = self.sets
         slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
-        t_new, t_old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
+        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
         live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
         has, had = edges.has & live, edges.had & live
         at1 = sets.positions(slots, sources)[at]
         at2 = sets.positions(slots, edges.src)
-        if layer.aggr.linear:  # one message per row of cat(t_new, t_old) it carries
+        if layer.aggr.linear:  # one message per row of t it carries
+            scale_new, scale_old = self._source_scales(layer, slots)
             rows, coef, local = linear_delta_messages(
-                len(slots), at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
-                layer.edge_weighted, region, sets.scratch)
-            combined = layer.aggr.combine(torch.cat([t_new, t_old]), rows, coef, local,
-                                          len(region))
+                old, at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
+                layer.edge_weighted, scale_new, scale_old, region, sets.scratch)
+            combined = layer.aggr.combine(t, rows, coef, local, len(region))
             return Outbox(self._index(region), combined, self._index(region[:0]), combined[:0])
 
+        t_new, t_old = t[:len(slots)], t.index_select(0, self._index(old))
         dst_new, dst_old = edges.dst[has], edges.dst[had]
         t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
         at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
@@ -291,21 +292,25 @@ class Engine:
                                                       t_dst[2])]))
 
     def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
-                     removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, Tensor]:
-        """t of the message sources ``slots`` after and before the batch (scaled by the
-        source factor for degree-normalised layers)."""
-        t_new = layer.transform(self._rows(hop - 1, self._index(slots)))
-        t_old = t_new.clone()
+                     removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
+        """t of the message sources ``slots``, in one transform: rows ``0..len(slots)``
+        after the batch, then those before it of the sources whose input changed; and
+        ``old``: the row holding each source's t before the batch."""
         olds = np.concatenate([changed.old_slots, removed])
-        if len(olds):
-            at = self._index(self.sets.positions(slots, olds))
-            t_old[at] = layer.transform(torch.cat([changed.old_rows, removed_rows]))
-        if layer.degree_normalised:  # fold the per-source factor into t
-            t_new = t_new * layer.source_scale(
-                self._weight(self.graph.in_weight, slots)).unsqueeze(-1)
-            t_old = t_old * layer.source_scale(
-                self._weight(self._in_weight, slots)).unsqueeze(-1)
-        return t_new, t_old
+        t = layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
+                                       changed.old_rows, removed_rows]))
+        old = np.arange(len(slots))
+        old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
+        return t, old
+
+    def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The per-source message factor after and before the batch (degree-normalised
+        layers; ones otherwise), in float64."""
+        if not layer.degree_normalised:
+            ones = np.ones(len(slots))
+            return ones, ones
+        return tuple(layer.source_scale(torch.from_numpy(w[slots])).numpy()
+                     for w in (self.graph.in_weight, self._in_weight))
 
     def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
                           *dst_sets: np.ndarray) -> list[Tensor | None]:
