@@ -332,14 +332,13 @@ class Engine:
         """Recompute the states of ``pull`` from all their in-neighbours."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
-        rows = np.union1d(src, pull)
+        rows = self.sets.union(src, pull)
         t = layer.transform(self._rows(hop - 1, self._index(rows)))
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
         state = layer.aggr.pack(aggregate(
-            layer, t, ptr, self._index(np.searchsorted(rows, src)),
-            self._tensor(w).to(t.dtype), scale,
-            self._index(np.searchsorted(rows, pull))))
+            layer, t, ptr, self._index(self.sets.positions(rows, src)),
+            self._tensor(w).to(t.dtype), scale, self._index(self.sets.positions(rows, pull))))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
         return state
