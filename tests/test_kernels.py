@@ -51,13 +51,15 @@ def test_add_rows_numba_and_torch_equal_the_reference(seed, count):
         np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12)
 
 
-@given(seed=seeds, sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4))
-def test_slot_set_union_and_positions(seed, sizes):
+@given(seed=seeds, sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       slots=st.sampled_from([50, 5000]))
+def test_slot_set_union_and_positions(seed, sizes, slots):
+    """Among 50 slots a union is found by a scan of the marks, among 5000 by a sort."""
     rng = np.random.default_rng(seed)
-    sets = SlotSets(50)
+    sets = SlotSets(slots)
     parts = [rng.integers(0, 50, n) for n in sizes]
     parts[0] = parts[0].astype(np.int32)  # mixed dtypes are fine
-    alive = rng.random(50) < 0.7
+    alive = rng.random(slots) < 0.7
     union = np.unique(np.concatenate(parts))
     np.testing.assert_array_equal(sets.union(*parts), union)
     live = sets.union(*parts, alive=alive)

@@ -1,6 +1,6 @@
 """`SlotSets`: sorted unions of vertex-slot sets and positions within them, the index work
 of every superstep. Marks scratch arrays as long as the graph's slots (numba), so a union
-costs the size of its inputs, not of the graph.
+costs the size of its inputs (or one scan of the marks, when that is less than a sort).
 
 Owns these set operations only; must not import torch, kafka or mpi4py.
 """
@@ -20,10 +20,18 @@ def _union(values, mark, alive, live_only):
             mark[x] = True
             out[n] = x
             n += 1
-    out = np.sort(out[:n])
-    for x in out:
-        mark[x] = False
-    return out
+    if n * 64 < len(mark):  # few: sort them
+        out = np.sort(out[:n])
+        for x in out:
+            mark[x] = False
+        return out
+    k = 0  # many: a scan of the marks is quicker than a sort
+    for x in range(len(mark)):
+        if mark[x]:
+            mark[x] = False
+            out[k] = x
+            k += 1
+    return out[:n]
 
 
 @njit(cache=True)
