@@ -119,6 +119,9 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
     model, engine, rc, trace = bootstrap(name, weighted, layers, split, device)
     memory = {"engine_mb": engine_bytes(engine) / 2**20, "rc_mb": engine_bytes(rc) / 2**20}
     rows = []
+    for batch in [trace.batch(sizes[0]) for _ in range(BLOCK)]:  # warm-up (JIT), untimed
+        engine.apply(batch)
+        rc.apply(batch)
     for size in sizes:
         times = {"engine": [], "rc": []}
         spent = time.perf_counter()
