@@ -1,4 +1,5 @@
-"""The engine's numba kernels against plain numpy/torch: row scatters (both device paths),
+"""The engine's numba kernels against plain numpy/torch: row scatters and tests (both device
+paths),
 slot-set unions and positions, out-edges except a set of pairs."""
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from streamgnn.models.rowops import (
     add_rows_torch,
     combine_rows_numba,
     combine_rows_torch,
+    max_rows_numba,
+    max_rows_torch,
+    reaches_rows_numba,
+    reaches_rows_torch,
 )
 from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
@@ -49,6 +54,33 @@ def test_add_rows_numba_and_torch_equal_the_reference(seed, count):
         state = base.clone()
         kernel(state, index, rows)
         np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12)
+
+
+@given(seed=seeds, count=st.integers(0, 40))
+def test_max_rows_numba_and_torch_equal_the_reference(seed, count):
+    rng = np.random.default_rng(seed)
+    index = torch.from_numpy(rng.integers(0, 10, count))  # repeats
+    rows = torch.from_numpy(rng.normal(size=(count, 4)).astype(np.float32))
+    base = torch.from_numpy(rng.normal(size=(10, 4)).astype(np.float32))
+    expected = base.numpy().copy()
+    np.maximum.at(expected, index.numpy(), rows.numpy())
+    for kernel in (max_rows_numba, max_rows_torch):
+        state = base.clone()
+        kernel(state, index, rows)
+        np.testing.assert_array_equal(state.numpy(), expected)
+
+
+@given(seed=seeds, count=st.integers(0, 40))
+def test_reaches_rows_numba_and_torch_equal_the_reference(seed, count):
+    rng = np.random.default_rng(seed)
+    index = torch.from_numpy(rng.integers(0, 10, count))
+    state = torch.from_numpy(rng.integers(-2, 3, size=(10, 3)).astype(np.float32))
+    rows = torch.from_numpy(rng.integers(-2, 3, size=(count, 3)).astype(np.float32))
+    rows += torch.from_numpy(rng.choice([0, -1e-7, -1e-3], size=(count, 3)).astype(np.float32))
+    current = state.numpy()[index.numpy()]
+    expected = (rows.numpy() >= current - 1e-6 * np.abs(current)).any(axis=1)
+    for kernel in (reaches_rows_numba, reaches_rows_torch):
+        np.testing.assert_array_equal(kernel(state, index, rows, 1e-6).numpy(), expected)
 
 
 @given(seed=seeds, sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),

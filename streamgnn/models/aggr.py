@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamgnn.models.rowops import add_rows_, combine_rows
+from streamgnn.models.rowops import add_rows_, combine_rows, max_rows_, reaches_rows
 
 
 def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
@@ -114,11 +114,9 @@ class MaxAggregation(Aggregation):
         return _scatter(msg, index, num, "amax")
 
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        current = state[old_dst]
         # Tolerant: an old message recomputed in another order may differ in the last bit.
-        reached = (old_msg >= current - 1e-6 * current.abs()).any(dim=-1)
-        if len(new_dst):
-            state.index_reduce_(0, new_dst, new_msg.to(state.dtype), "amax", include_self=True)
+        reached = reaches_rows(state, old_dst, old_msg.to(state.dtype), 1e-6)
+        max_rows_(state, new_dst, new_msg)
         # A vertex with no in-edge holds 0, a placeholder and not a maximum.
         return torch.cat([old_dst[reached], empty_before]).unique()
 

@@ -71,8 +71,8 @@ class Layer:
     def messages(self, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
         """Messages of the edges ``src -> *`` with weights ``w``."""
         factor = self.message_factor(src, w, scale)
-        m = t[src]
-        return m if factor is None else m * factor.view(-1, *([1] * (m.dim() - 1)))
+        m = t.index_select(0, src)  # quicker than t[src] on CPU
+        return m if factor is None else m.mul_(factor.view(-1, *([1] * (m.dim() - 1))))
 
     def delta_messages(self, t: Tensor, src: Tensor, w: Tensor, t_dst: Tensor | None) -> Tensor:
         """Messages as the aggregation's ``apply_delta`` takes them, ``t`` already scaled;
@@ -252,9 +252,10 @@ class GATLayer(Layer):
         return self.logits(a_src[src], a_dst[dst])
 
     def delta_messages(self, t, src, w, t_dst):
-        a_src = (t[src] * self.conv.att_src).sum(-1)
+        t_src = t.index_select(0, src)
+        a_src = (t_src * self.conv.att_src).sum(-1)
         a_dst = (t_dst * self.conv.att_dst).sum(-1)
-        return self.aggr.message(self.logits(a_src, a_dst), t[src])
+        return self.aggr.message(self.logits(a_src, a_dst), t_src)
 
     def combine(self, h, agg: SoftmaxPartial, t, in_weight):
         a_src, a_dst = self.scores(t)
