@@ -99,9 +99,12 @@ class UpdateBatch:
 
     def __post_init__(self) -> None:
         n = len(self.op)
-        for name, dtype in (("op", np.int8), ("a", np.int64), ("b", np.int64),
+        for name, dtype in (("op", np.int64), ("a", np.int64), ("b", np.int64),
                             ("w", np.float32), ("xrow", np.int64)):
-            column = np.ascontiguousarray(getattr(self, name), dtype)
+            given = np.asarray(getattr(self, name))
+            if dtype is np.int64 and given.size and given.dtype.kind not in "iu":
+                raise ValueError(f"UpdateBatch.{name} must hold integers, not {given.dtype}")
+            column = np.ascontiguousarray(given, dtype)
             if column.shape != (n,):
                 raise ValueError(f"UpdateBatch.{name} has shape {column.shape}, op has ({n},)")
             object.__setattr__(self, name, column)
@@ -111,6 +114,7 @@ class UpdateBatch:
         object.__setattr__(self, "x", x)
         if n and not (self.op.min() >= 0 and self.op.max() < len(UPDATE_TYPES)):
             raise ValueError(f"UpdateBatch.op holds codes outside 0..{len(UPDATE_TYPES) - 1}")
+        object.__setattr__(self, "op", self.op.astype(np.int8))
         featured = (self.op == ADD_VERTEX) | (self.op == UPDATE_FEATURES)
         rows = self.xrow[featured]
         if ((rows < BAD_WIDTH) | (rows >= len(x)) | (rows == NO_X)).any():

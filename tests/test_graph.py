@@ -226,6 +226,8 @@ def test_update_batch_of_the_wrong_width_rejects_its_feature_updates_by_index():
 
 @pytest.mark.parametrize(("columns", "needle"), [
     ({"op": [0, 6]}, "codes outside"),
+    ({"op": [0, 261]}, "codes outside"),
+    ({"a": [1.5, 2]}, "must hold integers"),
     ({"a": [1]}, "UpdateBatch.a has shape"),
     ({"xrow": [-1, -1]}, "needs a row of x"),
     ({"xrow": [-1, 3]}, "needs a row of x"),

@@ -57,10 +57,10 @@ def _drop_edge(out, inn, u, v, log) -> None:
 @njit(cache=True)
 def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
     """Apply updates ``first..`` in order. ``enc`` = the `UpdateBatch` columns (op, a, b,
-    w, xrow, x); ``ids`` the
-    IdMap table; ``verts`` = (alive, x, free, limbo, counts[free_top, limbo_top,
-    num_slots, xsave_n]). Returns (status, index): OK, an error for update ``index``
-    (nothing of it applied), or NEED_ROOM_* (the caller compacts and resumes at index)."""
+    w, xrow, x); ``ids`` the IdMap table; ``verts`` = (alive, x, free, limbo,
+    counts[free_top, limbo_top, num_slots, xsave_n]). Returns (status, index): OK, an error
+    for update ``index`` (nothing of it applied), or NEED_ROOM_* (the caller compacts and
+    resumes at index)."""
     op, a, b, w, xrow, xnew = enc
     alive, x, free, limbo, counts = verts
     for i in range(first, len(op)):
