@@ -61,7 +61,8 @@ def stream_split(preset: str, weighted: bool):
 
 
 def engine_bytes(engine: Engine) -> int:
-    tensors = [*engine.h[1:], *(t for t in engine.state + engine.root if t is not None)]
+    tensors = [*engine.h[1:],
+               *(t for t in engine.state + engine.root + engine.t if t is not None)]
     graph = engine.graph.nbytes()
     return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
 

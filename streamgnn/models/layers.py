@@ -91,6 +91,10 @@ class Layer:
     def combine(self, h: Tensor, agg, t: Tensor, in_weight: Tensor) -> Tensor:
         raise NotImplementedError
 
+    caches_t = False
+    """Whether an engine keeps t of every vertex: for layers whose pulls and updates need
+    t of many vertices whose input did not change (attention)."""
+
     caches_root = False
     """Whether ``update`` is ``finish(combine_root(agg, root(h)))`` with messages arriving
     already transformed: an engine keeping ``root`` per vertex then updates a vertex whose
@@ -221,6 +225,7 @@ class GATLayer(Layer):
     the self-loop, t = W h split into heads; heads concatenated or averaged, + bias."""
 
     self_transform = True
+    caches_t = True
 
     def __init__(self, conv: GATConv, post: Post = None) -> None:
         super().__init__(post)

@@ -111,6 +111,8 @@ class Engine:
         with torch.inference_mode():
             self.root = [layer.root(h) if layer.caches_root and not recompute else None
                          for layer, h in zip(self.layers, hs, strict=False)]
+            self.t = [layer.transform(h) if layer.caches_t and not recompute else None
+                      for layer, h in zip(self.layers, hs, strict=False)]
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str,
@@ -131,10 +133,11 @@ class Engine:
     def snapshot(self) -> dict:
         """Everything the engine knows beside the model, for a checkpoint: the graph (as
         laid out, so a restored engine repeats this one bit for bit), every layer's
-        embeddings, aggregation states and kept root terms."""
+        embeddings, aggregation states and kept root terms and transforms."""
         return {"graph": self.graph, "h": [h.cpu() for h in self.h[1:]],
                 "state": [None if s is None else s.cpu() for s in self.state],
                 "root": [None if r is None else r.cpu() for r in self.root],
+                "t": [None if t is None else t.cpu() for t in self.t],
                 "in_weight": self._in_weight}
 
     @classmethod
@@ -146,6 +149,7 @@ class Engine:
         engine.h = [None, *(h.to(device) for h in snapshot["h"])]
         engine.state = [None if s is None else s.to(device) for s in snapshot["state"]]
         engine.root = [None if r is None else r.to(device) for r in snapshot["root"]]
+        engine.t = [None if t is None else t.to(device) for t in snapshot["t"]]
         engine._in_weight = snapshot["in_weight"]
         engine._labels = engine.h[-1].argmax(dim=-1).cpu().numpy()
         return engine
@@ -242,7 +246,7 @@ class Engine:
         root = self.root[hop - 1]
         if root is None:
             rows = self._rows(hop - 1, index)
-            t = layer.transform(rows) if layer.self_transform else None
+            t = self._t(hop, layer, index) if layer.self_transform else None
             new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
         else:  # only vertices whose own input changed need their root term again
             own = self._index(changed.slots)
@@ -301,6 +305,10 @@ class Engine:
                                        changed.old_rows, removed_rows]))
         old = np.arange(len(slots))
         old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
+        kept = self.t[hop - 1]
+        if kept is not None:  # the sources include every vertex whose input changed
+            kept[self._index(changed.slots)] = t.index_select(
+                0, self._index(self.sets.positions(slots, changed.slots)))
         return t, old
 
     def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -318,7 +326,7 @@ class Engine:
         current input: a destination whose input changed is pulled anyway)."""
         if not layer.aggr.destination_dependent:
             return [None] * len(dst_sets)
-        t = layer.transform(self._rows(hop - 1, self._index(region)))
+        t = self._t(hop, layer, self._index(region))
         return [t[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
     def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
@@ -333,7 +341,7 @@ class Engine:
         g = self.graph
         ptr, src, w = g.in_edges(pull)
         rows = self.sets.union(src, pull)
-        t = layer.transform(self._rows(hop - 1, self._index(rows)))
+        t = self._t(hop, layer, self._index(rows))
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
         state = layer.aggr.pack(aggregate(
@@ -370,6 +378,14 @@ class Engine:
             changes[v] = (None, changes[v][1])  # added by the batch: no old label
         return changes
 
+    def _t(self, hop: int, layer: Layer, index: Tensor) -> Tensor:
+        """t of the vertices ``index`` at superstep ``hop``: kept, or transformed from
+        their h^(hop-1)."""
+        kept = self.t[hop - 1]
+        if kept is None:
+            return layer.transform(self._rows(hop - 1, index))
+        return kept.index_select(0, index)
+
     def _rows(self, layer: int, index: Tensor) -> Tensor:
         if layer == 0:
             rows = self.graph.x.take(index.cpu().numpy(), axis=0)
@@ -396,6 +412,7 @@ class Engine:
         self.h = [None, *(_grown(h, size) for h in self.h[1:])]
         self.state = [None if s is None else _grown(s, size) for s in self.state]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
+        self.t = [None if t is None else _grown(t, size) for t in self.t]
         self._labels = np.concatenate([self._labels,
                                        np.zeros(size - len(self._labels), np.int64)])
         if len(self._in_weight) < len(self.graph.in_weight):
