@@ -125,6 +125,7 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         rc.apply(batch)
     for size in sizes:
         times = {"engine": [], "rc": []}
+        work = {"engine": [], "rc": []}  # (recomputed, pulled) vertices per layer
         spent = time.perf_counter()
         while (time.perf_counter() - spent < budget and len(times["engine"]) < 300) or len(
                 times["engine"]) < 2:
@@ -132,15 +133,19 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
             for key, target in (("engine", engine), ("rc", rc)):
                 for batch in block:
                     t = time.perf_counter()
-                    target.apply(batch)
+                    result = target.apply(batch)
                     _sync(target.device)
                     times[key].append(time.perf_counter() - t)
+                    work[key].append((result.recomputed, result.pulled))
         full = full_forward_seconds(model, engine, full_repeat)
         row = {"workload": label, "layers": layers, "batch": size,
                "engine": percentiles(times["engine"]), "rc": percentiles(times["rc"]),
                "full": {"median_ms": full * 1000}}
         for key in ("engine", "rc", "full"):
             row[key]["updates_per_s"] = size / (row[key]["median_ms"] / 1000)
+        for key in ("engine", "rc"):  # means per layer
+            recomputed, pulled = np.mean(work[key], axis=0).round(1).tolist()
+            row[key] |= {"recomputed_per_layer": recomputed, "pulled_per_layer": pulled}
         rows.append(row)
     ids = engine.vertex_ids()
     a, b = engine.lookup(ids), rc.lookup(ids)
