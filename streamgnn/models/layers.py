@@ -243,11 +243,19 @@ class GATLayer(Layer):
         self.out_dim = conv.heads * conv.out_channels if conv.concat else conv.out_channels
 
     def transform(self, h):
-        return self.conv.lin(h).view(-1, self.heads, self.channels)
+        """W h split into heads, each head's source and destination attention scores
+        appended as two more channels (so whoever keeps t keeps the scores)."""
+        t = self.conv.lin(h).view(-1, self.heads, self.channels)
+        return torch.cat([t, (t * self.conv.att_src).sum(-1, keepdim=True),
+                          (t * self.conv.att_dst).sum(-1, keepdim=True)], dim=-1)
+
+    def values(self, t: Tensor) -> Tensor:
+        """The W h part of t, [n, heads, channels]."""
+        return t[..., :self.channels]
 
     def scores(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """Per-vertex source and destination attention scores, [n, heads] each."""
-        return (t * self.conv.att_src).sum(-1), (t * self.conv.att_dst).sum(-1)
+        return t[..., self.channels], t[..., self.channels + 1]
 
     def logits(self, a_src: Tensor, a_dst: Tensor) -> Tensor:
         return F.leaky_relu(a_src + a_dst, self.conv.negative_slope)
@@ -256,16 +264,19 @@ class GATLayer(Layer):
         a_src, a_dst = self.scores(t)
         return self.logits(a_src[src], a_dst[dst])
 
+    def messages(self, t, src, w, scale):
+        return self.values(t.index_select(0, src))
+
     def delta_messages(self, t, src, w, t_dst):
         t_src = t.index_select(0, src)
-        a_src = (t_src * self.conv.att_src).sum(-1)
-        a_dst = (t_dst * self.conv.att_dst).sum(-1)
-        return self.aggr.message(self.logits(a_src, a_dst), t_src)
+        return self.aggr.message(self.logits(self.scores(t_src)[0], self.scores(t_dst)[1]),
+                                 self.values(t_src))
 
     def combine(self, h, agg: SoftmaxPartial, t, in_weight):
         a_src, a_dst = self.scores(t)
         own = self.logits(a_src, a_dst)
-        merged = SoftmaxAggregation.merge(agg, SoftmaxPartial(own, torch.ones_like(own), t))
+        merged = SoftmaxAggregation.merge(agg, SoftmaxPartial(own, torch.ones_like(own),
+                                                              self.values(t)))
         out = merged.value()
         out = out.reshape(len(t), self.out_dim) if self.conv.concat else out.mean(dim=1)
         if self.conv.res is not None:
