@@ -137,8 +137,8 @@ def datasets_info(dataset: DatasetOpt = "tiny", seed: SeedOpt = 0) -> None:
 def train(
     dataset: DatasetOpt = "arxiv-like",
     model: Annotated[str, typer.Option("--model", "-m", help="gcn, sage-mean, sage-sum, "
-                                       "sage-max, graphconv-sum, graphconv-mean, "
-                                       "graphconv-max, gin, gat")] = "sage-mean",
+                                       "sage-max, sage-min, graphconv-sum, graphconv-mean, "
+                                       "graphconv-max, graphconv-min, gin, gat")] = "sage-mean",
     hidden: Annotated[int, typer.Option(help="Hidden width.")] = 128,
     layers: Annotated[int, typer.Option(help="Number of GNN layers.")] = 2,
     epochs: Annotated[int, typer.Option(help="Full-batch training epochs.")] = 100,

@@ -38,6 +38,7 @@ ARCHS = {
     "graphconv-mean": lambda L: stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="mean"),
     "graphconv-narrowing": lambda L: stack(GraphConv, [*[F_IN, 10, 8][:L], 5]),
     "graphconv-max": lambda L: stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="max"),
+    "graphconv-min": lambda L: stack(GraphConv, [F_IN] + [16] * (L - 1) + [5], aggr="min"),
     "gin-eps": lambda L: GNN([GINConv(MLP([a, 16, b]), eps=0.3, train_eps=True)
                               for a, b in zip([F_IN] + [16] * (L - 1), [16] * (L - 1) + [5])]),
     "gat-mean-heads": lambda L: GNN([GATConv(F_IN, 8, heads=3, concat=False)]

@@ -23,6 +23,14 @@ def test_help_explains_the_commands(tmp_path):
         assert word in text
 
 
+def test_train_help_names_every_model(tmp_path):
+    from streamgnn.models.zoo import MODELS
+
+    text = " ".join(run("train", "--help", cwd=tmp_path).replace("│", " ").split())
+    for name in MODELS:
+        assert name in text
+
+
 def test_train_then_bootstrap(tmp_path):
     text = run("train", "--dataset", "tiny", "--model", "gcn", "--epochs", "3", "--hidden",
                "8", "--out", "m.pt", cwd=tmp_path)

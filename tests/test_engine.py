@@ -236,3 +236,29 @@ def test_attention_pulls_when_removing_the_dominant_edge():
     assert result.pulled[0] >= 1
     np.testing.assert_allclose(engine.lookup([3]), [[0.0, 0.5]], atol=1e-6)
     assert_exact(engine, model, torch.float32, 1e-6)
+
+
+@pytest.mark.parametrize("aggr,sign", [("max", 1.0), ("min", -1.0)])
+def test_extremum_deltas_pull_only_when_the_extremum_leaves(aggr, sign):
+    """max/min: a message that is not the extremum leaves without a pull, a new extremum
+    is taken in place, and only removing the extremum re-aggregates."""
+    from torch_geometric.nn import GraphConv
+
+    from streamgnn.models import GNN
+
+    conv = GraphConv(1, 1, aggr=aggr)
+    with torch.no_grad():
+        conv.lin_rel.weight.fill_(1.0)
+        conv.lin_rel.bias.zero_()
+        conv.lin_root.weight.zero_()
+    model = GNN([conv]).eval()
+    x = [[sign * 1.0], [sign * 5.0], [0.0], [sign * 7.0]]  # vertex 3 aggregates 1 and 2
+    data = sg.GraphData(ids=[1, 2, 3, 4], src=[1, 2], dst=[3, 3], x=x)
+    engine = Engine.from_pyg(model, data)
+    steps = [(sg.DeleteEdge(src=1, dst=3), 0, 5.0), (sg.AddEdge(src=4, dst=3), 0, 7.0),
+             (sg.DeleteEdge(src=4, dst=3), 1, 5.0)]
+    for update, pulled, value in steps:
+        result = engine.apply([update])
+        assert result.pulled[0] == pulled, update
+        np.testing.assert_allclose(engine.lookup([3]), [[sign * value]])
+    assert_exact(engine, model, torch.float32, 1e-6)

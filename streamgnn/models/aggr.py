@@ -1,4 +1,5 @@
-"""Neighbour aggregations, one small class each: sum, mean, max and softmax attention.
+"""Neighbour aggregations, one small class each: sum, mean, max, min and softmax
+attention.
 
 Each aggregation keeps a per-destination *state* (one row of a tensor) and knows how to
 - ``reduce`` all messages of some destinations (full inference, pulls) and ``pack`` the
@@ -123,6 +124,27 @@ class MaxAggregation(Aggregation):
     @staticmethod
     def merge(a: Tensor, b: Tensor) -> Tensor:
         return torch.maximum(a, b)
+
+
+class MinAggregation(MaxAggregation):
+    """Elementwise min (0 for no in-edges, as in PyG). A state row holds the max of the
+    negated messages, so max's delta rules apply unchanged: in place unless a message
+    that stops arriving may have been the min, or there was no in-edge before."""
+
+    name = "min"
+    spmm = "amin"
+
+    def reduce(self, msg, index, num, logits=None) -> Tensor:
+        return _scatter(msg, index, num, "amin")
+
+    def pack(self, reduced: Tensor) -> Tensor:
+        return -reduced
+
+    def finalize(self, state, count):
+        return -state
+
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
+        return super().apply_delta(state, -new_msg, new_dst, -old_msg, old_dst, empty_before)
 
 
 @dataclass

@@ -88,13 +88,27 @@ def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
               scale: Tensor | None, dst: Tensor):
     """Aggregation states of destinations ``dst``, whose in-edges come from
     ``src[ptr[i]:ptr[i+1]]`` (weights ``w``); ``src`` and ``dst`` index rows of ``t`` and
-    ``scale`` (slots, or positions in a subset of them)."""
+    ``scale`` (slots, or positions in a subset of them). Sums, and on CPU max and min, are
+    one sparse CSR x dense product (torch reduces max/min that way on CPU only); the rest
+    goes edge by edge."""
     reduce = layer.aggr.spmm
-    if reduce is None:
-        counts = torch.from_numpy(np.diff(ptr)).to(t.device)
-        local = torch.repeat_interleave(torch.arange(len(ptr) - 1, device=t.device), counts)
-        logits = layer.edge_logits(t, src, dst[local])
-        return layer.aggr.reduce(layer.messages(t, src, w, scale), local, len(ptr) - 1, logits)
+    if reduce == "sum" or (reduce is not None and t.device.type == "cpu"):
+        return aggregate_spmm(layer, t, ptr, src, w, scale)
+    return aggregate_edgewise(layer, t, ptr, src, w, scale, dst)
+
+
+def aggregate_edgewise(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
+                       scale: Tensor | None, dst: Tensor):
+    """`aggregate` by gathering every in-edge's message and reducing per destination."""
+    counts = torch.from_numpy(np.diff(ptr)).to(t.device)
+    local = torch.repeat_interleave(torch.arange(len(ptr) - 1, device=t.device), counts)
+    logits = layer.edge_logits(t, src, dst[local])
+    return layer.aggr.reduce(layer.messages(t, src, w, scale), local, len(ptr) - 1, logits)
+
+
+def aggregate_spmm(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
+                   scale: Tensor | None) -> Tensor:
+    """`aggregate` as a sparse CSR x dense product reducing with ``layer.aggr.spmm``."""
     factor = layer.message_factor(src, w, scale)
     if factor is None:
         factor = torch.ones(len(src), dtype=t.dtype, device=t.device)
@@ -102,4 +116,5 @@ def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
         warnings.simplefilter("ignore", UserWarning)
         adj = torch.sparse_csr_tensor(torch.from_numpy(ptr).to(t.device), src, factor,
                                       size=(len(ptr) - 1, len(t)), check_invariants=False)
+    reduce = layer.aggr.spmm
     return adj @ t if reduce == "sum" else torch.sparse.mm(adj, t, reduce=reduce)

@@ -24,6 +24,7 @@ from streamgnn.models.aggr import (
     Aggregation,
     MaxAggregation,
     MeanAggregation,
+    MinAggregation,
     SoftmaxAggregation,
     SoftmaxPartial,
     SumAggregation,
@@ -33,7 +34,7 @@ Post = Callable[[Tensor], Tensor] | None
 
 _AGGREGATIONS: dict[str, type[Aggregation]] = {
     "add": SumAggregation, "sum": SumAggregation, "mean": MeanAggregation,
-    "max": MaxAggregation,
+    "max": MaxAggregation, "min": MinAggregation,
 }
 
 
@@ -159,11 +160,11 @@ class _LinearRootLayer(Layer):
         super().__init__(post)
         if not isinstance(aggr, str) or aggr not in _AGGREGATIONS:
             raise UnsupportedModelError(
-                f"aggregation {aggr!r} is not supported; use one of add/sum, mean, max")
+                f"aggregation {aggr!r} is not supported; use one of add/sum, mean, max, min")
         self.aggr = _AGGREGATIONS[aggr]()
         self.lin_nbr, self.lin_root = lin_nbr, lin_root
         self.in_dim, self.out_dim = in_dim, out_dim
-        self.pre = not isinstance(self.aggr, MaxAggregation) and out_dim < in_dim
+        self.pre = self.aggr.linear and out_dim < in_dim
         self.caches_root = self.pre and lin_root is not None
 
     def transform(self, h):

@@ -16,8 +16,8 @@ from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
 from streamgnn.models.gnn import GNN
 
-MODELS = ("gcn", "sage-mean", "sage-sum", "sage-max", "graphconv-sum", "graphconv-mean",
-          "graphconv-max", "gin", "gat")
+MODELS = ("gcn", "sage-mean", "sage-sum", "sage-max", "sage-min", "graphconv-sum",
+          "graphconv-mean", "graphconv-max", "graphconv-min", "gin", "gat")
 CHECKPOINT_FORMAT = "streamgnn-checkpoint/1"
 
 
