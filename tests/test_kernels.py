@@ -1,6 +1,6 @@
-"""The engine's numba kernels against plain numpy/torch: row scatters and tests (both device
-paths),
-slot-set unions and positions, out-edges except a set of pairs."""
+"""The engine's numba kernels against plain numpy/torch: row scatters and tests, the softmax
+delta (both device paths), slot-set unions and positions, out-edges except a set of
+pairs."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from streamgnn.models.rowops import (
     reaches_rows_numba,
     reaches_rows_torch,
 )
+from streamgnn.models.softmax_ops import fold_softmax_numba, fold_softmax_torch
 from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
 
@@ -114,3 +115,61 @@ def test_out_edges_except_skips_exactly_the_given_pairs(seed):
     chosen = np.isin(src, vertices) & ~np.isin(pair_keys(src, dst), skip)
     expected = sorted(zip(src[chosen].tolist(), dst[chosen].tolist(), w[chosen].tolist()))
     assert got == expected
+
+
+def _softmax_rows(msgs: list[np.ndarray], h: int, c: int) -> np.ndarray:
+    """State rows [shift | den | num] of each destination's message list, from scratch."""
+    rows = np.zeros((len(msgs), 2 * h + h * c))
+    for i, m in enumerate(msgs):
+        if not len(m):
+            rows[i, :h] = -np.inf
+            continue
+        shift = m[:, :h].max(axis=0)
+        e = np.exp(m[:, :h] - shift)
+        rows[i, :h], rows[i, h:2 * h] = shift, e.sum(axis=0)
+        rows[i, 2 * h:] = (e[:, :, None] * m[:, h:].reshape(-1, h, c)).sum(axis=0).ravel()
+    return rows
+
+
+@given(seed=seeds, h=st.integers(1, 3), c=st.integers(1, 4), spread=st.sampled_from([1, 30]))
+def test_softmax_fold_numba_and_torch_equal_reaggregation(seed, h, c, spread):
+    """Fold removals and arrivals into states built from scratch: every destination not
+    reported cancelled holds the softmax of its remaining messages (same weighted values
+    and denominators as re-aggregating), empty ones included; both kernels agree."""
+    rng = np.random.default_rng(seed)
+    num = 6
+
+    def messages(most: int) -> np.ndarray:
+        m = rng.normal(size=(rng.integers(0, most), h + h * c)).astype(np.float32)
+        m[:, :h] *= spread  # wide logits: one message can dwarf the rest
+        return m.astype(np.float64)
+
+    before = [messages(5) for _ in range(num)]
+    gone = [rng.random(len(m)) < 0.4 for m in before]
+    arriving = [messages(3) for _ in range(num)]
+    after = [np.concatenate([m[~g], a]) for m, g, a in zip(before, gone, arriving)]
+    old = [m[g] for m, g in zip(before, gone)]
+    old_msg = torch.from_numpy(np.concatenate(old)).float()
+    old_dst = torch.from_numpy(np.repeat(np.arange(num), [len(m) for m in old]))
+    new_msg = torch.from_numpy(np.concatenate(arriving)).float()
+    new_dst = torch.from_numpy(np.repeat(np.arange(num), [len(m) for m in arriving]))
+    expected = _softmax_rows(after, h, c)
+    start = torch.from_numpy(_softmax_rows(before, h, c))
+    results = []
+    for kernel in (fold_softmax_numba, fold_softmax_torch):
+        state = start.clone()
+        cancelled = kernel(state, new_msg, new_dst, old_msg, old_dst, h, c, 1e-6).numpy()
+        kept = np.setdiff1d(np.arange(num), cancelled)
+        results.append((state.numpy()[kept], cancelled))
+        for i in kept:
+            got, want = state.numpy()[i], expected[i]
+            if not len(after[i]):  # never had a message: still the empty state
+                assert not len(before[i]) and np.all(got[h:] == 0) and np.all(got[:h] == -np.inf)
+                continue
+            np.testing.assert_allclose(got[h:2 * h] * np.exp(got[:h]),
+                                       want[h:2 * h] * np.exp(want[:h]), rtol=1e-6)
+            np.testing.assert_allclose(got[2 * h:].reshape(h, c) / got[h:2 * h, None],
+                                       want[2 * h:].reshape(h, c) / want[h:2 * h, None],
+                                       rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-9, atol=1e-12)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from streamgnn.models.rowops import add_rows_, combine_rows, max_rows_, reaches_rows
+from streamgnn.models.softmax_ops import fold_softmax_
 
 
 def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
@@ -195,29 +196,8 @@ class SoftmaxAggregation(Aggregation):
         return torch.cat([logits, values.flatten(1)], dim=1)
 
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        h, c = self.heads, self.channels
-        touched = torch.cat([new_dst, old_dst]).unique()
-        at_new = torch.searchsorted(touched, new_dst)
-        at_old = torch.searchsorted(touched, old_dst)
-        part = self.unpack(state[touched])
-        den_before = part.den.clone()
-        old_msg, new_msg = old_msg.to(state.dtype), new_msg.to(state.dtype)
-
-        e = torch.exp(old_msg[:, :h] - part.shift[at_old])
-        den = part.den.index_add(0, at_old, e, alpha=-1)
-        num = part.num.index_add(0, at_old, e.unsqueeze(-1) * old_msg[:, h:].view(-1, h, c),
-                                 alpha=-1)
-        cancelled = (den < self.cancellation * den_before).any(dim=-1)
-
-        logits = new_msg[:, :h]
-        shift = part.shift.index_reduce(0, at_new, logits, "amax", include_self=True)
-        rescale = torch.exp(part.shift - shift).nan_to_num_(0.0)  # -inf - -inf: was empty
-        e = torch.exp(logits - shift[at_new])
-        den = (den * rescale).index_add_(0, at_new, e)
-        num = (num * rescale.unsqueeze(-1)).index_add_(
-            0, at_new, e.unsqueeze(-1) * new_msg[:, h:].view(-1, h, c))
-        state[touched] = self.pack(SoftmaxPartial(shift, den, num))
-        return touched[cancelled]
+        return fold_softmax_(state, new_msg, new_dst, old_msg, old_dst, self.heads,
+                             self.channels, self.cancellation)
 
     def reduce(self, msg, index, num, logits=None) -> SoftmaxPartial:
         shift = _scatter(logits, index, num, "amax")

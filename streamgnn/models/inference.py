@@ -67,15 +67,15 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
             for a, b in pairwise(bounds.tolist()):
                 ptr, src, w = graph.in_edges(np.arange(a, b))
                 src = torch.from_numpy(src.astype(np.int64)).to(device)
-                state = layer.aggr.pack(aggregate(
-                    layer, t, ptr, src, torch.from_numpy(w).to(device, dtype), scale,
-                    torch.arange(a, b, device=device)))
+                state = aggregate(layer, t, ptr, src, torch.from_numpy(w).to(device, dtype),
+                                  scale, torch.arange(a, b, device=device))
                 if keep_states:
                     if kept is None:
                         kept = state.new_zeros((n, *state.shape[1:]),
                                                dtype=layer.aggr.state_dtype or state.dtype)
                     kept[a:b] = state
-                agg = layer.aggr.finalize(state, torch.from_numpy(np.diff(ptr)).to(device))
+                count = torch.from_numpy(np.diff(ptr)).to(device)
+                agg = layer.aggr.finalize(state, count).to(dtype)
                 out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
                 bar.update()
             h = out
@@ -85,16 +85,19 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
 
 
 def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
-              scale: Tensor | None, dst: Tensor):
-    """Aggregation states of destinations ``dst``, whose in-edges come from
+              scale: Tensor | None, dst: Tensor) -> Tensor:
+    """Packed aggregation states of destinations ``dst``, whose in-edges come from
     ``src[ptr[i]:ptr[i+1]]`` (weights ``w``); ``src`` and ``dst`` index rows of ``t`` and
-    ``scale`` (slots, or positions in a subset of them). Sums, and on CPU max and min, are
-    one sparse CSR x dense product (torch reduces max/min that way on CPU only); the rest
-    goes edge by edge."""
+    ``scale`` (slots, or positions in a subset of them). A layer's fused kernel where it
+    has one (attention on CPU); sums, and on CPU max and min, as one sparse CSR x dense
+    product (torch reduces max/min that way on CPU only); the rest edge by edge."""
+    fused = layer.reduce_csr(t, ptr, src, dst)
+    if fused is not None:
+        return fused
     reduce = layer.aggr.spmm
     if reduce == "sum" or (reduce is not None and t.device.type == "cpu"):
-        return aggregate_spmm(layer, t, ptr, src, w, scale)
-    return aggregate_edgewise(layer, t, ptr, src, w, scale, dst)
+        return layer.aggr.pack(aggregate_spmm(layer, t, ptr, src, w, scale))
+    return layer.aggr.pack(aggregate_edgewise(layer, t, ptr, src, w, scale, dst))
 
 
 def aggregate_edgewise(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -29,6 +30,7 @@ from streamgnn.models.aggr import (
     SoftmaxPartial,
     SumAggregation,
 )
+from streamgnn.models.softmax_ops import reduce_attention_csr
 
 Post = Callable[[Tensor], Tensor] | None
 
@@ -68,6 +70,12 @@ class Layer:
         if scale is not None:
             factor = scale[src] if factor is None else factor * scale[src]
         return factor
+
+    def reduce_csr(self, t: Tensor, ptr: np.ndarray, src: Tensor, dst: Tensor) -> Tensor | None:
+        """Packed aggregation states of destinations ``dst[i]`` from their in-edges
+        ``src[ptr[i]:ptr[i+1]]`` (rows of ``t``) by a fused kernel, where the layer has one
+        for ``t``'s device; None: the generic reductions run."""
+        return None
 
     def messages(self, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor:
         """Messages of the edges ``src -> *`` with weights ``w``."""
@@ -267,6 +275,13 @@ class GATLayer(Layer):
 
     def messages(self, t, src, w, scale):
         return self.values(t.index_select(0, src))
+
+    def reduce_csr(self, t, ptr, src, dst):
+        if t.device.type != "cpu":
+            return None
+        a_src, a_dst = self.scores(t)
+        return reduce_attention_csr(self.values(t), a_src, a_dst, ptr, src, dst,
+                                    self.conv.negative_slope)
 
     def delta_messages(self, t, src, w, t_dst):
         t_src = t.index_select(0, src)

@@ -344,9 +344,9 @@ class Engine:
         t = self._t(hop, layer, self._index(rows))
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
-        state = layer.aggr.pack(aggregate(
-            layer, t, ptr, self._index(self.sets.positions(rows, src)),
-            self._tensor(w).to(t.dtype), scale, self._index(self.sets.positions(rows, pull))))
+        state = aggregate(layer, t, ptr, self._index(self.sets.positions(rows, src)),
+                          self._tensor(w).to(t.dtype), scale,
+                          self._index(self.sets.positions(rows, pull)))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
         return state

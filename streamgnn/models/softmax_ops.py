@@ -1,0 +1,138 @@
+"""Kernels of the softmax (attention) aggregation, whose state rows are
+``[shift (heads) | den (heads) | num (heads x channels)]`` (float64):
+- ``fold_softmax_``: fold messages ``[logit (heads) | value (heads x channels)]`` that stop
+  and start arriving into state rows in place, returning the destinations whose
+  denominator the removals cancelled (they must be pulled);
+- ``reduce_attention_csr``: state rows of destinations from all their in-edges (pulls,
+  bootstrap), computing each edge's logit from per-vertex scores as it goes.
+Numba loops for CPU tensors work row by row with no per-message temporaries (torch builds
+several [messages, heads, channels] tensors, which at a few hundred thousand messages is
+most of a GAT batch); torch versions serve other devices (the fold here; the reduce is
+`SoftmaxAggregation.reduce`). Tests hold each pair to each other.
+
+Owns these kernels only; must not import kafka, mpi4py or the graph store.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+from torch import Tensor
+
+
+@njit(cache=True)
+def _fold_loop(state, new_msg, new_dst, old_msg, old_dst, heads, channels, cancellation):
+    h, c = heads, channels
+    touched = np.unique(np.concatenate((new_dst, old_dst)))
+    den_before = np.empty((len(touched), h))
+    for i in range(len(touched)):
+        for k in range(h):
+            den_before[i, k] = state[touched[i], h + k]
+    for m in range(len(old_dst)):  # leaving: subtract at the current shift
+        r = old_dst[m]
+        for k in range(h):
+            e = np.exp(old_msg[m, k] - state[r, k])
+            state[r, h + k] -= e
+            for j in range(c):
+                state[r, 2 * h + k * c + j] -= e * old_msg[m, h + k * c + j]
+    cancelled = np.zeros(len(touched), np.bool_)
+    for i in range(len(touched)):
+        for k in range(h):
+            if state[touched[i], h + k] < cancellation * den_before[i, k]:
+                cancelled[i] = True
+    for m in range(len(new_dst)):  # arriving: raise the shift first, rescaling the sums
+        r = new_dst[m]
+        for k in range(h):
+            logit = new_msg[m, k]
+            if logit > state[r, k]:
+                scale = np.exp(state[r, k] - logit)  # 0 where the row was empty (-inf)
+                state[r, h + k] *= scale
+                for j in range(c):
+                    state[r, 2 * h + k * c + j] *= scale
+                state[r, k] = logit
+    for m in range(len(new_dst)):
+        r = new_dst[m]
+        for k in range(h):
+            e = np.exp(new_msg[m, k] - state[r, k])
+            state[r, h + k] += e
+            for j in range(c):
+                state[r, 2 * h + k * c + j] += e * new_msg[m, h + k * c + j]
+    return touched[cancelled]
+
+
+def fold_softmax_numba(state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
+                       old_dst: Tensor, heads: int, channels: int, cancellation: float
+                       ) -> Tensor:
+    return torch.from_numpy(_fold_loop(state.numpy(), new_msg.numpy(), new_dst.numpy(),
+                                       old_msg.numpy(), old_dst.numpy(), heads, channels,
+                                       cancellation))
+
+
+def fold_softmax_torch(state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
+                       old_dst: Tensor, heads: int, channels: int, cancellation: float
+                       ) -> Tensor:
+    h, c = heads, channels
+    touched = torch.cat([new_dst, old_dst]).unique()
+    at_new = torch.searchsorted(touched, new_dst)
+    at_old = torch.searchsorted(touched, old_dst)
+    rows = state[touched]
+    shift, den, num = rows[:, :h], rows[:, h:2 * h], rows[:, 2 * h:].view(-1, h, c)
+    old_msg, new_msg = old_msg.to(state.dtype), new_msg.to(state.dtype)
+
+    e = torch.exp(old_msg[:, :h] - shift[at_old])
+    den_after = den.index_add(0, at_old, e, alpha=-1)
+    num = num.index_add(0, at_old, e.unsqueeze(-1) * old_msg[:, h:].view(-1, h, c), alpha=-1)
+    cancelled = (den_after < cancellation * den).any(dim=-1)
+
+    logits = new_msg[:, :h]
+    raised = shift.index_reduce(0, at_new, logits, "amax", include_self=True)
+    rescale = torch.exp(shift - raised).nan_to_num_(0.0)  # -inf - -inf: was empty
+    e = torch.exp(logits - raised[at_new])
+    den_after = (den_after * rescale).index_add_(0, at_new, e)
+    num = (num * rescale.unsqueeze(-1)).index_add_(
+        0, at_new, e.unsqueeze(-1) * new_msg[:, h:].view(-1, h, c))
+    state[touched] = torch.cat([raised, den_after, num.flatten(1)], dim=1)
+    return touched[cancelled]
+
+
+def fold_softmax_(state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
+                  old_dst: Tensor, heads: int, channels: int, cancellation: float) -> Tensor:
+    """Fold the messages into ``state`` in place; returns the destinations where the
+    removals left less than ``cancellation`` of a head's denominator (sorted, distinct)."""
+    kernel = fold_softmax_numba if state.device.type == "cpu" else fold_softmax_torch
+    return kernel(state, new_msg, new_dst, old_msg, old_dst, heads, channels, cancellation)
+
+
+@njit(cache=True)
+def _reduce_loop(values, a_src, a_dst, ptr, src, dst, slope):
+    num_dst, h, c = len(ptr) - 1, values.shape[1], values.shape[2]
+    out = np.zeros((num_dst, 2 * h + h * c))
+    for i in range(num_dst):
+        d = dst[i]
+        for k in range(h):
+            out[i, k] = -np.inf
+        for e in range(ptr[i], ptr[i + 1]):  # the shift: each head's largest logit
+            for k in range(h):
+                x = a_src[src[e], k] + a_dst[d, k]
+                out[i, k] = max(out[i, k], x if x > 0 else slope * x)
+        for e in range(ptr[i], ptr[i + 1]):
+            u = src[e]
+            for k in range(h):
+                x = a_src[u, k] + a_dst[d, k]
+                weight = np.exp((x if x > 0 else slope * x) - out[i, k])
+                out[i, h + k] += weight
+                for j in range(c):
+                    out[i, 2 * h + k * c + j] += weight * values[u, k, j]
+    return out
+
+
+def reduce_attention_csr(values: Tensor, a_src: Tensor, a_dst: Tensor, ptr: np.ndarray,
+                         src: Tensor, dst: Tensor, slope: float) -> Tensor:
+    """Packed float64 states of destinations ``dst[i]``, whose in-edges come from
+    ``src[ptr[i]:ptr[i+1]]``, for attention logits ``leaky_relu(a_src[u] + a_dst[v],
+    slope)`` per head (``values`` [n, heads, channels], scores [n, heads]), on CPU in one
+    pass over the edges with no per-edge temporaries. No in-edge: shift -inf, sums 0."""
+    return torch.from_numpy(_reduce_loop(values.numpy(), a_src.numpy(), a_dst.numpy(),
+                                         ptr.astype(np.int64), src.numpy(), dst.numpy(),
+                                         slope))
