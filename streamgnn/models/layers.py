@@ -85,9 +85,14 @@ class Layer:
 
     def delta_messages(self, t: Tensor, src: Tensor, w: Tensor, t_dst: Tensor | None) -> Tensor:
         """Messages as the aggregation's ``apply_delta`` takes them, ``t`` already scaled;
-        ``t_dst`` (each edge's destination row of t) only for destination-dependent
-        aggregations."""
+        ``t_dst`` (each edge's destination row of ``destination_part(t)``) only for
+        destination-dependent aggregations."""
         return self.messages(t, src, w, None)
+
+    def destination_part(self, t: Tensor) -> Tensor:
+        """What a message needs of its destination's t (destination-dependent
+        aggregations)."""
+        return t
 
     def update(self, h: Tensor, agg, t: Tensor | None, in_weight: Tensor) -> Tensor:
         """``t`` may be None unless ``self_transform``."""
@@ -283,10 +288,12 @@ class GATLayer(Layer):
         return reduce_attention_csr(self.values(t), a_src, a_dst, ptr, src, dst,
                                     self.conv.negative_slope)
 
+    def destination_part(self, t):
+        return self.scores(t)[1]
+
     def delta_messages(self, t, src, w, t_dst):
         t_src = t.index_select(0, src)
-        return self.aggr.message(self.logits(self.scores(t_src)[0], self.scores(t_dst)[1]),
-                                 self.values(t_src))
+        return self.aggr.message(self.logits(self.scores(t_src)[0], t_dst), self.values(t_src))
 
     def combine(self, h, agg: SoftmaxPartial, t, in_weight):
         a_src, a_dst = self.scores(t)

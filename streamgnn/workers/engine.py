@@ -322,12 +322,13 @@ class Engine:
 
     def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
                           *dst_sets: np.ndarray) -> list[Tensor | None]:
-        """For destination-dependent aggregations, t of each message's destination (its
-        current input: a destination whose input changed is pulled anyway)."""
+        """For destination-dependent aggregations, what the messages need of each one's
+        destination (``Layer.destination_part`` of its current t: a destination whose
+        input changed is pulled anyway)."""
         if not layer.aggr.destination_dependent:
             return [None] * len(dst_sets)
-        t = self._t(hop, layer, self._index(region))
-        return [t[self._index(self.sets.positions(region, d))] for d in dst_sets]
+        part = layer.destination_part(self._t(hop, layer, self._index(region)))
+        return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
     def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
                      edges: _BatchEdges) -> np.ndarray:
@@ -340,13 +341,17 @@ class Engine:
         """Recompute the states of ``pull`` from all their in-neighbours."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
-        rows = self.sets.union(src, pull)
-        t = self._t(hop, layer, self._index(rows))
+        if self.t[hop - 1] is not None:  # kept: read in place, by slot
+            rows, t = slice(None), self.t[hop - 1]  # rows: all slots
+            src_at, pull_at = src, pull
+        else:  # transform the rows the pull reads
+            rows = self.sets.union(src, pull)
+            t = layer.transform(self._rows(hop - 1, self._index(rows)))
+            src_at, pull_at = self.sets.positions(rows, src), self.sets.positions(rows, pull)
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
-        state = aggregate(layer, t, ptr, self._index(self.sets.positions(rows, src)),
-                          self._tensor(w).to(t.dtype), scale,
-                          self._index(self.sets.positions(rows, pull)))
+        state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
+                          scale, self._index(pull_at))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
         return state
