@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 import streamgnn as sg
+from streamgnn.allocator import keep_freed_memory
 from streamgnn.models.gnn import pyg_forward
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
@@ -220,6 +221,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where engine and RC run: cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    keep_freed_memory()  # as `streamgnn serve` runs the engine
 
     if args.profile:
         label, name, weighted = next(w for w in WORKLOADS if w[0] in args.workloads)

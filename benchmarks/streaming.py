@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 import streamgnn as sg
+from streamgnn.allocator import keep_freed_memory
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.router import Service, ServiceConfig
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/streaming.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)
+    keep_freed_memory()  # as `streamgnn serve` runs the engine
 
     full = sg.datasets.synthetic(args.preset, seed=0)
     full.weight[:] = 1.0

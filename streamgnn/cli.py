@@ -235,9 +235,11 @@ def demo(
     synthesize a graph, train on its 80 % snapshot, bootstrap all layer embeddings, serve,
     stream the held-out 20 % in through Kafka, show label changes live, and end with a
     summary checked against PyG's forward pass. Stops what it started."""
+    from streamgnn.allocator import keep_freed_memory
     from streamgnn.demo import run_demo
     from streamgnn.stream.broker import EmbeddedBroker
 
+    keep_freed_memory()
     out = Path("artifacts") / f"{model}-{dataset}.pt"
     full, data, events, result = _train(dataset, model, 128, 2, epochs, out, 0.2, seed)
     _bootstrap(data, result.checkpoint.model(), device)
@@ -314,11 +316,13 @@ def serve(
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
     exact, publish label-changes and dead-letters, checkpoint state and offsets."""
+    from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig
     from streamgnn.stream.kafka import KafkaTransport, ensure_topics
     from streamgnn.workers import Engine
 
+    keep_freed_memory()
     topics = _topics(topic_prefix)
     config = ServiceConfig(batch_size=batch_size, max_wait_s=max_wait,
                            arrival_wait_s=arrival_wait, checkpoint_batches=checkpoint_every,

@@ -20,7 +20,12 @@ from streamgnn.models.rowops import (
     reaches_rows_numba,
     reaches_rows_torch,
 )
-from streamgnn.models.softmax_ops import fold_softmax_numba, fold_softmax_torch
+from streamgnn.models.softmax_ops import (
+    attend_with_self_loop_numba,
+    attend_with_self_loop_torch,
+    fold_softmax_numba,
+    fold_softmax_torch,
+)
 from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
 
@@ -173,3 +178,24 @@ def test_softmax_fold_numba_and_torch_equal_reaggregation(seed, h, c, spread):
                                        rtol=1e-6, atol=1e-9)
     np.testing.assert_array_equal(results[0][1], results[1][1])
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-9, atol=1e-12)
+
+
+@given(seed=seeds, h=st.integers(1, 3), c=st.integers(1, 4), spread=st.sampled_from([1, 30]))
+def test_self_loop_attention_numba_and_torch_equal_the_softmax(seed, h, c, spread):
+    """The softmax over a vertex's in-edges and its self-loop, from the in-edges' state and
+    the self-loop's logit and value, equals the softmax over all of them at once (a vertex
+    without in-edges attends to itself only)."""
+    rng = np.random.default_rng(seed)
+    msgs = [rng.normal(size=(rng.integers(0, 4), h + h * c)) for _ in range(5)]
+    own = [rng.normal(size=h + h * c) for _ in range(5)]
+    for m, o in zip(msgs, own):
+        m[:, :h] *= spread
+        o[:h] *= spread
+    state = torch.from_numpy(_softmax_rows(msgs, h, c))
+    everything = _softmax_rows([np.vstack([m, o]) for m, o in zip(msgs, own)], h, c)
+    expected = everything[:, 2 * h:].reshape(-1, h, c) / everything[:, h:2 * h, None]
+    own = torch.from_numpy(np.array(own))
+    for kernel in (attend_with_self_loop_numba, attend_with_self_loop_torch):
+        got = kernel(state[:, :h], state[:, h:2 * h], state[:, 2 * h:].view(-1, h, c),
+                     own[:, :h].contiguous(), own[:, h:].reshape(-1, h, c))
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-12)

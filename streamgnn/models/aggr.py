@@ -7,7 +7,6 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
 - ``apply_delta``: fold messages that stopped and started arriving into stored states,
   returning the destinations whose state it cannot fix that way (they must be pulled),
-- ``merge`` two partial states of the same destinations,
 - and, for linear ones, ``combine`` messages into one delta per destination.
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
 """
@@ -61,10 +60,6 @@ class Aggregation:
         in-edge. Returns the destinations that need a pull (by default: all)."""
         return torch.cat([new_dst, old_dst]).unique()
 
-    @staticmethod
-    def merge(a, b):
-        raise NotImplementedError
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -89,10 +84,6 @@ class SumAggregation(Aggregation):
         add_rows_(state, new_dst, new_msg)
         add_rows_(state, old_dst, -old_msg)
         return new_dst[:0]
-
-    @staticmethod
-    def merge(a: Tensor, b: Tensor) -> Tensor:
-        return a + b
 
 
 class MeanAggregation(SumAggregation):
@@ -122,10 +113,6 @@ class MaxAggregation(Aggregation):
         # A vertex with no in-edge holds 0, a placeholder and not a maximum.
         return torch.cat([old_dst[reached], empty_before]).unique()
 
-    @staticmethod
-    def merge(a: Tensor, b: Tensor) -> Tensor:
-        return torch.maximum(a, b)
-
 
 class MinAggregation(MaxAggregation):
     """Elementwise min (0 for no in-edges, as in PyG). A state row holds the max of the
@@ -150,16 +137,13 @@ class MinAggregation(MaxAggregation):
 
 @dataclass
 class SoftmaxPartial:
-    """Softmax-weighted sum over a subset of a destination's edges, kept mergeable:
-    ``shift`` (max logit, per head), ``den`` = sum exp(logit - shift), ``num`` = sum of
-    exp(logit - shift) * message."""
+    """Softmax-weighted sum over a destination's in-edges, per head: ``shift`` (max
+    logit), ``den`` = sum exp(logit - shift), ``num`` = sum of exp(logit - shift) *
+    message (the self-loop joins in `softmax_ops.attend_with_self_loop`)."""
 
     shift: Tensor
     den: Tensor
     num: Tensor
-
-    def value(self) -> Tensor:
-        return self.num / self.den.unsqueeze(-1)
 
     def to(self, dtype: torch.dtype) -> SoftmaxPartial:
         return SoftmaxPartial(self.shift.to(dtype), self.den.to(dtype), self.num.to(dtype))
@@ -207,11 +191,3 @@ class SoftmaxAggregation(Aggregation):
         den = logits.new_zeros(shift.shape).index_add_(0, index, e)
         total = msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, e.unsqueeze(-1) * msg)
         return SoftmaxPartial(shift, den, total)
-
-    @staticmethod
-    def merge(a: SoftmaxPartial, b: SoftmaxPartial) -> SoftmaxPartial:
-        shift = torch.maximum(a.shift, b.shift)
-        ea = torch.exp(a.shift - shift).nan_to_num_(0.0)  # -inf - -inf: an empty side
-        eb = torch.exp(b.shift - shift).nan_to_num_(0.0)
-        return SoftmaxPartial(shift, a.den * ea + b.den * eb,
-                              a.num * ea.unsqueeze(-1) + b.num * eb.unsqueeze(-1))

@@ -30,7 +30,7 @@ from streamgnn.models.aggr import (
     SoftmaxPartial,
     SumAggregation,
 )
-from streamgnn.models.softmax_ops import reduce_attention_csr
+from streamgnn.models.softmax_ops import attend_with_self_loop, reduce_attention_csr
 
 Post = Callable[[Tensor], Tensor] | None
 
@@ -297,10 +297,8 @@ class GATLayer(Layer):
 
     def combine(self, h, agg: SoftmaxPartial, t, in_weight):
         a_src, a_dst = self.scores(t)
-        own = self.logits(a_src, a_dst)
-        merged = SoftmaxAggregation.merge(agg, SoftmaxPartial(own, torch.ones_like(own),
-                                                              self.values(t)))
-        out = merged.value()
+        out = attend_with_self_loop(agg.shift, agg.den, agg.num, self.logits(a_src, a_dst),
+                                    self.values(t))
         out = out.reshape(len(t), self.out_dim) if self.conv.concat else out.mean(dim=1)
         if self.conv.res is not None:
             out = out + self.conv.res(h)

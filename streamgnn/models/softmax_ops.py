@@ -4,10 +4,12 @@
   and start arriving into state rows in place, returning the destinations whose
   denominator the removals cancelled (they must be pulled);
 - ``reduce_attention_csr``: state rows of destinations from all their in-edges (pulls,
-  bootstrap), computing each edge's logit from per-vertex scores as it goes.
+  bootstrap), computing each edge's logit from per-vertex scores as it goes;
+- ``attend_with_self_loop``: the attention output once a vertex's self-loop joins the
+  softmax of its in-edges.
 Numba loops for CPU tensors work row by row with no per-message temporaries (torch builds
 several [messages, heads, channels] tensors, which at a few hundred thousand messages is
-most of a GAT batch); torch versions serve other devices (the fold here; the reduce is
+most of a GAT batch); torch versions serve other devices (the reduce's is
 `SoftmaxAggregation.reduce`). Tests hold each pair to each other.
 
 Owns these kernels only; must not import kafka, mpi4py or the graph store.
@@ -136,3 +138,42 @@ def reduce_attention_csr(values: Tensor, a_src: Tensor, a_dst: Tensor, ptr: np.n
     return torch.from_numpy(_reduce_loop(values.numpy(), a_src.numpy(), a_dst.numpy(),
                                          ptr.astype(np.int64), src.numpy(), dst.numpy(),
                                          slope))
+
+
+@njit(cache=True)
+def _self_loop_loop(shift, den, num, own, values):
+    n, h, c = values.shape
+    out = np.empty((n, h, c), values.dtype)
+    for i in range(n):
+        for k in range(h):
+            top = max(shift[i, k], own[i, k])
+            kept = np.exp(shift[i, k] - top)  # 0 where nothing arrived (shift -inf)
+            mine = np.exp(own[i, k] - top)
+            total = den[i, k] * kept + mine
+            for j in range(c):
+                out[i, k, j] = (num[i, k, j] * kept + mine * values[i, k, j]) / total
+    return out
+
+
+def attend_with_self_loop_numba(shift: Tensor, den: Tensor, num: Tensor, own: Tensor,
+                                values: Tensor) -> Tensor:
+    return torch.from_numpy(_self_loop_loop(shift.numpy(), den.numpy(), num.numpy(),
+                                            own.numpy(), values.numpy()))
+
+
+def attend_with_self_loop_torch(shift: Tensor, den: Tensor, num: Tensor, own: Tensor,
+                                values: Tensor) -> Tensor:
+    top = torch.maximum(shift, own)
+    kept = torch.exp(shift - top).unsqueeze(-1)  # 0 where nothing arrived (shift -inf)
+    mine = torch.exp(own - top).unsqueeze(-1)
+    return (num * kept + mine * values) / (den.unsqueeze(-1) * kept + mine)
+
+
+def attend_with_self_loop(shift: Tensor, den: Tensor, num: Tensor, own: Tensor,
+                          values: Tensor) -> Tensor:
+    """Each destination's attention output [n, heads, channels] once its self-loop (logit
+    ``own`` [n, heads], value ``values``) joins the partial softmax ``(shift, den, num)``
+    of its in-edges."""
+    cpu = values.device.type == "cpu"
+    kernel = attend_with_self_loop_numba if cpu else attend_with_self_loop_torch
+    return kernel(shift, den, num, own, values)
