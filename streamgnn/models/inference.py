@@ -95,9 +95,14 @@ def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
     if fused is not None:
         return fused
     reduce = layer.aggr.spmm
-    if reduce == "sum" or (reduce is not None and t.device.type == "cpu"):
+    if reduce == "sum" or (reduce is not None and _reduces_on_cpu(t)):
         return layer.aggr.pack(aggregate_spmm(layer, t, ptr, src, w, scale))
     return layer.aggr.pack(aggregate_edgewise(layer, t, ptr, src, w, scale, dst))
+
+
+def _reduces_on_cpu(t: Tensor) -> bool:
+    """Whether torch's sparse product can reduce ``t`` with max/min (CPU only)."""
+    return t.device.type == "cpu"
 
 
 def aggregate_edgewise(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
