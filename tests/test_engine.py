@@ -145,7 +145,8 @@ def test_cuda_engine_stays_exact(arch):
 def device_kernels(monkeypatch):
     """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
     GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
-    reduce. What this leaves untested on a GPU is only where tensors live."""
+    reduce. Left for a GPU: where tensors live, and the engine's two row reductions
+    (`_argmax_rows`, `_rows_differ`), which branch on the device inside."""
     from streamgnn.models import inference, layers, rowops, softmax_ops
 
     for module, names in ((rowops, ("combine_rows", "add_rows", "max_rows", "reaches_rows")),
