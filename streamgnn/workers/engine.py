@@ -346,7 +346,7 @@ class Engine:
             src_at, pull_at = src, pull
         else:  # transform the rows the pull reads
             rows = self.sets.union(src, pull)
-            t = layer.transform(self._rows(hop - 1, self._index(rows)))
+            t = self._t(hop, layer, self._index(rows))
             src_at, pull_at = self.sets.positions(rows, src), self.sets.positions(rows, pull)
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
