@@ -6,6 +6,8 @@ Owns argument parsing and terminal output only; the work lives in the subpackage
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -310,15 +312,31 @@ def serve(
     until_idle: Annotated[float | None, typer.Option(
         help="Exit after this many seconds without input (default: run until Ctrl-C).")
     ] = None,
+    max_abs_feature: Annotated[float, typer.Option(
+        envvar="STREAMGNN_MAX_ABS_FEATURE", help="Largest |feature value| accepted; larger "
+        "ones are dead-lettered as out_of_range (past ~1e9 for |weight x feature| float "
+        "cancellation would break exactness).")] = 1e6,
+    max_abs_weight: Annotated[float, typer.Option(
+        envvar="STREAMGNN_MAX_ABS_WEIGHT", help="Largest |edge weight| accepted.")] = 1e3,
+    quarantine_after: Annotated[int, typer.Option(
+        envvar="STREAMGNN_QUARANTINE_AFTER", help="Deaths of the service with one update "
+        "alone in flight before that update is dead-lettered as quarantined.")] = 2,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
     topic_prefix: TopicPrefixOpt = "",
     device: DeviceOpt = "cpu",
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
-    exact, publish label-changes and dead-letters, checkpoint state and offsets."""
+    exact, publish label-changes and dead-letters, checkpoint state and offsets.
+
+    Ctrl-C or SIGTERM (docker stop, Kubernetes) stops at the next batch boundary and
+    writes a checkpoint; a second one aborts at once (the last checkpoint and the journal
+    still resume exactly). Started again with the same --state-dir, it resumes: batches
+    since the checkpoint are replayed as they were (same label-change messages, same
+    event ids), and input the last process died on is isolated and, at the second death,
+    dead-lettered as quarantined."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
-    from streamgnn.router import Checkpoints, Service, ServiceConfig
+    from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
     from streamgnn.stream.kafka import KafkaTransport, ensure_topics
     from streamgnn.workers import Engine
 
@@ -327,7 +345,9 @@ def serve(
     config = ServiceConfig(batch_size=batch_size, max_wait_s=max_wait,
                            arrival_wait_s=arrival_wait, checkpoint_batches=checkpoint_every,
                            checkpoint_s=checkpoint_seconds, partitions=partitions,
-                           placement=placement, topics=topics)
+                           placement=placement, max_abs_feature=max_abs_feature,
+                           max_abs_weight=max_abs_weight, quarantine_after=quarantine_after,
+                           topics=topics)
     ensure_topics(bootstrap_servers, topics.all())
     checkpoints = Checkpoints(state_dir)
     if checkpoints.exists():
@@ -337,35 +357,48 @@ def serve(
         _, data, _ = _snapshot(dataset, seed, holdout)
         return Engine.from_pyg(model.model(), data, device=device, progress=True)
 
-    service = Service.open(lambda: Checkpoint.load(checkpoint), start,
-                           KafkaTransport(bootstrap_servers, topics.updates), config,
-                           checkpoints, device)
-    console.print(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} "
-                  f"at {bootstrap_servers} (batch {batch_size}, from batch "
-                  f"{service.batch_seq + 1}); Ctrl-C stops")
-    stats = _run_service(service, until_idle)
-    _print_stats(stats)
-
-
-def _run_service(service, until_idle: float | None, stop=lambda: False):
     from tqdm.auto import tqdm
 
     bar = tqdm(desc="updates applied", unit="upd", smoothing=0.1, leave=False)
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        if stopping.is_set():  # a second Ctrl-C: leave now (checkpoint and journal hold)
+            raise KeyboardInterrupt
+        stopping.set()
+        bar.write(f"{signal.Signals(signum).name}: stopping at the next batch boundary "
+                  "(again to abort)")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
+
+    def open_service() -> Service:
+        service = Service.open(lambda: Checkpoint.load(checkpoint), start,
+                               KafkaTransport(bootstrap_servers, topics.updates), config,
+                               checkpoints, device)
+        bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} at "
+                  f"{bootstrap_servers} (batch {batch_size}, from batch "
+                  f"{service.batch_seq + 1}); Ctrl-C stops")
+        current["service"] = service
+        return service
+
+    current: dict[str, Service] = {}
 
     def progress(report) -> None:
+        stats = current["service"].stats
         bar.update(report.size)
-        bar.set_postfix(labels=service.stats.label_changes,
-                        dead=sum(service.stats.dead_letters.values()), refresh=False)
+        bar.set_postfix(labels=stats.label_changes, dead=sum(stats.dead_letters.values()),
+                        refresh=False)
 
     try:
-        return service.run(stop=stop, idle_exit_s=until_idle, on_batch=progress)
-    except KeyboardInterrupt:
-        console.print("stopping: last batch applied, checkpoint written")
-        service.transport.flush()
-        service.checkpoint()
-        return service.stats
+        service = run_recovering(
+            open_service, lambda e: bar.write(f"{e}\nrecovering from the last checkpoint"),
+            stop=stopping.is_set, idle_exit_s=until_idle, on_batch=progress)
     finally:
         bar.close()
+    if stopping.is_set():
+        console.print(f"stopped after batch {service.batch_seq}: checkpoint written")
+    _print_stats(service.stats)
 
 
 def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:

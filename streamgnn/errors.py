@@ -13,7 +13,10 @@ class StreamGNNError(Exception):
 
 
 class InvalidUpdateError(StreamGNNError, ValueError):
-    """An update that cannot be applied to the current graph; nothing was applied."""
+    """An update that cannot be applied to the current graph; nothing was applied.
+    ``kind`` names the problem in one word (a dead letter's ``error``)."""
+
+    kind = "invalid_update"
 
     def __init__(self, reason: str, *, index: int | None = None) -> None:
         self.reason = reason
@@ -33,29 +36,55 @@ class InvalidUpdateError(StreamGNNError, ValueError):
 class UnknownVertexError(InvalidUpdateError, KeyError):
     """A vertex id that is not in the graph."""
 
+    kind = "unknown_vertex"
+
 
 class DuplicateVertexError(InvalidUpdateError):
     """Adding a vertex id that already exists."""
+
+    kind = "duplicate_vertex"
 
 
 class UnknownEdgeError(InvalidUpdateError, KeyError):
     """Deleting or updating an edge that does not exist."""
 
+    kind = "unknown_edge"
+
 
 class DuplicateEdgeError(InvalidUpdateError):
     """Adding an edge that already exists (the graph keeps no parallel edges)."""
+
+    kind = "duplicate_edge"
 
 
 class SelfLoopError(InvalidUpdateError):
     """An edge from a vertex to itself (the graph keeps no self-loops)."""
 
+    kind = "self_loop"
+
 
 class FeatureDimensionError(InvalidUpdateError):
     """A feature vector whose length differs from the graph's feature dimension."""
 
+    kind = "wrong_dimension"
+
 
 class NonFiniteValueError(InvalidUpdateError):
     """A NaN or infinite feature value or edge weight."""
+
+    kind = "non_finite"
+
+
+class OutOfRangeError(InvalidUpdateError):
+    """A feature value or edge weight beyond the graph's `ValueLimits` (past them, float
+    cancellation in long delta chains would break the exactness contract)."""
+
+    kind = "out_of_range"
+
+
+class NonFiniteEmbeddingError(StreamGNNError, ArithmeticError):
+    """A batch drove an embedding to NaN or inf. The engine's state is no longer exact:
+    restore it from a snapshot (the service does, and isolates the update responsible)."""
 
 
 class UnsupportedModelError(StreamGNNError, TypeError):

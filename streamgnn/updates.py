@@ -14,6 +14,22 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+VertexId = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+"""An external vertex id: any int64."""
+
+
+@dataclass(frozen=True)
+class ValueLimits:
+    """The largest feature value and edge weight (in absolute value) the graph accepts.
+    The engine keeps states in float64 and embeddings in float32; past about 1e9 for
+    |weight x feature|, cancellation in a long chain of deltas would leave errors above the
+    exactness contract's 1e-4 (measured: README, "Reliability"), so larger values are
+    rejected (`OutOfRangeError`, dead letter ``out_of_range``) rather than silently
+    corrupting the state. Raise them only for models and data you have checked."""
+
+    features: float = 1e6
+    weights: float = 1e3
+
 
 class _Update(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -26,38 +42,38 @@ class _Update(BaseModel):
 
 class AddEdge(_Update):
     op: Literal["add_edge"] = "add_edge"
-    src: int
-    dst: int
+    src: VertexId
+    dst: VertexId
     weight: float = 1.0
 
 
 class DeleteEdge(_Update):
     op: Literal["delete_edge"] = "delete_edge"
-    src: int
-    dst: int
+    src: VertexId
+    dst: VertexId
 
 
 class UpdateEdge(_Update):
     op: Literal["update_edge"] = "update_edge"
-    src: int
-    dst: int
+    src: VertexId
+    dst: VertexId
     weight: float
 
 
 class AddVertex(_Update):
     op: Literal["add_vertex"] = "add_vertex"
-    id: int
+    id: VertexId
     x: list[float]
 
 
 class DeleteVertex(_Update):
     op: Literal["delete_vertex"] = "delete_vertex"
-    id: int
+    id: VertexId
 
 
 class UpdateFeatures(_Update):
     op: Literal["update_features"] = "update_features"
-    id: int
+    id: VertexId
     x: list[float]
 
 

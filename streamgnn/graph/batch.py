@@ -29,12 +29,14 @@ EDGE, VADD, VDEL, FEAT = range(4)
 
 # Status codes returned by apply_kernel with the index of the update they concern.
 (OK, UNKNOWN_A, UNKNOWN_B, DUPLICATE_VERTEX, UNKNOWN_EDGE, DUPLICATE_EDGE, SELF_LOOP,
- BAD_DIMENSION, NONFINITE_X, NONFINITE_W, NEED_ROOM_OUT, NEED_ROOM_IN) = range(12)
+ BAD_DIMENSION, BAD_X, BAD_W, NEED_ROOM_OUT, NEED_ROOM_IN) = range(12)
+# BAD_X / BAD_W: a feature value / weight that is NaN, inf or past the graph's limits.
 
 
 @njit(cache=True)
-def _finite_row(x, r) -> bool:
-    return np.isfinite(x[r]).all()
+def _row_within(x, r, limit) -> bool:
+    """Whether every value of row ``r`` is finite and at most ``limit`` in size."""
+    return (np.abs(x[r]) <= limit).all()  # False for NaN too
 
 
 @njit(cache=True)
@@ -55,10 +57,11 @@ def _drop_edge(out, inn, u, v, log) -> None:
 
 
 @njit(cache=True)
-def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
+def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits):
     """Apply updates ``first..`` in order. ``enc`` = the `UpdateBatch` columns (op, a, b,
     w, xrow, x); ``ids`` the IdMap table; ``verts`` = (alive, x, free, limbo,
-    counts[free_top, limbo_top, num_slots, xsave_n]). Returns (status, index): OK, an error
+    counts[free_top, limbo_top, num_slots, xsave_n]); ``limits`` = (largest |feature|,
+    largest |weight|). Returns (status, index): OK, an error
     for update ``index`` (nothing of it applied), or NEED_ROOM_* (the caller compacts and
     resumes at index)."""
     op, a, b, w, xrow, xnew = enc
@@ -72,8 +75,8 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
             v = get1(ids, b[i])
             if v < 0:
                 return UNKNOWN_B, i
-            if code != DELETE_EDGE and not np.isfinite(w[i]):
-                return NONFINITE_W, i
+            if code != DELETE_EDGE and not abs(w[i]) <= limits[1]:
+                return BAD_W, i
             if code == ADD_EDGE:
                 if u == v:
                     return SELF_LOOP, i
@@ -114,8 +117,8 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave):
             r = xrow[i]
             if r == BAD_WIDTH:
                 return BAD_DIMENSION, i
-            if not _finite_row(xnew, r):
-                return NONFINITE_X, i
+            if not _row_within(xnew, r, limits[0]):
+                return BAD_X, i
             u = get1(ids, a[i])
             if code == ADD_VERTEX:
                 if u >= 0:

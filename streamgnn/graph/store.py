@@ -23,6 +23,7 @@ from streamgnn.errors import (
     FeatureDimensionError,
     InvalidUpdateError,
     NonFiniteValueError,
+    OutOfRangeError,
     SelfLoopError,
     UnknownEdgeError,
     UnknownVertexError,
@@ -30,11 +31,11 @@ from streamgnn.errors import (
 from streamgnn.graph.adjacency import Adjacency
 from streamgnn.graph.batch import (
     BAD_DIMENSION,
+    BAD_X,
     DUPLICATE_EDGE,
     DUPLICATE_VERTEX,
     NEED_ROOM_IN,
     NEED_ROOM_OUT,
-    NONFINITE_X,
     OK,
     SELF_LOOP,
     UNKNOWN_A,
@@ -53,6 +54,7 @@ from streamgnn.updates import (
     UPDATE_FEATURES,
     Update,
     UpdateBatch,
+    ValueLimits,
 )
 
 
@@ -99,13 +101,26 @@ class DynamicGraph:
         self._free = np.zeros(vertex_capacity, np.int32)   # stack of reusable slots
         self._limbo = np.zeros(0, np.int32)  # slots deleted by the open batch
         self._counts = np.zeros(4, np.int64)  # free top, limbo top, slots used, xsave rows
+        self.limits = ValueLimits()
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_data(cls, data: GraphData) -> DynamicGraph:
-        """Bulk load a snapshot; slot i holds ``data.ids[i]``."""
+    def from_data(cls, data: GraphData, limits: ValueLimits | None = None) -> DynamicGraph:
+        """Bulk load a snapshot; slot i holds ``data.ids[i]``. Values past ``limits``
+        raise `OutOfRangeError` naming the first (later deltas on them would not be
+        exact)."""
         n = data.num_vertices
         g = cls(data.num_features, vertex_capacity=max(n, 16))
+        g.limits = limits or g.limits
+        over = np.flatnonzero(np.abs(data.x).max(axis=1, initial=0) > g.limits.features)
+        if len(over):
+            raise OutOfRangeError(f"vertex {data.ids[over[0]]}: a feature value is beyond the "
+                                  f"limit of +-{g.limits.features:g} (see ValueLimits)")
+        over = np.flatnonzero(np.abs(data.weight) > g.limits.weights)
+        if len(over):
+            raise OutOfRangeError(f"edge ({data.src[over[0]]}, {data.dst[over[0]]}): weight "
+                                  f"{data.weight[over[0]]:g} is beyond the limit of "
+                                  f"+-{g.limits.weights:g} (see ValueLimits)")
         g._ids.insert(data.ids, np.arange(n, dtype=np.int32))
         g.alive[:n] = True
         g.x[:n] = data.x
@@ -225,16 +240,17 @@ class DynamicGraph:
         self._reserve(enc)
         log, xsave = self._new_log(enc)
         args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
+        limits = np.array([self.limits.features, self.limits.weights], np.float64)
         status, index = OK, 0
         rejected: list[InvalidUpdateError] = []
         while True:
             status, index = apply_kernel((enc.op, enc.a, enc.b, enc.w, enc.xrow, enc.x), index,
-                                         *args, log, xsave)
+                                         *args, log, xsave, limits)
             if status in (NEED_ROOM_OUT, NEED_ROOM_IN):
                 self._make_room(status, len(enc) - index)
                 args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
             elif status != OK and skip_invalid:
-                rejected.append(_error(status, index, enc, self.num_features))
+                rejected.append(_error(status, index, enc, self.num_features, self.limits))
                 index += 1
             else:
                 break
@@ -243,7 +259,7 @@ class DynamicGraph:
                 self._make_room(undo, 1)
                 args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
             self._release()
-            raise _error(status, index, enc, self.num_features)
+            raise _error(status, index, enc, self.num_features, self.limits)
         diff = self._net(log, xsave, rejected)
         self._release()
         return diff
@@ -310,7 +326,8 @@ class DynamicGraph:
                          changed[differs].astype(np.int32), changed_x[differs], rejected)
 
 
-def _error(status: int, i: int, enc: UpdateBatch, num_features: int) -> InvalidUpdateError:
+def _error(status: int, i: int, enc: UpdateBatch, num_features: int, limits: ValueLimits
+           ) -> InvalidUpdateError:
     """The exception for a kernel status, naming the update's ids."""
     a, b, code = int(enc.a[i]), int(enc.b[i]), int(enc.op[i])
     edge = f"edge ({a}, {b})"
@@ -329,10 +346,16 @@ def _error(status: int, i: int, enc: UpdateBatch, num_features: int) -> InvalidU
         err = SelfLoopError(f"{edge} is a self-loop (the graph keeps none)")
     elif status == BAD_DIMENSION:
         err = FeatureDimensionError(f"vertex {a}: {b} features, the graph has {num_features}")
-    elif status == NONFINITE_X:
-        err = NonFiniteValueError(f"vertex {a}: features contain NaN or inf")
+    elif status == BAD_X:
+        x = enc.x[enc.xrow[i]]
+        err = (NonFiniteValueError(f"vertex {a}: features contain NaN or inf")
+               if not np.isfinite(x).all() else OutOfRangeError(
+                   f"vertex {a}: feature value {x[np.abs(x).argmax()]:.6g} is beyond the "
+                   f"limit of +-{limits.features:g}"))
     else:
-        err = NonFiniteValueError(f"{edge}: weight {enc.w[i]} is not finite")
+        err = (NonFiniteValueError(f"{edge}: weight {enc.w[i]} is not finite")
+               if not np.isfinite(enc.w[i]) else OutOfRangeError(
+                   f"{edge}: weight {enc.w[i]:.6g} is beyond the limit of +-{limits.weights:g}"))
     return err.at(i)
 
 

@@ -21,6 +21,8 @@ class Checkpoints:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.path = self.directory / "state.pt"
+        for stale in self.directory.glob("*.tmp*"):  # from a process killed mid-write
+            stale.unlink()
 
     def exists(self) -> bool:
         return self.path.exists()

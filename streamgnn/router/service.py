@@ -6,10 +6,22 @@ every changed label (one message per batch and label-topic partition) and every 
 update (dead letter, with reason and source offset), and checkpoints state, pending
 updates and consumed offsets every N batches or seconds.
 
-Bad input never stops the loop. Delivery: each update is applied exactly once across
-restarts (state, pending updates and offsets are checkpointed together, and batch
-boundaries replay the same from a backlog); outputs are at least once, and a replayed
-batch republishes the same changes under the same batch number.
+Failure semantics (README, "Reliability"):
+- Bad input never stops the loop: any exception one message causes while it is decoded
+  and admitted dead-letters that message (kind ``internal``, the exception named).
+- The engine failing on a batch (an exception, or an embedding driven to NaN or inf)
+  leaves its state suspect: `EngineFailure` ends `run`, and `serve` reopens the service
+  from its last checkpoint. A process that died mid-step (any cause, kill -9 included) is
+  noticed the same way on restart, from the `Journal`: the records in flight are then
+  handled one update at a time, and one alone in flight at two deaths is quarantined
+  (dead letter ``quarantined``), never retried forever.
+- ``run(stop=...)`` (SIGINT and SIGTERM in `streamgnn serve`) ends the loop at the next
+  batch boundary: the batch in flight is finished, everything admitted is applied, and a
+  checkpoint whose offsets match the applied state is written.
+- Exactly once for state, the same outputs on a replay: state, pending updates and
+  offsets are checkpointed together, and every batch is journaled before its outputs go
+  out, so a restart replays the batches since the checkpoint with the same updates, the
+  same label changes and the same event ids, bit for bit.
 
 Must not import kafka (the transport is injected) or mpi4py.
 """
@@ -17,8 +29,9 @@ Must not import kafka (the transport is injected) or mpi4py.
 from __future__ import annotations
 
 import gc
+import hashlib
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
@@ -26,9 +39,11 @@ from typing import NamedTuple
 import numpy as np
 from pydantic import BaseModel, Field
 
+from streamgnn.errors import StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
-from streamgnn.router.arrivals import Arrivals
+from streamgnn.router.arrivals import Arrivals, referenced
 from streamgnn.router.checkpoint import Checkpoints
+from streamgnn.router.journal import Journal, Key, Suspects, keys, spans
 from streamgnn.router.placement import Placement, Strategy
 from streamgnn.stream.schemas import (
     DeadLetter,
@@ -41,7 +56,7 @@ from streamgnn.stream.schemas import (
     label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
-from streamgnn.updates import Update
+from streamgnn.updates import Update, ValueLimits
 from streamgnn.workers import ApplyResult, Engine
 
 
@@ -57,7 +72,20 @@ class ServiceConfig(BaseModel):
     placement: Strategy = "locality"
     refresh_every: int = Field(500_000, ge=1, description="updates between high-in-degree "
                                "set refreshes")
+    max_abs_feature: float = Field(ValueLimits.features, gt=0, description="largest "
+                                   "|feature value| accepted (else out_of_range)")
+    max_abs_weight: float = Field(ValueLimits.weights, gt=0, description="largest "
+                                  "|edge weight| accepted (else out_of_range)")
+    quarantine_after: int = Field(2, ge=1, description="deaths of the process with one "
+                                  "update alone in flight before it is quarantined")
+    payload_bytes: int = Field(64 << 10, ge=256, le=512 << 10, description="dead letters "
+                               "carry at most this much of the bad input")
     topics: Topics = Topics()
+
+
+class EngineFailure(StreamGNNError, RuntimeError):
+    """The engine failed while applying a batch: its state can no longer be trusted, so
+    the service stops; reopening it from its checkpoint recovers (`serve`)."""
 
 
 @dataclass
@@ -94,6 +122,14 @@ class Origin(NamedTuple):
     record: Record
     index: int | None = None
 
+    @property
+    def key(self) -> Key:
+        r = self.record
+        return (r.partition, r.offset, -1 if self.index is None else self.index)
+
+
+Item = tuple[Update, Origin]
+
 
 @dataclass
 class BatchReport:
@@ -112,6 +148,7 @@ class Service:
         self.transport = transport
         self.config = config
         self.checkpoints = checkpoints
+        engine.graph.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
         if placement is None:
             ids = engine.vertex_ids()
             src, dst, _ = engine.edges()
@@ -120,9 +157,15 @@ class Service:
                                              refresh_every=config.refresh_every)
         self.placement = placement
         self.arrivals: Arrivals[Origin] = Arrivals(engine.graph.contains, config.arrival_wait_s)
-        self.pending: list[tuple[Update, Origin]] = []  # admitted, not applied yet
+        self.pending: list[Item] = []  # admitted, not applied yet
         self.batch_seq = 0
         self.stats = Stats()
+        self.journal = Journal(checkpoints.directory) if checkpoints else None
+        self.suspects = (Suspects(checkpoints.directory, config.quarantine_after)
+                         if checkpoints else None)
+        self.script: deque[dict] = deque()  # journaled steps to replay before new ones
+        self.held: dict[Key, Item] = {}     # decoded updates the replay has not used yet
+        self._stalled_since: float | None = None  # when the replay last found no input
         self._acked: list[tuple[float, float, np.ndarray]] = []  # filled by ack callbacks
         self._last_checkpoint = (0, time.monotonic())
 
@@ -132,11 +175,16 @@ class Service:
              transport: Transport, config: ServiceConfig,
              checkpoints: Checkpoints | None = None, device: str = "cpu") -> Service:
         """Resume from the last checkpoint in ``checkpoints`` if there is one (seeking the
-        transport to its offsets); else bootstrap a new engine from the beginning."""
+        transport to its offsets, and replaying the journal written since); else
+        bootstrap a new engine and checkpoint it (the base any recovery starts from)."""
         saved = checkpoints.load() if checkpoints else None
         if saved is None:
             model = checkpoint()
-            return cls(bootstrap(model), model, transport, config, checkpoints)
+            service = cls(bootstrap(model), model, transport, config, checkpoints)
+            if service.suspects is not None:
+                service.suspects.clear()  # a fresh start: nothing died on this stream yet
+            service.checkpoint()
+            return service
         model = Checkpoint(ModelSpec(**saved["spec"]), saved["weights"])
         engine = Engine.restore(model.model(), saved["engine"], device)
         service = cls(engine, model, transport, config, checkpoints, saved["placement"])
@@ -146,31 +194,61 @@ class Service:
             service.arrivals.track(update)
         service.batch_seq = saved["batch_seq"]
         transport.seek(saved["positions"])
+        service._replay_journal()
         return service
+
+    def _replay_journal(self) -> None:
+        """Note where the last process died, and line up the batches it journaled since
+        the checkpoint (updates not yet applied wait in ``held`` for them)."""
+        entries = self.journal.entries()
+        death = Journal.death(entries)
+        if death is not None:
+            self.suspects.died(death)
+        self.script = deque(Journal.steps(entries, self.batch_seq))
+        if not self.script:
+            return
+        waiting = [(w.update, w.source) for ws in self.arrivals.waiting.values() for w in ws]
+        self.held = {o.key: (u, o) for u, o in self.pending + waiting}
+        self.pending = []
+        self.arrivals = Arrivals(self.engine.graph.contains, self.config.arrival_wait_s)
 
     def checkpoint(self) -> None:
         if self.checkpoints is None:
             return
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
+        unapplied = self.pending + sorted(self.held.values(), key=lambda item: item[1].key)
         self.checkpoints.save({
             "spec": asdict(self.model.spec), "weights": self.model.state_dict,
             "engine": self.engine.snapshot(), "placement": self.placement,
-            "waiting": self.arrivals.waiting, "pending": self.pending,
+            "waiting": self.arrivals.waiting, "pending": unapplied,
             "batch_seq": self.batch_seq,
             "positions": self.transport.positions()})
+        self.journal.restart(keep=list(self.script))
+        self.suspects.forget_before(self.transport.positions())
         self._last_checkpoint = (self.batch_seq, time.monotonic())
+
+    def close(self) -> None:
+        self.transport.close()
+        if self.journal is not None:
+            self.journal.close()
 
     # ---------------------------------------------------------------- the loop
     def run(self, stop: Callable[[], bool] = lambda: False, idle_exit_s: float | None = None,
             on_batch: Callable[[BatchReport], None] | None = None) -> Stats:
-        """Serve until ``stop()`` is true, or until nothing arrived for ``idle_exit_s``
-        seconds and nothing is pending; then flush, checkpoint and return the stats."""
+        """Serve until ``stop()`` is true (checked at batch boundaries: safe to flip from a
+        signal handler), or until nothing arrived for ``idle_exit_s`` seconds and nothing
+        is pending; then apply what was admitted, checkpoint and return the stats. Raises
+        `EngineFailure` if the engine fails (`run_recovering` reopens the service)."""
         cfg = self.config
         gc.collect()
         gc.freeze()  # what exists now (graph, engine, model) lives on: keep GC passes off it
         per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
         while not stop():
+            if self.script:
+                self._replay_step(on_batch)
+                last_input = time.monotonic()
+                continue
             want = cfg.batch_size - len(self.pending)
             records = self.transport.poll(max(1, int(want / per_record)),
                                           cfg.max_wait_s if self.pending else 0.1)
@@ -185,64 +263,183 @@ class Service:
                 admitted = self._admit(records)
                 per_record = max(1.0, len(admitted) / len(records))
                 self.pending += admitted
-            for w in self.arrivals.expired():
-                self._dead_letter(w.source, "vertex_never_arrived",
-                                  f"vertex {w.vertex} did not arrive within "
-                                  f"{cfg.arrival_wait_s:g} s", w.update)
+            expired = self.arrivals.expired()
+            if expired:
+                if self.journal is not None:
+                    self.journal.expired(Journal.expired_entry(
+                        self.batch_seq, (w.source.key for w in expired)))
+                for w in expired:
+                    self._expire(w.update, w.source)
             waited = bool(self.pending) and now - opened >= cfg.max_wait_s
             if waited or len(self.pending) >= cfg.batch_size:
                 while len(self.pending) >= cfg.batch_size or (waited and self.pending):
-                    report = self._apply(cfg.batch_size)
-                    if on_batch is not None:
+                    report = self._next_batch(cfg.batch_size)
+                    if report is not None and on_batch is not None:
                         on_batch(report)
                 opened = now
                 self._maybe_checkpoint()
             elif (idle_exit_s is not None and not self.pending and not len(self.arrivals)
                   and now - last_input >= idle_exit_s):
                 break
-        while self.pending:
-            self._apply(cfg.batch_size)
+        if not self.script:
+            while self.pending:
+                self._next_batch(cfg.batch_size)
         self._settle()
         self.checkpoint()
         return self.stats
 
-    def _admit(self, records: list[Record]) -> list[tuple[Update, Origin]]:
-        decoded = []
-        for r in records:
-            try:
-                items = decode_updates(r.value)
-            except DecodeError as e:
-                self._dead_letter(Origin(r), e.error, str(e))
-                self.stats.events += 1
-                continue
-            indexed = is_array(r.value)
-            for i, item in enumerate(items):
-                origin = Origin(r, i if indexed else None)
-                if isinstance(item, DecodeError):
-                    self._dead_letter(origin, item.error, str(item), payload=item.item)
-                else:
-                    decoded.append((item, origin))
-            self.stats.events += len(items)
-        return self.arrivals.admit(decoded)
+    # ---------------------------------------------------------------- input
+    def _admit(self, records: list[Record], gate: bool = True,
+               needed: frozenset[tuple[int, int]] = frozenset()) -> list[Item]:
+        """Decode ``records`` and, if ``gate``, admit their updates through `Arrivals`:
+        each record inside a guard, in journaled steps (one record per step while any of
+        them is one a process died on); quarantined records are dead-lettered unread,
+        unless the replay ``needed`` them ((partition, offset) pairs)."""
+        watched = self.suspects is not None and any(
+            self.suspects.suspect(r.partition, r.offset) for r in records)
+        steps = [[r] for r in records] if watched else [records]
+        out: list[Item] = []
+        for step in steps:
+            if self.journal is not None:
+                self.journal.admitting(spans((r.partition, r.offset) for r in step))
+            for r in step:
+                out += self._admit_record(r, gate, (r.partition, r.offset) in needed)
+            if self.journal is not None:
+                self.journal.ok()
+        return out
 
-    def _apply(self, size: int) -> BatchReport:
-        """Apply the first ``size`` pending updates as the next batch and publish what
-        changed (not waiting for the broker's acknowledgement: `_record_acks`)."""
+    def _admit_record(self, r: Record, gate: bool, needed: bool) -> list[Item]:
+        origin = Origin(r)
+        if (self.suspects is not None and not needed
+                and (n := self.suspects.quarantined(origin.key))):
+            self.stats.events += 1
+            self._dead_letter(origin, "quarantined", f"the service died {n} times while "
+                              "this record alone was being decoded or applied")
+            return []
+        try:
+            decoded = self._decode(r)
+            return self.arrivals.admit(decoded) if gate else decoded
+        except Exception as e:  # whatever one record causes, it costs only that record
+            self._dead_letter(origin, "internal", f"{type(e).__name__}: {e}")
+            return []
+
+    def _decode(self, r: Record) -> list[Item]:
+        """The updates of a record; dead letters for what is not one."""
+        try:
+            items = decode_updates(r.value)
+        except DecodeError as e:
+            self._dead_letter(Origin(r), e.error, str(e))
+            self.stats.events += 1
+            return []
+        indexed = is_array(r.value)
+        decoded = []
+        for i, item in enumerate(items):
+            origin = Origin(r, i if indexed else None)
+            if isinstance(item, DecodeError):
+                self._dead_letter(origin, item.error, str(item), payload=item.item)
+            else:
+                decoded.append((item, origin))
+        self.stats.events += len(items)
+        return decoded
+
+    def _expire(self, update: Update, origin: Origin) -> None:
+        named = referenced(update)
+        vertex = next((v for v in named if not self.engine.graph.contains(v)[0]), named[0])
+        self._dead_letter(origin, "vertex_never_arrived",
+                          f"vertex {vertex} did not arrive within "
+                          f"{self.config.arrival_wait_s:g} s", update)
+
+    # ---------------------------------------------------------------- replay
+    def _replay_step(self, on_batch: Callable[[BatchReport], None] | None) -> None:
+        """The next journaled step, once the updates it names are decoded."""
+        step = self.script[0]
+        named = keys(step["items"] if "batch" in step else step["expired"])
+        missing = [k for k in named if k not in self.held]
+        if missing:
+            records = self.transport.poll(1000, 0.1)
+            if not records:
+                self._replay_stalls(missing)
+                return
+            needed = frozenset((p, o) for e in self.script
+                               for p, o, _ in keys(e.get("items") or e.get("expired")))
+            decoded = self._admit(records, gate=False, needed=needed)
+            self.held.update((o.key, (u, o)) for u, o in decoded)
+            return
+        self._stalled_since = None
+        self.script.popleft()
+        items = [self.held.pop(k) for k in named]
+        if "expired" in step:
+            self.journal.expired(step)
+            for update, origin in items:
+                self._expire(update, origin)
+        else:
+            report = self._apply(items, step["at"])
+            if on_batch is not None:
+                on_batch(report)
+        if not self.script:  # the rest goes through the gate as new input would
+            rest = sorted(self.held.values(), key=lambda item: item[1].key)
+            self.held = {}
+            self.pending += self.arrivals.admit(rest)
+
+    def _replay_stalls(self, missing: list[Key]) -> None:
+        now = time.monotonic()
+        if self._stalled_since is None:
+            self._stalled_since = now
+        elif now - self._stalled_since > 30:
+            raise RuntimeError(f"cannot replay the journal: {len(missing)} updates it names "
+                               f"(first: partition {missing[0][0]}, offset {missing[0][1]}) "
+                               "are no longer on the topic; start with a fresh --state-dir")
+
+    # ---------------------------------------------------------------- batches
+    def _next_batch(self, size: int) -> BatchReport | None:
+        """Cut the next batch from ``pending`` and apply it. Updates from records a
+        process died on go one per batch; quarantined ones are dead-lettered instead."""
+        watched = self.suspects is not None and self.suspects.ranges
+        if not watched:
+            buffer, self.pending = self.pending[:size], self.pending[size:]
+            return self._apply(buffer)
+        first = self.pending[0][1]
+        if self.suspects.suspect(first.record.partition, first.record.offset):
+            (update, origin), self.pending = self.pending[0], self.pending[1:]
+            if n := self.suspects.quarantined(origin.key):
+                self._dead_letter(origin, "quarantined", f"the service died {n} times "
+                                  "while this update alone was being applied", update)
+                return None
+            return self._apply([(update, origin)])
+        cut = next((i for i, (_, o) in enumerate(self.pending[:size])
+                    if self.suspects.suspect(o.record.partition, o.record.offset)), size)
+        buffer, self.pending = self.pending[:cut], self.pending[cut:]
+        return self._apply(buffer)
+
+    def _apply(self, buffer: list[Item], at: float | None = None) -> BatchReport:
+        """Apply ``buffer`` as the next batch and publish what changed (not waiting for
+        the broker's acknowledgement: `_record_acks`) with event time ``at`` (default:
+        the latest event time of its updates, or now)."""
         t = time.perf_counter()
-        buffer, self.pending = self.pending[:size], self.pending[size:]
         batch = [u for u, _ in buffer]
+        seq = self.batch_seq + 1
+        times = np.array([u.event_time for u in batch if u.event_time is not None],
+                         np.float64)
+        if at is None:
+            at = float(times.max()) if len(times) else time.time()
+        if self.journal is not None:  # a replayed batch is journaled again, the same
+            self.journal.batch(Journal.batch_entry(seq, (o.key for _, o in buffer), at))
         self.placement.route(batch)
-        result = self.engine.apply(batch, skip_invalid=True)
+        try:
+            result = self.engine.apply(batch, skip_invalid=True)
+        except Exception as e:
+            raise EngineFailure(f"batch {seq} ({len(batch)} updates) failed in the engine: "
+                                f"{type(e).__name__}: {e}") from e
+        if self.journal is not None:
+            self.journal.ok()
         if not self.pending:
             self.arrivals.all_applied()
         for err in result.rejected:
             update, origin = buffer[err.index]
-            self._dead_letter(origin, type(err).__name__, err.reason, update)
-        self.batch_seq += 1
-        times = np.array([u.event_time for u in batch if u.event_time is not None],
-                         np.float64)
+            self._dead_letter(origin, err.kind, err.reason, update)
+        self.batch_seq = seq
         self._publish_changes(result.changed_labels, _ranges([o.record for _, o in buffer]),
-                              times)
+                              times, at)
         seconds = time.perf_counter() - t
         s = self.stats
         s.batches += 1
@@ -265,10 +462,10 @@ class Service:
         self._record_acks()
 
     def _publish_changes(self, changed: dict[int, tuple[int | None, int]],
-                         sources: list[SourceRange], times: np.ndarray) -> None:
+                         sources: list[SourceRange], times: np.ndarray, at: float) -> None:
         """One message per label-topic partition (vertex mod partitions), split further
-        past ``_CHANGES_PER_MESSAGE``; when all are acknowledged, the batch's events
-        (``times``: their event times) are done."""
+        past ``_CHANGES_PER_MESSAGE``, with event time ``at``; when all are acknowledged,
+        the batch's events (``times``: their event times) are done."""
         topic = self.config.topics.labels
         partitions = self.transport.partitions(topic)
         by_partition: dict[int, list[tuple[int, int | None, int]]] = {}
@@ -286,10 +483,9 @@ class Service:
 
         if not messages:
             acked()
-        now = time.time()
         for part, (p, changes) in enumerate(messages):
             self.transport.publish(topic, None, label_changes_json(
-                f"lc-{self.batch_seq}-{part}", now, self.batch_seq, part, sources, changes),
+                f"lc-{self.batch_seq}-{part}", at, self.batch_seq, part, sources, changes),
                 partition=p, on_ack=acked)
 
     def _maybe_checkpoint(self) -> None:
@@ -300,22 +496,34 @@ class Service:
 
     def _dead_letter(self, origin: Origin, error: str, reason: str,
                      update: Update | None = None, payload: str | None = None) -> None:
+        """Publish why the update (or record) at ``origin`` is not used. The payload is the
+        record, or the array item's own JSON, cut to ``payload_bytes`` (its size and
+        SHA-256 name the whole); control characters in the reason are escaped."""
         self.stats.dead_letters[error] += 1
         r = origin.record
         if origin.index is None:
-            payload = r.value.decode("utf-8", "replace")[:100_000]
-            where = ""
+            raw = r.value or b""
         else:
-            payload = payload or (encode(update).decode() if update else "")
-            where = f"-{origin.index}"
+            raw = (payload or (encode(update).decode() if update else "")).encode()
+        cut = raw[:self.config.payload_bytes].decode("utf-8", "ignore")
+        where = "" if origin.index is None else f"-{origin.index}"
         letter = DeadLetter(event_id=f"dl-{r.topic}-{r.partition}-{r.offset}{where}",
-                            reason=reason, error=error, topic=r.topic, partition=r.partition,
-                            offset=r.offset, index=origin.index, payload=payload,
+                            reason=_escaped(reason), error=error, topic=r.topic,
+                            partition=r.partition, offset=r.offset, index=origin.index,
+                            payload=cut, payload_bytes=len(raw),
+                            payload_sha256=hashlib.sha256(raw).hexdigest(),
+                            truncated=len(raw) > self.config.payload_bytes,
                             source_event_id=update.event_id if update else None)
         self.transport.publish(self.config.topics.dead_letters, None, encode(letter))
 
 
 _CHANGES_PER_MESSAGE = 10_000
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
+
+
+def _escaped(text: str, limit: int = 2000) -> str:
+    """``text`` with control characters written as \\xNN, at most ``limit`` long."""
+    return text.translate(_CONTROL)[:limit]
 
 
 def _ranges(records: list[Record]) -> list[SourceRange]:
@@ -324,3 +532,20 @@ def _ranges(records: list[Record]) -> list[SourceRange]:
         by.setdefault(r.partition, []).append(r.offset)
     return [SourceRange(partition=p, first=min(o), last=max(o)) for p, o in sorted(by.items())]
 
+
+
+def run_recovering(open_service: Callable[[], Service], on_failure: Callable[[Exception],
+                   None] = lambda e: None, **run: object) -> Service:
+    """Open a service and `Service.run` it (``run``: its arguments); when the engine fails,
+    close it and open it again (from its checkpoint and journal, which isolate the
+    update responsible). Returns the service that finished."""
+    while True:
+        service = open_service()
+        try:
+            service.run(**run)
+            return service
+        except EngineFailure as e:
+            if service.checkpoints is None:
+                raise  # nothing to recover from
+            on_failure(e)
+            service.close()

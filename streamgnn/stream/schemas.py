@@ -17,6 +17,7 @@ import time
 import uuid
 
 import orjson
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from streamgnn.updates import (
@@ -115,8 +116,9 @@ class LabelChanges(_Message):
     of the updates topic) for the vertices of one partition of the label-changes topic
     (vertex mod its partition count: a vertex's changes stay in order), ``part``-th of the
     batch's messages. Batches are numbered deterministically: after a restart a replayed
-    batch carries the same number and its messages the same ``event_id``
-    (``lc-{batch}-{part}``), so consumers drop repeats by id."""
+    batch carries the same number, the same changes, and its messages the same
+    ``event_id`` (``lc-{batch}-{part}``) and ``event_time`` (the latest event time of the
+    batch's updates), so consumers drop repeats by id."""
 
     batch: int
     part: int = 0
@@ -140,7 +142,13 @@ class DeadLetter(_Message):
     """An input update the service could not use: why, and where it came from: the
     message at ``offset``, and ``index`` in it when the message is an array (``event_id``
     is ``dl-{topic}-{partition}-{offset}[-{index}]``: the same on a replay). ``payload`` is
-    the message, or the update's own JSON for an item of an array."""
+    the message, or the update's own JSON for an item of an array, cut to the service's
+    ``payload_bytes`` (``truncated``); ``payload_bytes`` and ``payload_sha256`` are the
+    size and hash of the whole. ``error`` is one word: malformed_json, unknown_op,
+    invalid_fields, non_finite, out_of_range, empty, tombstone, wrong_dimension,
+    unknown_vertex, duplicate_vertex, unknown_edge, duplicate_edge, self_loop,
+    vertex_never_arrived, internal (an unexpected exception, named in ``reason``) or
+    quarantined (the process died handling it)."""
 
     reason: str
     error: str
@@ -149,6 +157,9 @@ class DeadLetter(_Message):
     offset: int
     index: int | None = None
     payload: str
+    payload_bytes: int = 0
+    payload_sha256: str = ""
+    truncated: bool = False
     source_event_id: str | None = None
 
 
@@ -167,11 +178,15 @@ _KINDS = {"json_invalid": "malformed_json", "union_tag_invalid": "unknown_op",
           "union_tag_not_found": "unknown_op"}
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark some editors and tools put first
+
+
 def decode_update(raw: bytes) -> Update:
-    """Parse one update (a JSON object); raises `DecodeError` saying what is wrong
-    (malformed JSON, unknown op, missing or mistyped fields, NaN or inf values)."""
+    """Parse one update (a JSON object, types strict: no ``"12"`` or ``12.0`` for an id, no
+    ``true`` for a weight); raises `DecodeError` saying what is wrong (malformed JSON,
+    unknown op, missing, extra or mistyped fields, ids outside int64, NaN or inf)."""
     try:
-        update = _finite(UPDATE_ADAPTER.validate_json(raw))
+        update = _finite(UPDATE_ADAPTER.validate_json(raw.removeprefix(_BOM), strict=True))
     except ValidationError as e:
         raise _decode_error(e) from None
     if isinstance(update, DecodeError):
@@ -179,26 +194,31 @@ def decode_update(raw: bytes) -> Update:
     return update
 
 
-def is_array(raw: bytes) -> bool:
+def is_array(raw: bytes | None) -> bool:
     """Whether a ``graph-updates`` message holds an array of updates."""
-    return raw.lstrip()[:1] == b"["
+    return raw is not None and raw.removeprefix(_BOM).lstrip()[:1] == b"["
 
 
-def decode_updates(raw: bytes) -> list[Update | DecodeError]:
+def decode_updates(raw: bytes | None) -> list[Update | DecodeError]:
     """Parse one ``graph-updates`` message: a JSON object (one update) or a JSON array
     (several, in order). For an array, each item is the update or the `DecodeError`
     saying why it is not one. Raises `DecodeError` when the message as a whole is none of
-    these (not JSON, not a valid update, not an array)."""
+    these (no value, not JSON, nested too deep, not a valid update, an empty array)."""
+    if raw is None:
+        raise DecodeError("tombstone", "the record has no value (a tombstone): no update")
     if not is_array(raw):
         return [decode_update(raw)]
+    raw = raw.removeprefix(_BOM)
     try:
-        updates = [_finite(u) for u in _UPDATES.validate_json(raw)]
+        updates = [_finite(u) for u in _UPDATES.validate_json(raw, strict=True)]
         if not any(isinstance(u, DecodeError) for u in updates):
+            if not updates:
+                raise DecodeError("empty", "an empty array: no update")
             return updates
     except ValidationError:
         pass
     try:  # item by item, to keep the good ones and say what is wrong with the rest
-        items = json.loads(raw)
+        items = pydantic_core.from_json(raw)  # bounded nesting, ints of any size
     except ValueError as e:
         raise DecodeError("malformed_json", f"invalid JSON: {e}") from None
     return [_item(item) for item in items]
@@ -206,7 +226,7 @@ def decode_updates(raw: bytes) -> list[Update | DecodeError]:
 
 def _item(item: object) -> Update | DecodeError:
     try:
-        update = _finite(UPDATE_ADAPTER.validate_python(item))
+        update = _finite(UPDATE_ADAPTER.validate_python(item, strict=True))
     except ValidationError as e:
         update = _decode_error(e)
     if isinstance(update, DecodeError):
@@ -221,13 +241,25 @@ def _decode_error(e: ValidationError) -> DecodeError:
                        f"{first['msg']}" + (f" (at {where})" if where else ""))
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _finite(update: Update) -> Update | DecodeError:
-    if isinstance(update, AddEdge | UpdateEdge) and not math.isfinite(update.weight):
-        return DecodeError("non_finite", f"{update.op}: the weight is NaN or inf")
+    """``update``, or why its values are not finite float32 numbers (the graph then holds
+    them to its own, much smaller, `ValueLimits`)."""
+    if isinstance(update, AddEdge | UpdateEdge):
+        if not math.isfinite(update.weight):
+            return DecodeError("non_finite", f"{update.op}: the weight is NaN or inf")
+        if abs(update.weight) > _FLOAT32_MAX:
+            return DecodeError("out_of_range", f"{update.op}: the weight is beyond float32")
     x = update.x if isinstance(update, AddVertex | UpdateFeatures) else None
+    if not x:
+        return update
     # a finite sum is the fast proof that all are finite
-    if x is not None and not math.isfinite(sum(x)) and not all(map(math.isfinite, x)):
+    if not math.isfinite(sum(x)) and not all(map(math.isfinite, x)):
         return DecodeError("non_finite", f"{update.op}: NaN or inf in the features")
+    if max(-min(x), max(x)) > _FLOAT32_MAX:
+        return DecodeError("out_of_range", f"{update.op}: a feature value is beyond float32")
     return update
 
 

@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 
 from streamgnn.datasets import GraphData
-from streamgnn.errors import InvalidUpdateError
+from streamgnn.errors import InvalidUpdateError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models import decompose
 from streamgnn.models.inference import aggregate, layerwise_states
 from streamgnn.models.layers import Layer
-from streamgnn.updates import Update, UpdateBatch
+from streamgnn.updates import Update, UpdateBatch, ValueLimits
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.partition import Outbox, Partition, SinglePartition
 from streamgnn.workers.slotsets import SlotSets
@@ -123,12 +123,14 @@ class Engine:
         self.partition = partition or SinglePartition()
         self.sets = SlotSets(len(graph.alive))
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
+        self._poisoned: str | None = None  # why the state can no longer be trusted
 
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
-                 **kwargs) -> Engine:
-        """Bootstrap: load ``data`` and compute every layer's state (layer-wise)."""
-        return cls(model, DynamicGraph.from_data(data), device, **kwargs)
+                 limits: ValueLimits | None = None, **kwargs) -> Engine:
+        """Bootstrap: load ``data`` and compute every layer's state (layer-wise). The
+        graph accepts feature values and weights within ``limits`` (default `ValueLimits`)."""
+        return cls(model, DynamicGraph.from_data(data, limits), device, **kwargs)
 
     def snapshot(self) -> dict:
         """Everything the engine knows beside the model, for a checkpoint: the graph (as
@@ -182,7 +184,11 @@ class Engine:
         """Apply one batch (updates, or their columns; in order, atomically) and bring every
         embedding up to date.
         A bad update raises its `InvalidUpdateError` and nothing is applied; with
-        ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``."""
+        ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``.
+        A batch that drives an embedding to NaN or inf raises `NonFiniteEmbeddingError`
+        and leaves the engine unusable (every later call raises it): restore a snapshot."""
+        if self._poisoned is not None:
+            raise NonFiniteEmbeddingError(self._poisoned)
         diff = self.graph.apply(batch, skip_invalid)
         self.sets.fit(len(self.graph.alive))
         self._fit_capacity()
@@ -202,6 +208,10 @@ class Engine:
         for hop, layer in enumerate(self.layers, start=1):
             step = self._superstep(hop, layer, changed, removed, removed_rows, is_added, edges,
                                    result)
+            if not bool(torch.isfinite(step.after).all()):
+                self._poisoned = (f"a batch of {len(batch)} updates drove layer {hop} "
+                                  "embeddings to NaN or inf; restore the engine from a snapshot")
+                raise NonFiniteEmbeddingError(self._poisoned)
             if hop < self.num_layers:
                 changed = step.changed()
                 removed_rows = self.h[hop].index_select(0, self._index(removed))

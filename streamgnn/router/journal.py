@@ -1,0 +1,208 @@
+"""`Journal`: what the service decided since its last checkpoint, so a restart repeats it.
+
+Between two checkpoints the service appends, to ``journal.jsonl`` in its state directory:
+- ``{"batch": N, "items": runs, "at": t}`` before batch N is applied (fsync'd: its
+  outputs go out only after, with event time ``t``), naming every update in it by source
+  (partition, offset, index in the record's array or -1): a restart replays batch N with
+  exactly these updates, so its label changes are the same messages under the same event
+  ids, and the engine ends bit for bit where it would have;
+- ``{"expired": runs}`` before updates that waited too long for their vertex are
+  dead-lettered: a replay dead-letters the same ones;
+- ``{"admit": [[partition, first, last], ...]}`` before records are decoded and admitted,
+  and ``{"ok": 1}`` once a step of either kind finished.
+The last entry tells a restart where the previous process died (`Death`): while
+admitting those records, or while applying batch N. `Suspects` counts such deaths per
+record; the service then handles those records one at a time, and a record that was alone
+in flight at two deaths is quarantined (dead-lettered unread), never retried forever.
+
+A checkpoint starts a new journal. Everything is small JSON; no pickles. Must not import
+torch, kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+Key = tuple[int, int, int]  # (partition, offset, index in the record's array or -1)
+"""Where an update came from."""
+
+
+def runs(keys: Iterable[Key]) -> list[list[int]]:
+    """``keys`` as [partition, offset, index, count] runs of consecutive items: the same
+    record's array items one after another, or whole records at consecutive offsets."""
+    out: list[list[int]] = []
+    for p, o, i in keys:
+        if out:
+            rp, ro, ri, rn = last = out[-1]
+            if rp == p and ((ri >= 0 and ro == o and i == ri + rn)
+                            or (ri < 0 and i < 0 and o == ro + rn)):
+                last[3] += 1
+                continue
+        out.append([p, o, i, 1])
+    return out
+
+
+def keys(runs_: list[list[int]]) -> list[Key]:
+    """The inverse of `runs`."""
+    return [(p, o, i + k) if i >= 0 else (p, o + k, -1)
+            for p, o, i, n in runs_ for k in range(n)]
+
+
+@dataclass(frozen=True)
+class Death:
+    """Where the previous process died: admitting ``records`` ([partition, first, last]
+    ranges), or applying batch ``batch`` (whose updates came from ``records``); ``alone``
+    is the one record or update in flight, if there was only one."""
+
+    records: list[tuple[int, int, int]]
+    batch: int | None = None
+    alone: Key | None = None
+
+
+class Journal:
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / "journal.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab")  # noqa: SIM115 (held open between appends)
+
+    def entries(self) -> list[dict]:
+        """What the journal holds (a torn last line, from a kill mid-write, is dropped)."""
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_bytes().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                break
+        return out
+
+    @staticmethod
+    def death(entries: list[dict]) -> Death | None:
+        """Where the process that wrote ``entries`` died, if it died mid-step."""
+        if not entries or "ok" in entries[-1] or "expired" in entries[-1]:
+            return None
+        last = entries[-1]
+        if "admit" in last:
+            records = [tuple(r) for r in last["admit"]]
+            lone = len(records) == 1 and records[0][1] == records[0][2]
+            return Death(records, alone=(records[0][0], records[0][1], -1) if lone else None)
+        items = keys(last["items"])
+        return Death(spans((p, o) for p, o, _ in items), last["batch"],
+                     items[0] if len(items) == 1 else None)
+
+    @staticmethod
+    def steps(entries: list[dict], after: int) -> list[dict]:
+        """The steps to replay after batch ``after``, in order: every batch that finished
+        (its entry followed by ``ok``; a replay journals a batch again, and the last copy
+        counts) and the expiries between them."""
+        steps: dict[tuple[int, int], dict] = {}
+        gap = (-1, 0)  # (batch before the expiry, expiries seen since it)
+        for i, e in enumerate(entries):
+            if "batch" in e and i + 1 < len(entries) and "ok" in entries[i + 1]:
+                steps[(e["batch"], 0)] = e
+            elif "expired" in e:
+                gap = (e["after"], gap[1] + 1 if gap[0] == e["after"] else 1)
+                steps[(e["after"], gap[1])] = e  # sorts after batch ``after``
+        return [steps[k] for k in sorted(steps, key=lambda k: (k[0] + (k[1] > 0), k[1]))
+                if ("batch" in steps[k] and k[0] > after) or ("expired" in steps[k]
+                                                              and k[0] >= after)]
+
+    def batch(self, entry: dict) -> None:
+        self._append(entry, sync=True)
+
+    @staticmethod
+    def batch_entry(seq: int, items: Iterable[Key], at: float) -> dict:
+        """Batch ``seq``: its updates, and ``at``, the event time its outputs carry."""
+        return {"batch": seq, "items": runs(items), "at": at}
+
+    @staticmethod
+    def expired_entry(after: int, items: Iterable[Key]) -> dict:
+        return {"expired": runs(items), "after": after}
+
+    def expired(self, entry: dict) -> None:
+        self._append(entry, sync=True)
+
+    def admitting(self, records: list[tuple[int, int, int]]) -> None:
+        self._append({"admit": records})
+
+    def ok(self) -> None:
+        self._append({"ok": 1})
+
+    def restart(self, keep: list[dict]) -> None:
+        """A checkpoint was written: begin a new journal holding only ``keep`` (batches
+        still to be replayed as they were)."""
+        self._file.close()
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.writelines(json.dumps(e).encode() + b"\n" for e in keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "ab")  # noqa: SIM115
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _append(self, entry: dict, sync: bool = False) -> None:
+        self._file.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+        self._file.flush()  # survives the process being killed
+        if sync:
+            os.fsync(self._file.fileno())  # and the machine going down
+
+
+def spans(points: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """[partition, first offset, last offset] of (partition, offset) points."""
+    by: dict[int, list[int]] = {}
+    for p, o in points:
+        by.setdefault(p, []).append(o)
+    return [(p, min(o), max(o)) for p, o in sorted(by.items())]
+
+
+class Suspects:
+    """Deaths per input record and update (``suspects.json``): records in flight when a
+    process died are handled one update at a time afterwards; a record (key index -1) or
+    update alone in flight at ``limit`` deaths is quarantined."""
+
+    def __init__(self, directory: str | Path, limit: int = 2) -> None:
+        self.path = Path(directory) / "suspects.json"
+        self.limit = limit
+        raw = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.ranges: list[tuple[int, int, int]] = [tuple(r) for r in raw.get("ranges", [])]
+        self.deaths: dict[Key, int] = {(p, o, i): n for p, o, i, n in raw.get("deaths", [])}
+
+    def died(self, death: Death) -> None:
+        """Count a death: its records become suspect, and a lone one's count goes up."""
+        if death.alone is not None:
+            self.deaths[death.alone] = self.deaths.get(death.alone, 0) + 1
+        self.ranges = sorted(set(self.ranges) | set(death.records))
+        self._save()
+
+    def suspect(self, partition: int, offset: int) -> bool:
+        return any(p == partition and a <= offset <= b for p, a, b in self.ranges)
+
+    def quarantined(self, key: Key) -> int:
+        """How many times the process died with this record (index -1) or update alone in
+        flight, if that reached the limit; else 0."""
+        n = self.deaths.get(key, 0)
+        return n if n >= self.limit else 0
+
+    def forget_before(self, positions: dict[int, int]) -> None:
+        """Records before ``positions`` (checkpointed past) need no watching."""
+        self.ranges = [r for r in self.ranges if r[2] >= positions.get(r[0], 0)]
+        self.deaths = {k: n for k, n in self.deaths.items() if k[1] >= positions.get(k[0], 0)}
+        self._save()
+
+    def clear(self) -> None:
+        self.ranges, self.deaths = [], {}
+        self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ranges": self.ranges, "deaths": [
+            [*k, n] for k, n in self.deaths.items()]}))
+        os.replace(tmp, self.path)

@@ -1,0 +1,216 @@
+"""Fault injection: a catalogue of bad input sent between good updates through the
+in-memory transport. Each case must come out as a dead letter with its kind and a reason,
+the service must keep running, and every good update around it must be applied (the final
+embeddings equal PyG's forward pass on the final graph). Then the failures no decoder can
+catch: an update that drives embeddings to inf, and a record the process dies on, both
+isolated and quarantined after restarts instead of retried forever."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import streamgnn as sg
+from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
+from streamgnn.router import service as service_module
+from streamgnn.stream import DeadLetter, LabelChanges, Topics, encode
+from streamgnn.stream.memory import MemoryBroker, MemoryTransport
+from tests.conftest import pyg_layers
+
+TOPICS = Topics()
+
+
+def setup(name: str = "sage-mean"):
+    data = sg.datasets.synthetic("tiny", 0)
+    spec = ModelSpec(name, data.num_features, data.num_classes, 16, 2)
+    torch.manual_seed(0)
+    return data, Checkpoint(spec, spec.build().state_dict())
+
+
+def opener(broker, data, model, config, state=None):
+    def open_service() -> Service:
+        return Service.open(lambda: model, lambda m: sg.Engine.from_pyg(m.model(), data),
+                            MemoryTransport(broker, config.topics.updates), config,
+                            Checkpoints(state) if state else None)
+    return open_service
+
+
+def letters(broker) -> list[DeadLetter]:
+    return [DeadLetter.model_validate_json(r.value)
+            for r in broker.records(TOPICS.dead_letters)]
+
+
+def assert_exact(engine, model):
+    """Every layer equals PyG's forward pass on the final graph: within 1e-4, or float32's
+    relative precision (1e-6) where embeddings run into the thousands."""
+    current = engine.graph.to_data()
+    for layer, ref in enumerate(pyg_layers(model.model(), current)):
+        tolerance = max(1e-4, 1e-6 * float(ref.abs().max()))
+        assert np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max() < tolerance
+
+
+def catalogue(data) -> list[tuple[bytes | None, str]]:
+    """(raw message, the dead letter kind it must produce)."""
+    v, w = (int(i) for i in data.ids[:2])
+    d = data.num_features
+    x = json.dumps([0.5] * d)
+    return [
+        (None, "tombstone"),
+        (b"", "malformed_json"),
+        (b"{not json", "malformed_json"),
+        (b"\x00\xff\xfe binary junk \x81", "malformed_json"),
+        (b"[" * 3000 + b"]" * 3000, "malformed_json"),     # nesting past any parser's stack
+        (b"[]", "empty"),
+        (b"42", "invalid_fields"),
+        (b'"add_edge"', "invalid_fields"),
+        (b'{"op": "teleport", "id": 3}', "unknown_op"),
+        (b'{"src": 1, "dst": 2}', "unknown_op"),
+        (b'{"op": "add_edge", "src": 1}', "invalid_fields"),                 # missing field
+        (b'{"op": "delete_vertex", "id": 1, "colour": "red"}', "invalid_fields"),  # extra
+        (b'{"op": "add_edge", "src": "51000000", "dst": 2}', "invalid_fields"),  # no coercion
+        (b'{"op": "add_edge", "src": 1234.0, "dst": 2}', "invalid_fields"),
+        (b'{"op": "add_edge", "src": 1, "dst": 2, "weight": true}', "invalid_fields"),
+        (b'{"op": "add_edge", "src": %d, "dst": %d}' % (v, 2**63), "invalid_fields"),
+        (b'{"op": "add_edge", "src": %d, "dst": %d}' % (v, 10**30), "invalid_fields"),
+        (b'{"op": "add_vertex", "id": %d, "x": %s}' % (2**64 + 3, x.encode()),
+         "invalid_fields"),
+        (b'{"op": "add_edge", "src": %d, "dst": %d, "weight": NaN}' % (v, w), "non_finite"),
+        (b'{"op": "update_features", "id": %d, "x": [Infinity]}' % v, "non_finite"),
+        (encode(sg.UpdateFeatures(id=v, x=[1e30] * d)), "out_of_range"),
+        (encode(sg.UpdateFeatures(id=v, x=[3e38] * d)), "out_of_range"),
+        (encode(sg.UpdateEdge(src=v, dst=w, weight=1e9)), "out_of_range"),
+        (encode(sg.UpdateFeatures(id=v, x=[0.5] * (d + 1))), "wrong_dimension"),
+        (encode(sg.AddVertex(id=v, x=[0.0] * d)), "duplicate_vertex"),
+        (encode(sg.AddEdge(src=v, dst=v)), "self_loop"),
+        (encode(sg.DeleteEdge(src=v, dst=-v - 1)), "vertex_never_arrived"),
+        (encode(sg.DeleteVertex(id=-5)), "vertex_never_arrived"),           # negative id
+        (b'{"op": "add_edge", "src": 1, "dst": 2, "bad": "\x01\x1b[31m"}', "malformed_json"),
+        (b'{"op": "add_vertex", "id": 7, "x": [' + b"1.0," * 300_000 + b'1.0]}',
+         "wrong_dimension"),                                                # 1.2 MB message
+    ]
+
+
+def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied():
+    data, model = setup()
+    broker = MemoryBroker()
+    rng = np.random.default_rng(0)
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    cases = catalogue(snapshot)
+    good = iter(events)
+    expected = []
+    for raw, kind in cases:  # each bad message between good updates, alone
+        for u in [next(good) for _ in range(int(rng.integers(1, 4)))]:
+            broker.produce(TOPICS.updates, encode(u))
+        broker.produce(TOPICS.updates, raw)
+        expected.append(kind)
+    bom = b"\xef\xbb\xbf" + encode(next(good))  # a byte-order mark: accepted
+    broker.produce(TOPICS.updates, bom)
+    items = [next(good) for _ in range(5)]  # bad items inside arrays, each named by index
+    array = [encode(items[0]), b'{"op": "add_edge", "src": 1, "dst": 2.5}', encode(items[1]),
+             encode(sg.UpdateFeatures(id=int(snapshot.ids[0]), x=[1e300] * snapshot.num_features)),
+             encode(items[2]), b"7", encode(items[3]), b'[[[["deep"]]]]', encode(items[4])]
+    broker.produce(TOPICS.updates, b"[" + b",".join(array) + b"]")
+    expected += ["invalid_fields", "out_of_range", "invalid_fields", "invalid_fields"]
+    for u in good:
+        broker.produce(TOPICS.updates, encode(u))
+
+    config = ServiceConfig(batch_size=50, arrival_wait_s=0.3, topics=TOPICS)
+    service = opener(broker, snapshot, model, config)()
+    service.run(idle_exit_s=0.5)
+
+    got = letters(broker)
+    assert sorted(d.error for d in got) == sorted(expected)
+    for d in got:
+        assert d.reason and all(ord(c) >= 32 for c in d.reason)  # control chars escaped
+        assert len(d.payload.encode()) <= config.payload_bytes
+        assert d.truncated == (d.payload_bytes > config.payload_bytes)
+    huge = next(d for d in got if d.payload_bytes > 1_000_000)
+    raw = next(r.value for r in broker.records(TOPICS.updates) if r.offset == huge.offset)
+    assert huge.truncated and huge.payload_sha256 == hashlib.sha256(raw).hexdigest()
+    in_array = sorted(d.index for d in got if d.index is not None)
+    assert in_array == [1, 3, 5, 7] and len({d.event_id for d in got}) == len(got)
+    assert service.stats.applied == len(events) + 0  # every good update, nothing else
+    current = service.engine.graph.to_data()
+    assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
+    assert_exact(service.engine, model)
+
+
+def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp_path):
+    """Limits raised to what float32 holds: features of 3e38 overflow the first layer.
+    The engine refuses the batch, the service reopens from its checkpoint, replays, takes
+    the suspect record's updates one at a time, and quarantines the one that fails twice;
+    the good updates of the same batch are applied and the state is exact."""
+    data, model = setup()
+    model.state_dict = {k: v * 100 for k, v in model.state_dict.items()}  # sure to overflow
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = MemoryBroker()
+    victim = int(snapshot.ids[3])
+    poison = sg.UpdateFeatures(id=victim, x=[3e38] * data.num_features)
+    for u in events[:40]:
+        broker.produce(TOPICS.updates, encode(u))
+    batch = [*events[40:45], poison, *events[45:50]]
+    broker.produce(TOPICS.updates, b"[" + b",".join(encode(u) for u in batch) + b"]")
+    for u in events[50:]:
+        broker.produce(TOPICS.updates, encode(u))
+    config = ServiceConfig(batch_size=20, topics=TOPICS, max_abs_feature=1e39,
+                           checkpoint_batches=1000, checkpoint_s=1000)
+    failures = []
+    service = run_recovering(opener(broker, snapshot, model, config, tmp_path),
+                             failures.append, idle_exit_s=0.5)
+    assert len(failures) == 3  # the batch, then the update alone twice
+    assert "NaN or inf" in str(failures[0])
+    (letter,) = letters(broker)
+    assert letter.error == "quarantined" and letter.index == 5
+    assert json.loads(letter.payload)["id"] == victim
+    current = service.engine.graph.to_data()
+    assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
+    assert_exact(service.engine, model)
+
+
+def test_a_record_the_process_dies_on_is_quarantined_after_two_deaths(tmp_path, monkeypatch):
+    """A record whose decoding kills the process (a BaseException stands in for a crash in
+    C code: nothing in the loop catches it). Each restart finds the journal's last entry
+    unfinished; the second death with the record alone in flight quarantines it."""
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = MemoryBroker()
+    deadly = b'{"op": "delete_vertex", "id": 1, "event_id": "deadly"}'
+    for u in events[:30]:
+        broker.produce(TOPICS.updates, encode(u))
+    at = broker.produce(TOPICS.updates, deadly)
+    for u in events[30:]:
+        broker.produce(TOPICS.updates, encode(u))
+    decode = service_module.decode_updates
+
+    class Crash(BaseException):
+        pass
+
+    def crashing(raw):
+        if raw == deadly:
+            raise Crash
+        return decode(raw)
+
+    monkeypatch.setattr(service_module, "decode_updates", crashing)
+    config = ServiceConfig(batch_size=7, topics=TOPICS)
+    open_service = opener(broker, snapshot, model, config, tmp_path)
+    for _ in range(3):  # dies in a multi-record step, then twice with the record alone
+        with pytest.raises(Crash):
+            open_service().run(idle_exit_s=0.5)
+    service = open_service()
+    service.run(idle_exit_s=0.5)
+    (letter,) = letters(broker)
+    assert (letter.error, letter.offset) == ("quarantined", at)
+    assert letter.payload.encode() == deadly
+    assert service.stats.applied + 0 <= len(events)
+    current = service.engine.graph.to_data()
+    assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
+    assert_exact(service.engine, model)
+    changes = [LabelChanges.model_validate_json(r.value) for r in broker.records(TOPICS.labels)]
+    first: dict[str, LabelChanges] = {}
+    for m in changes:  # replays after each death republish the same messages
+        assert first.setdefault(m.event_id, m) == m
