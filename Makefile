@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export MPIR_CVAR_ENABLE_HEAVY_YIELD := 1
 
-.PHONY: test demo lint bench clean
+.PHONY: test demo lint bench torture clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m ruff check streamgnn tests benchmarks
 	$(PY) -m pytest -q
+
+torture: $(STAMP)
+	STREAMGNN_TORTURE_KILLS=30 STREAMGNN_TORTURE_BATCHES=100 \
+		$(PY) -m pytest -q -s tests/test_torture.py tests/test_faults.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check streamgnn tests benchmarks
