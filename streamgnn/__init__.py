@@ -12,7 +12,9 @@ from streamgnn.errors import (
     DuplicateVertexError,
     FeatureDimensionError,
     InvalidUpdateError,
+    NonFiniteEmbeddingError,
     NonFiniteValueError,
+    OutOfRangeError,
     SelfLoopError,
     StreamGNNError,
     UnknownEdgeError,
@@ -29,6 +31,7 @@ from streamgnn.updates import (
     UpdateBatch,
     UpdateEdge,
     UpdateFeatures,
+    ValueLimits,
 )
 from streamgnn.workers import ApplyResult, Engine
 
@@ -48,7 +51,9 @@ __all__ = [
     "GraphData",
     "GraphDiff",
     "InvalidUpdateError",
+    "NonFiniteEmbeddingError",
     "NonFiniteValueError",
+    "OutOfRangeError",
     "SelfLoopError",
     "StreamGNNError",
     "UnknownEdgeError",
@@ -58,6 +63,7 @@ __all__ = [
     "UpdateBatch",
     "UpdateEdge",
     "UpdateFeatures",
+    "ValueLimits",
     "datasets",
     "models",
 ]

@@ -298,3 +298,39 @@ def test_extremum_deltas_pull_only_when_the_extremum_leaves(aggr, sign):
         assert result.pulled[0] == pulled, update
         np.testing.assert_allclose(engine.lookup([3]), [[sign * value]])
     assert_exact(engine, model, torch.float32, 1e-6)
+
+
+@pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean", "gcn", "gin"])
+def test_values_at_the_limits_come_and_go_without_leaving_error(name):
+    """Features at +-1e6 and weights at 1e3 (the `ValueLimits` defaults) pushed in beside
+    ordinary values, then taken back: the float32 embeddings stay within the contract of
+    PyG's forward pass. One step past either limit is refused, naming the value."""
+    data = sg.datasets.synthetic("tiny", 0)
+    spec = ModelSpec(name, data.num_features, data.num_classes, 32, 2)
+    torch.manual_seed(0)
+    model = spec.build().eval()
+    engine = Engine.from_pyg(model, data)
+    limits = sg.ValueLimits()
+    rng = np.random.default_rng(0)
+    ids = data.ids[rng.choice(len(data.ids), 20, replace=False)]
+    src, dst, w = engine.edges()
+    picked = rng.choice(len(src), 20, replace=False)
+    big = [sg.UpdateFeatures(id=int(v), x=(np.sign(rng.standard_normal(data.num_features))
+                                           * limits.features).tolist()) for v in ids]
+    heavy = [sg.UpdateEdge(src=int(src[i]), dst=int(dst[i]), weight=limits.weights)
+             for i in picked]
+    engine.apply(big[:10] + heavy[:10])
+    engine.apply(big[10:] + heavy[10:])
+    rows = {int(v): data.x[np.flatnonzero(data.ids == v)[0]].tolist() for v in ids}
+    engine.apply([sg.UpdateFeatures(id=v, x=x) for v, x in list(rows.items())[:7]])
+    engine.apply([sg.UpdateFeatures(id=v, x=x) for v, x in list(rows.items())[7:]]
+                 + [sg.UpdateEdge(src=int(src[i]), dst=int(dst[i]), weight=float(w[i]))
+                    for i in picked])
+    ref = pyg_layers(model, data)[-1].numpy()
+    assert np.abs(engine.lookup(data.ids) - ref).max() < 1e-4
+    with pytest.raises(sg.OutOfRangeError, match="beyond the limit"):
+        engine.apply([sg.UpdateFeatures(id=int(ids[0]), x=[2 * limits.features]
+                                        * data.num_features)])
+    with pytest.raises(sg.OutOfRangeError, match="weight"):
+        engine.apply([sg.UpdateEdge(src=int(src[0]), dst=int(dst[0]),
+                                    weight=2 * limits.weights)])
