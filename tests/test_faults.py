@@ -214,3 +214,20 @@ def test_a_record_the_process_dies_on_is_quarantined_after_two_deaths(tmp_path, 
     first: dict[str, LabelChanges] = {}
     for m in changes:  # replays after each death republish the same messages
         assert first.setdefault(m.event_id, m) == m
+
+
+def test_journal_replays_finished_batches_and_expiries_in_order_last_copy_counting():
+    """A first life journals batches 3 and 4 with an expiry between them and dies in
+    batch 5; a replay journals 3, the expiry and 4 again, then dies in batch 5 again.
+    Replaying after checkpoint 2 gives 3, the expiry, 4 (once each); batch 5 never
+    finished, so it is not replayed."""
+    from streamgnn.router.journal import Journal
+    b = lambda n: Journal.batch_entry(n, [(0, n, -1)], float(n))  # noqa: E731
+    x = Journal.expired_entry(3, [(0, 9, -1)])
+    ok = {"ok": 1}
+    life = [b(2), ok, b(3), ok, x, b(4), ok, b(5)]
+    entries = life + life[2:]
+    assert Journal.steps(entries, after=2) == [b(3), x, b(4)]
+    assert Journal.steps(entries, after=3) == [x, b(4)]
+    assert Journal.steps(entries, after=4) == []
+    assert Journal.death(entries).batch == 5

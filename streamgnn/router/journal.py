@@ -46,6 +46,11 @@ def runs(keys: Iterable[Key]) -> list[list[int]]:
     return out
 
 
+def step_keys(step: dict) -> list[Key]:
+    """The updates a journaled batch or expiry names."""
+    return keys(step["items"] if "batch" in step else step["expired"])
+
+
 def keys(runs_: list[list[int]]) -> list[Key]:
     """The inverse of `runs`."""
     return [(p, o, i + k) if i >= 0 else (p, o + k, -1)
@@ -100,17 +105,17 @@ class Journal:
         """The steps to replay after batch ``after``, in order: every batch that finished
         (its entry followed by ``ok``; a replay journals a batch again, and the last copy
         counts) and the expiries between them."""
-        steps: dict[tuple[int, int], dict] = {}
-        gap = (-1, 0)  # (batch before the expiry, expiries seen since it)
+        steps: dict[tuple[int, int], dict] = {}  # (batch, 0), or (batch before, n-th expiry)
+        since = (-1, 0)  # the last batch journaled, and the expiries journaled since
         for i, e in enumerate(entries):
-            if "batch" in e and i + 1 < len(entries) and "ok" in entries[i + 1]:
-                steps[(e["batch"], 0)] = e
+            if "batch" in e:
+                since = (e["batch"], 0)
+                if i + 1 < len(entries) and "ok" in entries[i + 1]:
+                    steps[since] = e
             elif "expired" in e:
-                gap = (e["after"], gap[1] + 1 if gap[0] == e["after"] else 1)
-                steps[(e["after"], gap[1])] = e  # sorts after batch ``after``
-        return [steps[k] for k in sorted(steps, key=lambda k: (k[0] + (k[1] > 0), k[1]))
-                if ("batch" in steps[k] and k[0] > after) or ("expired" in steps[k]
-                                                              and k[0] >= after)]
+                since = (e["after"], since[1] + 1 if since[0] == e["after"] else 1)
+                steps[since] = e
+        return [steps[k] for k in sorted(steps) if k[0] > after or (k[0] == after and k[1])]
 
     def batch(self, entry: dict) -> None:
         self._append(entry, sync=True)

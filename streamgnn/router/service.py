@@ -43,7 +43,7 @@ from streamgnn.errors import StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.router.arrivals import Arrivals, referenced
 from streamgnn.router.checkpoint import Checkpoints
-from streamgnn.router.journal import Journal, Key, Suspects, keys, spans
+from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.router.placement import Placement, Strategy
 from streamgnn.stream.schemas import (
     DeadLetter,
@@ -353,15 +353,14 @@ class Service:
     def _replay_step(self, on_batch: Callable[[BatchReport], None] | None) -> None:
         """The next journaled step, once the updates it names are decoded."""
         step = self.script[0]
-        named = keys(step["items"] if "batch" in step else step["expired"])
+        named = step_keys(step)
         missing = [k for k in named if k not in self.held]
         if missing:
             records = self.transport.poll(1000, 0.1)
             if not records:
                 self._replay_stalls(missing)
                 return
-            needed = frozenset((p, o) for e in self.script
-                               for p, o, _ in keys(e.get("items") or e.get("expired")))
+            needed = frozenset((p, o) for e in self.script for p, o, _ in step_keys(e))
             decoded = self._admit(records, gate=False, needed=needed)
             self.held.update((o.key, (u, o)) for u, o in decoded)
             return
