@@ -350,8 +350,8 @@ def serve(
                            topics=topics)
     ensure_topics(bootstrap_servers, topics.all())
     checkpoints = Checkpoints(state_dir)
-    if checkpoints.exists():
-        console.print(f"resuming from {checkpoints.path}")
+    if checkpoints.kept():
+        console.print(f"resuming from {checkpoints.folder(checkpoints.kept()[-1])}")
 
     def start(model: Checkpoint) -> Engine:
         _, data, _ = _snapshot(dataset, seed, holdout)

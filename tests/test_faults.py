@@ -231,3 +231,42 @@ def test_journal_replays_finished_batches_and_expiries_in_order_last_copy_counti
     assert Journal.steps(entries, after=3) == [x, b(4)]
     assert Journal.steps(entries, after=4) == []
     assert Journal.death(entries).batch == 5
+
+
+def test_a_death_between_checkpoint_and_journal_restart_resumes_without_stalling(
+        tmp_path, monkeypatch):
+    """Killed after checkpoint N is complete but before its journal begins: the expiry
+    journaled before N (its update predates N's offsets) must not be replayed from N, and
+    everything else goes on exactly."""
+    from streamgnn.router.journal import Journal
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = MemoryBroker()
+    orphan = sg.AddEdge(src=int(data.ids[0]), dst=10**12, event_id="orphan")
+    for u in [*events, orphan]:  # the orphan expires after the last batch
+        broker.produce(TOPICS.updates, encode(u))
+
+    class Crash(BaseException):
+        pass
+
+    restart = Journal.restart
+
+    def dying(self, *args, **kwargs):  # the first checkpoint after the expiry: the last one
+        if any("expired" in e for e in self.entries(0)):
+            raise Crash
+        return restart(self, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "restart", dying)
+    config = ServiceConfig(batch_size=10, arrival_wait_s=0.0, checkpoint_batches=1,
+                           topics=TOPICS)
+    open_service = opener(broker, snapshot, model, config, tmp_path)
+    with pytest.raises(Crash):
+        open_service().run(idle_exit_s=0.5)
+    monkeypatch.setattr(Journal, "restart", restart)
+    service = open_service()
+    service.run(idle_exit_s=0.5)
+    assert {(d.error, d.source_event_id) for d in letters(broker)} == {
+        ("vertex_never_arrived", "orphan")}
+    current = service.engine.graph.to_data()
+    assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
+    assert_exact(service.engine, model)

@@ -169,6 +169,16 @@ class Adjacency:
         adj.end[0] = len(nbr)
         return adj
 
+    FIELDS = ("start", "deg", "room", "nbr", "w", "end")
+
+    @classmethod
+    def from_arrays(cls, arrays) -> Adjacency:
+        """The adjacency whose `arrays` these are (copied)."""
+        adj = cls(0)
+        for name, a in zip(cls.FIELDS, arrays, strict=True):
+            setattr(adj, name, np.array(a))
+        return adj
+
     @property
     def arrays(self) -> tuple:
         """The state as the tuple the numba functions take."""

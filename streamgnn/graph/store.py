@@ -134,6 +134,33 @@ class DynamicGraph:
         g.in_weight[:n] = np.bincount(d, weights=data.weight, minlength=n)
         return g
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The graph as plain arrays, laid out as it is (a graph rebuilt by `from_arrays`
+        repeats this one bit for bit): what a checkpoint holds."""
+        cells, _, id_counts = self._ids.table
+        arrays = {"ids_cells": cells, "ids_counts": id_counts, "ext": self.ext,
+                  "alive": self.alive, "x": self.x, "in_weight": self.in_weight,
+                  "free": self._free, "counts": self._counts,
+                  "limits": np.array([self.limits.features, self.limits.weights])}
+        for side, adj in (("out", self.out), ("inn", self.inn)):
+            arrays.update({f"{side}_{k}": a for k, a in zip(Adjacency.FIELDS, adj.arrays,
+                                                             strict=True)})
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> DynamicGraph:
+        """The graph `to_arrays` gave (a batch is never open in one)."""
+        g = cls(arrays["x"].shape[1], vertex_capacity=len(arrays["alive"]))
+        g._ids.ext = arrays["ext"].copy()
+        g._ids.table = (arrays["ids_cells"].copy(), g._ids.ext, arrays["ids_counts"].copy())
+        for name in ("alive", "x", "in_weight"):
+            setattr(g, name, arrays[name].copy())
+        g._free, g._counts = arrays["free"].copy(), arrays["counts"].copy()
+        g.limits = ValueLimits(*map(float, arrays["limits"]))
+        g.out = Adjacency.from_arrays([arrays[f"out_{k}"] for k in Adjacency.FIELDS])
+        g.inn = Adjacency.from_arrays([arrays[f"inn_{k}"] for k in Adjacency.FIELDS])
+        return g
+
     # ---------------------------------------------------------------- queries
     @property
     def ext(self) -> np.ndarray:

@@ -1,48 +1,153 @@
-"""`Checkpoints`: the service's state on disk, written atomically (temporary file, fsync,
-rename), so a killed process finds either the previous checkpoint or the new one whole.
+"""`Checkpoints`: the service's state on disk as data, never pickles: numbered generations
+``gen-000012/``, each a set of ``.npz`` array files (loaded with ``allow_pickle=False``) and
+a ``manifest.json`` written last, naming every file with its size and SHA-256 beside the
+small JSON state. A generation without its manifest, or whose files do not match it (a
+process killed mid-write, a torn or altered file), is not complete: loading skips it and
+takes the newest complete one. Every file is written to a temporary name, fsync'd and
+renamed; the last ``keep`` complete generations are kept.
 
-A checkpoint holds the model, the engine snapshot (graph, embeddings, states, root terms),
-the router's maps, the updates still waiting for a vertex or for their batch, the batch
-counter and the consumed offsets of the updates topic: restarting from it and replaying
-the topic from those offsets repeats the original run exactly. Must not import kafka or mpi4py.
+Files of one generation may come from different processes (`write_arrays`, one shard per
+rank); `commit` makes the set complete. Must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
-FORMAT = "streamgnn-service/2"  # /2: pending updates, engine root terms
+FORMAT = "streamgnn-state/3"  # /3: npz files + manifest (was one torch pickle)
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Saved:
+    """A complete generation: its number, its JSON state and its array files by name."""
+
+    generation: int
+    meta: dict
+    files: dict[str, dict[str, np.ndarray]]
+
+
+class CorruptCheckpointError(ValueError):
+    """A generation's file does not match its manifest."""
+
+
+def write_arrays(directory: Path, name: str, arrays: dict[str, np.ndarray]) -> dict:
+    """Write ``arrays`` to ``directory/name.npz`` (temporary name, fsync, rename); returns
+    the manifest entry naming it."""
+    path = directory / f"{name}.npz"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return {"name": name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
 
 
 class Checkpoints:
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, keep: int = 2) -> None:
         self.directory = Path(directory)
-        self.path = self.directory / "state.pt"
-        for stale in self.directory.glob("*.tmp*"):  # from a process killed mid-write
+        self.keep = keep
+        for stale in self.directory.glob("gen-*/*.tmp*"):  # from a process killed mid-write
             stale.unlink()
 
-    def exists(self) -> bool:
-        return self.path.exists()
+    def generations(self) -> list[int]:
+        """Generation numbers present (complete or not), ascending."""
+        return sorted(int(p.name[4:]) for p in self.directory.glob("gen-*")
+                      if p.name[4:].isdigit())
 
-    def save(self, state: dict) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
+    def folder(self, generation: int) -> Path:
+        return self.directory / f"gen-{generation:06d}"
+
+    def next_generation(self) -> int:
+        return max(self.generations(), default=0) + 1
+
+    def save(self, meta: dict, files: dict[str, dict[str, np.ndarray]]) -> int:
+        """Write a new generation holding ``files`` and ``meta``; returns its number."""
+        generation = self.next_generation()
+        folder = self.folder(generation)
+        folder.mkdir(parents=True, exist_ok=True)
+        entries = [write_arrays(folder, name, arrays) for name, arrays in files.items()]
+        self.commit(generation, meta, entries)
+        return generation
+
+    def commit(self, generation: int, meta: dict, entries: list[dict]) -> None:
+        """Write the manifest that makes ``generation`` complete, then drop generations
+        older than the last ``keep`` complete ones."""
+        folder = self.folder(generation)
+        manifest = {"format": FORMAT, "generation": generation, "files": entries,
+                    "state": meta}
+        tmp = folder / f"{MANIFEST}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(manifest, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        return self.path
+        os.replace(tmp, folder / MANIFEST)
+        _fsync_dir(folder)
+        kept = self.kept()
+        for g in self.generations():
+            if g < generation and g not in kept:
+                shutil.rmtree(self.folder(g), ignore_errors=True)
 
-    def load(self) -> dict | None:
-        """The last checkpoint, or None. It is the service's own file (full pickle)."""
-        if not self.path.exists():
-            return None
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
-        if state.get("format") != FORMAT:
-            raise ValueError(f"{self.path} is not a {FORMAT} checkpoint (it says "
-                             f"{state.get('format')!r}): start with a fresh --state-dir")
-        return state
+    def kept(self) -> list[int]:
+        """The last ``keep`` generations that have a manifest, ascending."""
+        return [g for g in self.generations() if (self.folder(g) / MANIFEST).exists()
+                ][-self.keep:]
+
+    def load(self) -> Saved | None:
+        """The newest complete generation, or None if there is none. Incomplete or
+        corrupt ones are skipped with a warning naming them; a manifest of another
+        format raises ValueError (start with a fresh state directory)."""
+        for generation in reversed(self.generations()):
+            try:
+                return self._load(generation)
+            except CorruptCheckpointError as e:
+                warnings.warn(f"{e}; using the previous complete checkpoint", stacklevel=2)
+        return None
+
+    def _load(self, generation: int) -> Saved:
+        folder = self.folder(generation)
+        path = folder / MANIFEST
+        if not path.exists():
+            raise CorruptCheckpointError(f"{folder} is incomplete (no manifest)")
+        try:
+            manifest = json.loads(path.read_text())
+        except ValueError as e:
+            raise CorruptCheckpointError(f"{path} is not JSON ({e})") from None
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a {FORMAT} checkpoint (it says "
+                             f"{manifest.get('format')!r}): start with a fresh --state-dir")
+        files = {}
+        for entry in manifest["files"]:
+            file = folder / f"{entry['name']}.npz"
+            if not file.exists() or file.stat().st_size != entry["bytes"] or (
+                    _sha256(file) != entry["sha256"]):
+                raise CorruptCheckpointError(f"{file} is missing or does not match its "
+                                             "manifest (size or SHA-256)")
+            with np.load(file, allow_pickle=False) as npz:
+                files[entry["name"]] = {k: npz[k] for k in npz.files}
+        return Saved(generation, manifest["state"], files)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

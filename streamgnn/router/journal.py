@@ -1,6 +1,7 @@
 """`Journal`: what the service decided since its last checkpoint, so a restart repeats it.
 
-Between two checkpoints the service appends, to ``journal.jsonl`` in its state directory:
+Between two checkpoints the service appends, to the journal of the last checkpoint's
+generation in its state directory:
 - ``{"batch": N, "items": runs, "at": t}`` before batch N is applied (fsync'd: its
   outputs go out only after, with event time ``t``), naming every update in it by source
   (partition, offset, index in the record's array or -1): a restart replays batch N with
@@ -15,7 +16,7 @@ admitting those records, or while applying batch N. `Suspects` counts such death
 record; the service then handles those records one at a time, and a record that was alone
 in flight at two deaths is quarantined (dead-lettered unread), never retried forever.
 
-A checkpoint starts a new journal. Everything is small JSON; no pickles. Must not import
+Each checkpoint starts a new journal file. Everything is small JSON; no pickles. Must not import
 torch, kafka or mpi4py.
 """
 
@@ -69,22 +70,61 @@ class Death:
 
 
 class Journal:
-    def __init__(self, directory: str | Path) -> None:
-        self.path = Path(directory) / "journal.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 (held open between appends)
+    """``journal-<generation>.jsonl`` files: each checkpoint generation starts one, and a
+    restart from generation g replays the files from g on (a newer generation that did
+    not complete left its file after g's)."""
 
-    def entries(self) -> list[dict]:
-        """What the journal holds (a torn last line, from a kill mid-write, is dropped)."""
-        if not self.path.exists():
-            return []
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._file = None
+
+    def _files(self) -> list[tuple[int, Path]]:
+        return sorted((int(p.stem[8:]), p) for p in self.directory.glob("journal-*.jsonl")
+                      if p.stem[8:].isdigit())
+
+    def entries(self, since: int) -> list[dict]:
+        """What the journals of generation ``since`` on hold, in order (a torn last line,
+        from a kill mid-write, is dropped)."""
         out = []
-        for line in self.path.read_bytes().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                break
+        for generation, path in self._files():
+            if generation < since:
+                continue
+            for line in path.read_bytes().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    break
         return out
+
+    def resume(self, generation: int) -> None:
+        """Append to the newest journal from ``generation`` on (after a restart from it)."""
+        newest = max((g for g, _ in self._files() if g >= generation), default=generation)
+        self._open(newest)
+
+    def restart(self, generation: int, keep: list[dict], prune_below: int) -> None:
+        """Checkpoint ``generation`` is complete: begin its journal holding only ``keep``
+        (steps still to be replayed as they were); drop journals older than
+        ``prune_below`` (the oldest generation a restart may still start from)."""
+        if self._file is not None:
+            self._file.close()
+        path = self._path(generation)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.writelines(json.dumps(e).encode() + b"\n" for e in keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for g, old in self._files():
+            if g < prune_below:
+                old.unlink()
+        self._open(generation)
+
+    def _path(self, generation: int) -> Path:
+        return self.directory / f"journal-{generation:06d}.jsonl"
+
+    def _open(self, generation: int) -> None:
+        self._file = open(self._path(generation), "ab")  # noqa: SIM115 (held open)
 
     @staticmethod
     def death(entries: list[dict]) -> Death | None:
@@ -138,20 +178,9 @@ class Journal:
     def ok(self) -> None:
         self._append({"ok": 1})
 
-    def restart(self, keep: list[dict]) -> None:
-        """A checkpoint was written: begin a new journal holding only ``keep`` (batches
-        still to be replayed as they were)."""
-        self._file.close()
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.writelines(json.dumps(e).encode() + b"\n" for e in keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self._file = open(self.path, "ab")  # noqa: SIM115
-
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
     def _append(self, entry: dict, sync: bool = False) -> None:
         self._file.write(json.dumps(entry, separators=(",", ":")).encode() + b"\n")

@@ -83,6 +83,31 @@ class Placement:
         placement.cut_edges = int((parts[s] != parts[d]).sum())
         return placement
 
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The metadata as arrays and small JSON (what a checkpoint holds)."""
+        return ({"ids": np.fromiter(self.part, np.int64, len(self.part)),
+                 "parts": np.fromiter(self.part.values(), np.int64, len(self.part)),
+                 "degree_ids": np.fromiter(self.in_degree, np.int64, len(self.in_degree)),
+                 "in_degree": np.fromiter(self.in_degree.values(), np.int64,
+                                          len(self.in_degree)),
+                 "load": self.load, "high": np.array(sorted(self.high), np.int64)},
+                {"num_partitions": self.num_partitions, "strategy": self.strategy,
+                 "refresh_every": self.refresh_every, "cut_edges": self.cut_edges,
+                 "since_refresh": self._since_refresh})
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], meta: dict) -> Placement:
+        placement = cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                        meta["num_partitions"], meta["strategy"], meta["refresh_every"])
+        placement.part = dict(zip(arrays["ids"].tolist(), arrays["parts"].tolist()))
+        placement.in_degree = dict(zip(arrays["degree_ids"].tolist(),
+                                       arrays["in_degree"].tolist()))
+        placement.load = np.array(arrays["load"])
+        placement.high = set(arrays["high"].tolist())
+        placement.cut_edges = meta["cut_edges"]
+        placement._since_refresh = meta["since_refresh"]
+        return placement
+
     def refresh(self) -> None:
         """Recompute the high in-degree set."""
         deg = np.fromiter(self.in_degree.values(), np.int64, len(self.in_degree))

@@ -28,6 +28,7 @@ Must not import kafka (the transport is injected) or mpi4py.
 
 from __future__ import annotations
 
+import base64
 import gc
 import hashlib
 import time
@@ -37,11 +38,12 @@ from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import torch
 from pydantic import BaseModel, Field
 
 from streamgnn.errors import StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
-from streamgnn.router.arrivals import Arrivals, referenced
+from streamgnn.router.arrivals import Arrivals, Waiting, referenced
 from streamgnn.router.checkpoint import Checkpoints
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.router.placement import Placement, Strategy
@@ -56,7 +58,7 @@ from streamgnn.stream.schemas import (
     label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
-from streamgnn.updates import Update, ValueLimits
+from streamgnn.updates import UPDATE_ADAPTER, Update, ValueLimits
 from streamgnn.workers import ApplyResult, Engine
 
 
@@ -185,22 +187,30 @@ class Service:
                 service.suspects.clear()  # a fresh start: nothing died on this stream yet
             service.checkpoint()
             return service
-        model = Checkpoint(ModelSpec(**saved["spec"]), saved["weights"])
-        engine = Engine.restore(model.model(), saved["engine"], device)
-        service = cls(engine, model, transport, config, checkpoints, saved["placement"])
-        service.arrivals.waiting = saved["waiting"]
-        service.pending = saved["pending"]
+        state, files = saved.meta, saved.files
+        weights = {k: torch.from_numpy(a) for k, a in files["model"].items()}
+        model = Checkpoint(ModelSpec(**state["spec"]), weights)
+        engine = Engine.restore(model.model(), files["engine"], device)
+        placement = Placement.from_arrays(files["placement"], state["placement"])
+        service = cls(engine, model, transport, config, checkpoints, placement)
+        service.arrivals.waiting = {}
+        for item in state["waiting"]:
+            (update, origin), (vertex, deadline) = _item(item), item["wait"]
+            service.arrivals.waiting.setdefault(vertex, []).append(
+                Waiting(update, origin, vertex, deadline))
+        service.pending = [_item(item) for item in state["pending"]]
         for update, _ in service.pending:
             service.arrivals.track(update)
-        service.batch_seq = saved["batch_seq"]
-        transport.seek(saved["positions"])
-        service._replay_journal()
+        service.batch_seq = state["batch_seq"]
+        transport.seek({int(p): o for p, o in state["positions"].items()})
+        service._replay_journal(saved.generation)
         return service
 
-    def _replay_journal(self) -> None:
+    def _replay_journal(self, generation: int) -> None:
         """Note where the last process died, and line up the batches it journaled since
-        the checkpoint (updates not yet applied wait in ``held`` for them)."""
-        entries = self.journal.entries()
+        checkpoint ``generation`` (updates not yet applied wait in ``held`` for them)."""
+        entries = self.journal.entries(generation)
+        self.journal.resume(generation)
         death = Journal.death(entries)
         if death is not None:
             self.suspects.died(death)
@@ -217,13 +227,16 @@ class Service:
             return
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         unapplied = self.pending + sorted(self.held.values(), key=lambda item: item[1].key)
-        self.checkpoints.save({
-            "spec": asdict(self.model.spec), "weights": self.model.state_dict,
-            "engine": self.engine.snapshot(), "placement": self.placement,
-            "waiting": self.arrivals.waiting, "pending": unapplied,
-            "batch_seq": self.batch_seq,
-            "positions": self.transport.positions()})
-        self.journal.restart(keep=list(self.script))
+        placement, placement_meta = self.placement.to_arrays()
+        generation = self.checkpoints.save({
+            "spec": asdict(self.model.spec), "placement": placement_meta,
+            "waiting": [_item_json(w.update, w.source, (w.vertex, w.deadline))
+                        for ws in self.arrivals.waiting.values() for w in ws],
+            "pending": [_item_json(u, o) for u, o in unapplied],
+            "batch_seq": self.batch_seq, "positions": self.transport.positions()}, {
+            "model": {k: t.cpu().numpy() for k, t in self.model.state_dict.items()},
+            "engine": self.engine.snapshot(), "placement": placement})
+        self.journal.restart(generation, list(self.script), self.checkpoints.kept()[0])
         self.suspects.forget_before(self.transport.positions())
         self._last_checkpoint = (self.batch_seq, time.monotonic())
 
@@ -514,6 +527,27 @@ class Service:
                             truncated=len(raw) > self.config.payload_bytes,
                             source_event_id=update.event_id if update else None)
         self.transport.publish(self.config.topics.dead_letters, None, encode(letter))
+
+
+def _item_json(update: Update, origin: Origin, wait: tuple[int, float] | None = None
+               ) -> dict:
+    """An admitted update and its source as JSON (a whole-record update keeps the record's
+    bytes: its dead letter would carry them)."""
+    r = origin.record
+    out = {"update": update.model_dump(mode="json"), "key": list(origin.key),
+           "topic": r.topic}
+    if origin.index is None:
+        out["value"] = base64.b64encode(r.value or b"").decode()
+    if wait is not None:
+        out["wait"] = list(wait)
+    return out
+
+
+def _item(raw: dict) -> Item:
+    p, o, i = raw["key"]
+    value = base64.b64decode(raw["value"]) if "value" in raw else b""
+    return (UPDATE_ADAPTER.validate_python(raw["update"]),
+            Origin(Record(raw["topic"], p, o, value), None if i < 0 else i))
 
 
 _CHANGES_PER_MESSAGE = 10_000

@@ -132,27 +132,33 @@ class Engine:
         graph accepts feature values and weights within ``limits`` (default `ValueLimits`)."""
         return cls(model, DynamicGraph.from_data(data, limits), device, **kwargs)
 
-    def snapshot(self) -> dict:
-        """Everything the engine knows beside the model, for a checkpoint: the graph (as
-        laid out, so a restored engine repeats this one bit for bit), every layer's
-        embeddings, aggregation states and kept root terms and transforms."""
-        return {"graph": self.graph, "h": [h.cpu() for h in self.h[1:]],
-                "state": [None if s is None else s.cpu() for s in self.state],
-                "root": [None if r is None else r.cpu() for r in self.root],
-                "t": [None if t is None else t.cpu() for t in self.t],
-                "in_weight": self._in_weight}
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Everything the engine knows beside the model, as plain arrays (what a checkpoint
+        holds): the graph as laid out (``graph/...``, so a restored engine repeats this one
+        bit for bit), and per layer k its embeddings ``h/k``, aggregation states
+        ``state/k``, kept root terms ``root/k`` and transforms ``t/k`` where it keeps them."""
+        out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
+        for name in ("h", "state", "root", "t"):
+            for k, rows in enumerate(getattr(self, name)):
+                if rows is not None:
+                    out[f"{name}/{k}"] = rows.cpu().numpy()
+        out["in_weight"] = self._in_weight
+        return out
 
     @classmethod
-    def restore(cls, model: torch.nn.Module, snapshot: dict, device: str = "cpu",
-                partition: Partition | None = None) -> Engine:
+    def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
+                device: str = "cpu", partition: Partition | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
+        graph = DynamicGraph.from_arrays({k.removeprefix("graph/"): a for k, a in
+                                          snapshot.items() if k.startswith("graph/")})
         engine = cls.__new__(cls)
-        engine._attach(model, snapshot["graph"], device, partition)
-        engine.h = [None, *(h.to(device) for h in snapshot["h"])]
-        engine.state = [None if s is None else s.to(device) for s in snapshot["state"]]
-        engine.root = [None if r is None else r.to(device) for r in snapshot["root"]]
-        engine.t = [None if t is None else t.to(device) for t in snapshot["t"]]
-        engine._in_weight = snapshot["in_weight"]
+        engine._attach(model, graph, device, partition)
+        for name in ("h", "state", "root", "t"):
+            setattr(engine, name, [
+                None if (a := snapshot.get(f"{name}/{k}")) is None
+                else torch.from_numpy(np.array(a)).to(device)
+                for k in range(engine.num_layers + (name == "h"))])
+        engine._in_weight = np.array(snapshot["in_weight"])
         engine._labels = engine.h[-1].argmax(dim=-1).cpu().numpy()
         return engine
 
