@@ -62,8 +62,8 @@ def stream_split(preset: str, weighted: bool):
 
 
 def engine_bytes(engine: Engine) -> int:
-    tensors = [*engine.h[1:],
-               *(t for t in engine.state + engine.root + engine.t if t is not None)]
+    tensors = [t for shard in engine.shards for t in (
+        *shard.h[1:], *shard.state, *shard.root, *shard.t) if t is not None]
     graph = engine.graph.nbytes()
     return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
 

@@ -305,10 +305,12 @@ def serve(
     checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N batches ...")] = 50,
     checkpoint_seconds: Annotated[float, typer.Option(help="... or every this many "
                                                       "seconds.")] = 30.0,
-    partitions: Annotated[int, typer.Option(help="Graph partitions the router places "
-                                            "over.")] = 1,
-    placement: Annotated[str, typer.Option(help="locality (RIPPLE++ Alg. 1) or hash.")
-                         ] = "locality",
+    partitions: Annotated[int, typer.Option(
+        envvar="STREAMGNN_PARTITIONS", help="Split the engine's state into P partitions "
+        "(in this process; same answers for every P).")] = 1,
+    placement: Annotated[str, typer.Option(
+        envvar="STREAMGNN_PLACEMENT", help="metis (initial owners by METIS, new vertices by "
+        "RIPPLE++ Alg. 1) or hash (id mod P).")] = "metis",
     until_idle: Annotated[float | None, typer.Option(
         help="Exit after this many seconds without input (default: run until Ctrl-C).")
     ] = None,
@@ -344,8 +346,7 @@ def serve(
     topics = _topics(topic_prefix)
     config = ServiceConfig(batch_size=batch_size, max_wait_s=max_wait,
                            arrival_wait_s=arrival_wait, checkpoint_batches=checkpoint_every,
-                           checkpoint_s=checkpoint_seconds, partitions=partitions,
-                           placement=placement, max_abs_feature=max_abs_feature,
+                           checkpoint_s=checkpoint_seconds, max_abs_feature=max_abs_feature,
                            max_abs_weight=max_abs_weight, quarantine_after=quarantine_after,
                            topics=topics)
     ensure_topics(bootstrap_servers, topics.all())
@@ -355,7 +356,8 @@ def serve(
 
     def start(model: Checkpoint) -> Engine:
         _, data, _ = _snapshot(dataset, seed, holdout)
-        return Engine.from_pyg(model.model(), data, device=device, progress=True)
+        return Engine.from_pyg(model.model(), data, device=device, progress=True,
+                               partitions=partitions, placement=placement)
 
     from tqdm.auto import tqdm
 

@@ -114,14 +114,14 @@ def test_vertices_outside_the_l_hop_region_are_not_touched():
     for _ in range(2):
         _, nbr, _ = g.out_edges(np.array(sorted(reach)))
         reach |= set(nbr.tolist())
-    before = [h.clone() for h in engine.h[1:]]
-    state_before = [s.clone() for s in engine.state]
+    before = [h.clone() for h in engine.shards[0].h[1:]]
+    state_before = [s.clone() for s in engine.shards[0].state]
     result = engine.apply(batch)
     outside = np.setdiff1d(g.vertex_slots(), np.array(sorted(reach)))
     assert len(outside) > 300
-    for h_old, h_new in zip(before, engine.h[1:]):
+    for h_old, h_new in zip(before, engine.shards[0].h[1:]):
         assert torch.equal(h_old[outside], h_new[outside])
-    for s_old, s_new in zip(state_before, engine.state):
+    for s_old, s_new in zip(state_before, engine.shards[0].state):
         assert torch.equal(s_old[outside], s_new[outside])
     assert max(result.recomputed) <= len(reach)
     assert_exact(engine, model, torch.float32, 1e-4)

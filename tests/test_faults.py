@@ -32,9 +32,10 @@ def setup(name: str = "sage-mean"):
     return data, Checkpoint(spec, spec.build().state_dict())
 
 
-def opener(broker, data, model, config, state=None):
+def opener(broker, data, model, config, state=None, partitions=1):
     def open_service() -> Service:
-        return Service.open(lambda: model, lambda m: sg.Engine.from_pyg(m.model(), data),
+        return Service.open(lambda: model, lambda m: sg.Engine.from_pyg(
+                                m.model(), data, partitions=partitions),
                             MemoryTransport(broker, config.topics.updates), config,
                             Checkpoints(state) if state else None)
     return open_service
@@ -95,7 +96,8 @@ def catalogue(data) -> list[tuple[bytes | None, str]]:
     ]
 
 
-def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied():
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(partitions):
     data, model = setup()
     broker = MemoryBroker()
     rng = np.random.default_rng(0)
@@ -120,7 +122,7 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
         broker.produce(TOPICS.updates, encode(u))
 
     config = ServiceConfig(batch_size=50, arrival_wait_s=0.3, topics=TOPICS)
-    service = opener(broker, snapshot, model, config)()
+    service = opener(broker, snapshot, model, config, partitions=partitions)()
     service.run(idle_exit_s=0.5)
 
     got = letters(broker)
@@ -172,7 +174,9 @@ def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp
     assert_exact(service.engine, model)
 
 
-def test_a_record_the_process_dies_on_is_quarantined_after_two_deaths(tmp_path, monkeypatch):
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_record_the_process_dies_on_is_quarantined_after_two_deaths(tmp_path, monkeypatch,
+                                                                      partitions):
     """A record whose decoding kills the process (a BaseException stands in for a crash in
     C code: nothing in the loop catches it). Each restart finds the journal's last entry
     unfinished; the second death with the record alone in flight quarantines it."""
@@ -197,7 +201,7 @@ def test_a_record_the_process_dies_on_is_quarantined_after_two_deaths(tmp_path, 
 
     monkeypatch.setattr(service_module, "decode_updates", crashing)
     config = ServiceConfig(batch_size=7, topics=TOPICS)
-    open_service = opener(broker, snapshot, model, config, tmp_path)
+    open_service = opener(broker, snapshot, model, config, tmp_path, partitions)
     for _ in range(3):  # dies in a multi-record step, then twice with the record alone
         with pytest.raises(Crash):
             open_service().run(idle_exit_s=0.5)

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import streamgnn as sg
-from streamgnn.router import Arrivals, Checkpoints, Placement
+from streamgnn.graph import DynamicGraph
+from streamgnn.router import Arrivals, Checkpoints
 from streamgnn.router.checkpoint import _sha256
+from streamgnn.updates import ADD_EDGE, DELETE_VERTEX
+from streamgnn.workers import Placement
 
 
 def gate(existing, wait_s=1.0) -> Arrivals:
@@ -59,43 +62,56 @@ def two_clusters():
     return np.arange(20), np.array(src), np.array(dst)
 
 
-def test_metis_keeps_clusters_together():
-    ids, src, dst = two_clusters()
-    p = Placement.from_edges(ids, src, dst, num_partitions=2)
-    part = np.array([p.part[i] for i in range(20)])
+def placed(num_partitions: int, strategy: str = "metis"):
+    with pytest.warns(UserWarning, match="parallel edges"):
+        data = sg.GraphData.cleaned(*two_clusters(), np.zeros((20, 1)))
+    graph = DynamicGraph.from_data(data)
+    return graph, Placement.initial(graph, num_partitions, strategy)
+
+
+def test_metis_keeps_clusters_together_and_cut_edges_make_ghosts():
+    graph, p = placed(2)
+    ids = np.arange(20)
+    src, dst, _ = graph.edges()
+    part = p.part[graph.slots(ids)]
     assert len(set(part[:10])) == 1 and len(set(part[10:])) == 1 and part[0] != part[10]
-    assert p.cut_edges == int((part[src] != part[dst]).sum()) <= 2
-    assert 0 in p.high  # in-degree well above twice the average
+    cut = part[src] != part[dst]
+    assert cut.sum() <= 2
+    for s, d in zip(src[cut], dst[cut], strict=True):  # the source is a ghost at the sink's
+        assert p.holders[graph.slots([s])[0]] & np.uint64(1 << int(part[d]))
+    assert (p.holders != 0).sum() == len(set(src[cut].tolist()))
 
 
-def test_alg1_routes_local_cut_and_new_vertices():
-    ids, src, dst = two_clusters()
-    p = Placement.from_edges(ids, src, dst, num_partitions=2)
-    a, b = p.part[0], p.part[10]
-    cut = p.cut_edges
+def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
+    graph, p = placed(2)
+    a, b = (int(p.part[graph.slots([v])[0]]) for v in (0, 10))
     batch = [sg.AddEdge(src=1, dst=2),          # local
-             sg.AddEdge(src=11, dst=3),         # cut: source's partition + copy to sink's
+             sg.AddEdge(src=11, dst=3),         # cut: lives at the sink's, 11 a ghost there
              sg.AddVertex(id=100, x=[0.0]),     # first linked to hub 0: joins its partition
              sg.AddEdge(src=100, dst=0),
              sg.AddVertex(id=101, x=[0.0]),     # linked to a non-hub: least-loaded
              sg.AddEdge(src=101, dst=12),
              sg.UpdateFeatures(id=12, x=[1.0]),
              sg.DeleteVertex(id=19)]
-    load_before = p.load.copy()
-    routed = p.route(batch)
-    assert routed.partition[0] == a and routed.partition[1] == b
-    assert routed.copies == [(1, a)] and p.cut_edges == cut + 1
-    assert p.part[100] == a
-    assert p.part[101] == int(np.argmin(load_before + np.eye(2, dtype=int)[a]))
-    assert routed.partition[6] == p.part[12] and 19 not in p.part
-    assert p.load.sum() == load_before.sum() + 2 - 1
+    load_before = p.load()
+    routed = p.route(graph, graph.apply(batch), len(batch))
+    part = lambda v: int(p.part[graph.slots([v])[0]])  # noqa: E731
+    assert part(100) == a
+    assert part(101) == int(np.argmin(load_before + np.eye(2, dtype=int)[a]))
+    edges = {q: set(zip(r.batch.a[r.batch.op == ADD_EDGE].tolist(),
+                        r.batch.b[r.batch.op == ADD_EDGE].tolist())) for q, r in enumerate(routed)}
+    assert (1, 2) in edges[a] and (11, 3) in edges[a] and (100, 0) in edges[a]
+    assert (101, 12) in edges[b]
+    assert 11 in routed[a].ghosts.tolist() and 11 in routed[b].subscribed[a].tolist()
+    assert 19 in routed[b].batch.a[routed[b].batch.op == DELETE_VERTEX].tolist()
+    assert p.load().sum() == load_before.sum() + 2 - 1
 
 
 def test_hash_placement_uses_the_id():
-    ids, src, dst = two_clusters()
-    p = Placement.from_edges(ids, src, dst, num_partitions=3, strategy="hash")
-    p.route([sg.AddVertex(id=104, x=[0.0]), sg.AddEdge(src=104, dst=0)])
-    assert p.part[104] == 104 % 3
+    graph, p = placed(3, "hash")
+    batch = [sg.AddVertex(id=104, x=[0.0]), sg.AddEdge(src=104, dst=0)]
+    p.route(graph, graph.apply(batch), 2)
+    assert p.part[graph.slots([104])[0]] == 104 % 3
 
 
 def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):

@@ -1,5 +1,5 @@
 """The router: validation and batching of the update stream, updates waiting for their
-vertices (`arrivals`), vertex placement over partitions (`placement`), the streaming loop
+vertices (`arrivals`), the streaming loop
 that feeds the engine and publishes results (`service`), its checkpoints (`checkpoint`)
 and the journal of what it did since the last one (`journal`). Talks to message systems
 only through `streamgnn.stream.Transport`; must not import kafka or mpi4py.
@@ -7,7 +7,6 @@ only through `streamgnn.stream.Transport`; must not import kafka or mpi4py.
 
 from streamgnn.router.arrivals import Arrivals
 from streamgnn.router.checkpoint import Checkpoints
-from streamgnn.router.placement import Placement
 from streamgnn.router.service import (
     BatchReport,
     EngineFailure,
@@ -17,5 +16,5 @@ from streamgnn.router.service import (
     run_recovering,
 )
 
-__all__ = ["Arrivals", "BatchReport", "Checkpoints", "EngineFailure", "Placement", "Service",
+__all__ = ["Arrivals", "BatchReport", "Checkpoints", "EngineFailure", "Service",
            "ServiceConfig", "Stats", "run_recovering"]

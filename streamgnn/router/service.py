@@ -1,7 +1,7 @@
 """`Service`: the streaming loop. Consumes the updates topic through a `Transport`,
 decodes and validates (a message holds one update or an array of them), holds updates
 that wait for a vertex (`Arrivals`), cuts batches of ``batch_size`` updates (or fewer after
-the maximum wait), places each batch (`Placement`), applies it to the engine, publishes
+the maximum wait), applies each to the engine (which places it on its partitions), publishes
 every changed label (one message per batch and label-topic partition) and every unusable
 update (dead letter, with reason and source offset), and checkpoints state, pending
 updates and consumed offsets every N batches or seconds.
@@ -46,7 +46,6 @@ from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
 from streamgnn.router.checkpoint import Checkpoints
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
-from streamgnn.router.placement import Placement, Strategy
 from streamgnn.stream.schemas import (
     DeadLetter,
     DecodeError,
@@ -70,10 +69,6 @@ class ServiceConfig(BaseModel):
                                   "vertex that has not arrived waits for it")
     checkpoint_batches: int = Field(50, ge=1, description="checkpoint every N batches")
     checkpoint_s: float = Field(30.0, gt=0, description="or every this many seconds")
-    partitions: int = Field(1, ge=1)
-    placement: Strategy = "locality"
-    refresh_every: int = Field(500_000, ge=1, description="updates between high-in-degree "
-                               "set refreshes")
     max_abs_feature: float = Field(ValueLimits.features, gt=0, description="largest "
                                    "|feature value| accepted (else out_of_range)")
     max_abs_weight: float = Field(ValueLimits.weights, gt=0, description="largest "
@@ -143,21 +138,13 @@ class BatchReport:
 
 class Service:
     def __init__(self, engine: Engine, checkpoint: Checkpoint, transport: Transport,
-                 config: ServiceConfig, checkpoints: Checkpoints | None = None,
-                 placement: Placement | None = None) -> None:
+                 config: ServiceConfig, checkpoints: Checkpoints | None = None) -> None:
         self.engine = engine
         self.model = checkpoint
         self.transport = transport
         self.config = config
         self.checkpoints = checkpoints
         engine.graph.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
-        if placement is None:
-            ids = engine.vertex_ids()
-            src, dst, _ = engine.edges()
-            placement = Placement.from_edges(ids, src, dst, config.partitions,
-                                             strategy=config.placement,
-                                             refresh_every=config.refresh_every)
-        self.placement = placement
         self.arrivals: Arrivals[Origin] = Arrivals(engine.graph.contains, config.arrival_wait_s)
         self.pending: list[Item] = []  # admitted, not applied yet
         self.batch_seq = 0
@@ -191,8 +178,7 @@ class Service:
         weights = {k: torch.from_numpy(a) for k, a in files["model"].items()}
         model = Checkpoint(ModelSpec(**state["spec"]), weights)
         engine = Engine.restore(model.model(), files["engine"], device)
-        placement = Placement.from_arrays(files["placement"], state["placement"])
-        service = cls(engine, model, transport, config, checkpoints, placement)
+        service = cls(engine, model, transport, config, checkpoints)
         service.arrivals.waiting = {}
         for item in state["waiting"]:
             (update, origin), (vertex, deadline) = _item(item), item["wait"]
@@ -227,15 +213,14 @@ class Service:
             return
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         unapplied = self.pending + sorted(self.held.values(), key=lambda item: item[1].key)
-        placement, placement_meta = self.placement.to_arrays()
         generation = self.checkpoints.save({
-            "spec": asdict(self.model.spec), "placement": placement_meta,
+            "spec": asdict(self.model.spec),
             "waiting": [_item_json(w.update, w.source, (w.vertex, w.deadline))
                         for ws in self.arrivals.waiting.values() for w in ws],
             "pending": [_item_json(u, o) for u, o in unapplied],
             "batch_seq": self.batch_seq, "positions": self.transport.positions()}, {
             "model": {k: t.cpu().numpy() for k, t in self.model.state_dict.items()},
-            "engine": self.engine.snapshot(), "placement": placement})
+            "engine": self.engine.snapshot()})
         self.journal.restart(generation, list(self.script), self.checkpoints.kept()[0])
         self.suspects.forget_before(self.transport.positions())
         self._last_checkpoint = (self.batch_seq, time.monotonic())
@@ -436,7 +421,6 @@ class Service:
             at = float(times.max()) if len(times) else time.time()
         if self.journal is not None:  # a replayed batch is journaled again, the same
             self.journal.batch(Journal.batch_entry(seq, (o.key for _, o in buffer), at))
-        self.placement.route(batch)
         try:
             result = self.engine.apply(batch, skip_invalid=True)
         except Exception as e:

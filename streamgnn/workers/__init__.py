@@ -1,7 +1,9 @@
-"""The incremental engine (per-layer state, hop-by-hop BSP propagation) and the partition
-exchange it runs over. Must not import kafka; only the MPI exchange imports mpi4py."""
+"""The incremental engine: per-layer state and hop-by-hop BSP propagation (`Shard`), the
+partitions it is split into (`Placement`) and the halo exchange between them
+(`exchange`). Must not import kafka; only an MPI exchange imports mpi4py."""
 
-from streamgnn.workers.engine import ApplyResult, Engine
-from streamgnn.workers.partition import Outbox, Partition, SinglePartition
+from streamgnn.workers.engine import Engine
+from streamgnn.workers.placement import Placement
+from streamgnn.workers.shard import ApplyResult, Shard
 
-__all__ = ["ApplyResult", "Engine", "Outbox", "Partition", "SinglePartition"]
+__all__ = ["ApplyResult", "Engine", "Placement", "Shard"]

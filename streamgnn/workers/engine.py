@@ -1,165 +1,122 @@
-"""`Engine`: exact incremental GNN inference (RIPPLE++). Keeps every layer's embedding of
-every vertex and each layer's aggregation state; a batch of updates is applied to the
-graph and then pushed through L supersteps, each touching only vertices whose inputs
-changed.
+"""`Engine`: exact incremental GNN inference over a dynamic graph split into partitions
+(DESIGN.md "Distribution"). The engine keeps the whole graph for validation (the router's
+view: a batch is checked and applied to it atomically, exactly as with one partition),
+routes the batch's net change to the partitions (`Placement`) and runs the `Shard`
+supersteps in lock step: before superstep l each shard sends the rows of h^(l-1) that
+changed to the shards holding them as ghosts, as packed buffers through an `Exchange`
+(a transpose in one process; ``Alltoallv`` between MPI ranks). With one partition the
+shard works on the engine's own graph and nothing is exchanged.
 
-Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layers, whose
-in-degree changed): every message that stops arriving (old value, old edge) and every
-message that starts arriving (new value, new edge) is sent, combined per destination and
-folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
-fix that way (max losing its maximum, attention at a vertex whose own input changed or
-whose denominator cancelled) are pulled: their state is recomputed from all
-in-neighbours. Then h^l is recomputed for the destinations and for vertices whose own
-h^{l-1} changed. ``recompute=True`` is the RC baseline: the same affected region, every
-destination pulled, no states kept.
-
-Owns per-layer state and propagation; must not import kafka or mpi4py (the exchange is
-behind `Partition`).
+Owns the public engine API; must not import kafka or mpi4py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from streamgnn.datasets import GraphData
-from streamgnn.errors import InvalidUpdateError, NonFiniteEmbeddingError
-from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
+from streamgnn.errors import NonFiniteEmbeddingError
+from streamgnn.graph import DynamicGraph
 from streamgnn.models import decompose
-from streamgnn.models.inference import aggregate, layerwise_states
-from streamgnn.models.layers import Layer
+from streamgnn.models.inference import layerwise_states
 from streamgnn.updates import Update, UpdateBatch, ValueLimits
-from streamgnn.workers.deltas import linear_delta_messages
-from streamgnn.workers.partition import Outbox, Partition, SinglePartition
-from streamgnn.workers.slotsets import SlotSets
-
-
-@dataclass
-class ApplyResult:
-    """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
-    label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
-    vertices per layer whose embedding was recomputed / whose state was re-aggregated;
-    ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out."""
-
-    changed_labels: dict[int, tuple[int | None, int]]
-    rejected: list[InvalidUpdateError] = field(default_factory=list)
-    recomputed: list[int] = field(default_factory=list)
-    pulled: list[int] = field(default_factory=list)
-
-
-@dataclass
-class _Changed:
-    """Vertices whose h^{l-1} changed in this batch, and the old rows of those that had
-    one (vertices the batch added have none)."""
-
-    slots: np.ndarray
-    old_slots: np.ndarray
-    old_rows: Tensor
-
-
-@dataclass
-class _Step:
-    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` (None at
-    the last layer, whose old rows only mattered for labels: the engine keeps those) and
-    ``after``; ``fresh`` marks region vertices the batch added (no meaningful before)."""
-
-    region: np.ndarray
-    before: Tensor | None
-    after: Tensor
-    fresh: np.ndarray
-
-    def changed(self) -> _Changed:
-        """The vertices whose embedding really changed: the next superstep's sources."""
-        moved = _rows_differ(self.after, self.before) | self.fresh
-        had_old = moved & ~self.fresh
-        return _Changed(self.region[moved], self.region[had_old], self.before.index_select(
-            0, torch.from_numpy(np.flatnonzero(had_old)).to(self.before.device)))
-
-
-@dataclass
-class _BatchEdges:
-    """The batch's net edge changes and what follows from them, shared by all supersteps."""
-
-    src: np.ndarray
-    dst: np.ndarray
-    before: np.ndarray           # weights, 0 where absent
-    after: np.ndarray
-    had: np.ndarray
-    has: np.ndarray
-    keys: np.ndarray             # sorted (src << 32 | dst) of the changed pairs
-    degree_changed: np.ndarray   # live vertices whose in-edges changed
-    empty_before: np.ndarray     # live destinations that had no in-edge before the batch
+from streamgnn.workers.exchange import Exchange, InProcess, pack, unpack
+from streamgnn.workers.placement import Placement, Strategy
+from streamgnn.workers.shard import ApplyResult, Shard
 
 
 class Engine:
     """Exact incremental inference of a PyG model over a dynamic graph (DESIGN.md)."""
 
     def __init__(self, model: torch.nn.Module, graph: DynamicGraph, device: str = "cpu",
-                 recompute: bool = False, partition: Partition | None = None,
-                 progress: bool = False) -> None:
-        self._attach(model, graph, device, partition)
-        hs, self.state = layerwise_states(self.layers, graph, device, progress=progress,
-                                          dtype=self.dtype)
+                 recompute: bool = False, progress: bool = False, partitions: int = 1,
+                 placement: Strategy = "metis", exchange: Exchange | None = None) -> None:
+        self._attach(model, graph, device, exchange)
+        hs, states = layerwise_states(self.layers, graph, device, progress=progress,
+                                      dtype=self.dtype)
         if recompute:  # RC re-aggregates from scratch: it keeps no states
-            self.state = [None] * len(self.layers)
-        self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
-        self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
-        with torch.inference_mode():
-            self.root = [layer.root(h) if layer.caches_root and not recompute else None
-                         for layer, h in zip(self.layers, hs, strict=False)]
-            self.t = [layer.transform(h) if layer.caches_t and not recompute else None
-                      for layer, h in zip(self.layers, hs, strict=False)]
-        self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
+            states = [None] * len(self.layers)
+        if partitions == 1:
+            self.placement = None
+            self.shards = [Shard(self.layers, graph, hs, states, self.device, self.dtype)]
+            return
+        self.placement = Placement.initial(graph, partitions, placement)
+        self.shards = [self._cut(p, hs, states) for p in range(partitions)]
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str,
-                partition: Partition | None) -> None:
-        self.layers: list[Layer] = decompose(model.to(device))
+                exchange: Exchange | None) -> None:
+        self.layers = decompose(model.to(device))
         self.graph = graph
         self.device = torch.device(device)
-        self.partition = partition or SinglePartition()
-        self.sets = SlotSets(len(graph.alive))
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
+        self.exchange = exchange or InProcess()
         self._poisoned: str | None = None  # why the state can no longer be trusted
+        self._traffic = np.zeros((0, 2), np.int64)
+
+    def _cut(self, p: int, hs: list[torch.Tensor], states: list[torch.Tensor | None]) -> Shard:
+        """Shard ``p`` of the bootstrapped state: the vertices it owns, the in-neighbours
+        it needs as ghosts, the edges into its vertices."""
+        g, part = self.graph, self.placement.part
+        src, dst, w = g.edge_slots()
+        into = part[dst] == p
+        owned = np.flatnonzero(part[:g.num_slots] == p)
+        ghosts = np.setdiff1d(src[into], owned)
+        local = np.concatenate([owned, ghosts])
+        data = GraphData(g.ext[local], g.ext[src[into]], g.ext[dst[into]], g.x[local],
+                         weight=w[into])
+        graph = DynamicGraph.from_data(data, g.limits)
+        graph.in_weight[len(owned):len(local)] = g.in_weight[ghosts]
+        index = torch.from_numpy(local).to(self.device)
+        ghost = np.zeros(len(local), bool)
+        ghost[len(owned):] = True
+        holders = np.zeros(len(local), np.uint64)
+        holders[:len(owned)] = self.placement.holders[owned]
+        return Shard(self.layers, graph, [h.index_select(0, index) for h in hs],
+                     [None if s is None else s.index_select(0, index) for s in states],
+                     self.device, self.dtype, ghost, holders)
 
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
                  limits: ValueLimits | None = None, **kwargs) -> Engine:
         """Bootstrap: load ``data`` and compute every layer's state (layer-wise). The
-        graph accepts feature values and weights within ``limits`` (default `ValueLimits`)."""
+        graph accepts feature values and weights within ``limits`` (default `ValueLimits`).
+        ``partitions=P`` splits the state into P shards by ``placement`` ("metis" or
+        "hash"); every method means the same for every P."""
         return cls(model, DynamicGraph.from_data(data, limits), device, **kwargs)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Everything the engine knows beside the model, as plain arrays (what a checkpoint
-        holds): the graph as laid out (``graph/...``, so a restored engine repeats this one
-        bit for bit), and per layer k its embeddings ``h/k``, aggregation states
-        ``state/k``, kept root terms ``root/k`` and transforms ``t/k`` where it keeps them."""
+        holds): the graph as laid out (``graph/...``), the placement and each shard's
+        state (``shard<p>/...``), so a restored engine repeats this one bit for bit."""
         out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
-        for name in ("h", "state", "root", "t"):
-            for k, rows in enumerate(getattr(self, name)):
-                if rows is not None:
-                    out[f"{name}/{k}"] = rows.cpu().numpy()
-        out["in_weight"] = self._in_weight
+        if self.placement is not None:
+            out.update({f"placement/{k}": a for k, a in self.placement.to_arrays().items()})
+        for p, shard in enumerate(self.shards):
+            out.update({f"shard{p}/{k}": a for k, a in shard.arrays().items()
+                        if self.placement is not None or not k.startswith("graph/")})
         return out
 
     @classmethod
     def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
-                device: str = "cpu", partition: Partition | None = None) -> Engine:
+                device: str = "cpu", exchange: Exchange | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
-        graph = DynamicGraph.from_arrays({k.removeprefix("graph/"): a for k, a in
-                                          snapshot.items() if k.startswith("graph/")})
         engine = cls.__new__(cls)
-        engine._attach(model, graph, device, partition)
-        for name in ("h", "state", "root", "t"):
-            setattr(engine, name, [
-                None if (a := snapshot.get(f"{name}/{k}")) is None
-                else torch.from_numpy(np.array(a)).to(device)
-                for k in range(engine.num_layers + (name == "h"))])
-        engine._in_weight = np.array(snapshot["in_weight"])
-        engine._labels = engine.h[-1].argmax(dim=-1).cpu().numpy()
+        engine._attach(model, DynamicGraph.from_arrays(_under(snapshot, "graph/")), device,
+                       exchange)
+        placement = _under(snapshot, "placement/")
+        engine.placement = Placement.from_arrays(placement) if placement else None
+        engine.shards = []
+        for p in range(engine.num_partitions):
+            arrays = _under(snapshot, f"shard{p}/")
+            if engine.placement is None:
+                arrays.update({f"graph/{k}": a for k, a in engine.graph.to_arrays().items()})
+            shard = Shard.from_arrays(engine.layers, arrays, engine.device, engine.dtype)
+            if engine.placement is None:
+                shard.graph = engine.graph  # one partition: the shard works on this graph
+            engine.shards.append(shard)
         return engine
 
     # ---------------------------------------------------------------- reads
@@ -167,11 +124,24 @@ class Engine:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    @property
+    def num_partitions(self) -> int:
+        return 1 if self.placement is None else self.placement.num_partitions
+
     def lookup(self, ids, layer: int = -1) -> np.ndarray:
         """Embeddings of ``ids`` at ``layer`` (0: features, -1: the output)."""
         layer = layer % (self.num_layers + 1)
-        slots = self.graph.slots(ids)
-        return self._rows(layer, self._index(slots)).cpu().numpy()
+        ids = np.atleast_1d(np.asarray(ids, np.int64))
+        owner = self.partition_of(ids)
+        out = None
+        for p in np.unique(owner).tolist():
+            shard = self.shards[p]
+            mine = owner == p
+            rows = shard.rows(shard.graph.slots(ids[mine]), layer)
+            if out is None:
+                out = np.empty((len(ids), rows.shape[1]), rows.dtype)
+            out[mine] = rows
+        return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
 
     def label(self, ids) -> np.ndarray:
         """Predicted class of ``ids``: argmax of the output layer."""
@@ -182,6 +152,30 @@ class Engine:
 
     def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.graph.edges()
+
+    def partition_of(self, ids) -> np.ndarray:
+        """The partition owning each of ``ids`` (raises `UnknownVertexError` for an id
+        not in the graph)."""
+        slots = self.graph.slots(ids)
+        if self.placement is None:
+            return np.zeros(len(slots), np.int64)
+        return self.placement.owners(slots)
+
+    def stats(self) -> list[dict]:
+        """Per partition: vertices owned, halo (ghost) vertices, and per superstep of the
+        last batch the rows and bytes it sent and received."""
+        out = []
+        for p, shard in enumerate(self.shards):
+            alive = shard.graph.alive[:shard.graph.num_slots]
+            halo = 0 if shard.ghost is None else int((alive & shard.ghost[:len(alive)]).sum())
+            t = self._traffic
+            out.append({"vertices": int(alive.sum()) - halo, "halo": halo,
+                        "sent_rows": t[:, 0, p, :].sum(axis=1).tolist() if len(t) else [],
+                        "sent_bytes": t[:, 1, p, :].sum(axis=1).tolist() if len(t) else [],
+                        "received_rows": t[:, 0, :, p].sum(axis=1).tolist() if len(t) else [],
+                        "received_bytes": t[:, 1, :, p].sum(axis=1).tolist() if len(t)
+                        else []})
+        return out
 
     # ---------------------------------------------------------------- batches
     @torch.inference_mode()
@@ -196,264 +190,51 @@ class Engine:
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         diff = self.graph.apply(batch, skip_invalid)
-        self.sets.fit(len(self.graph.alive))
-        self._fit_capacity()
-        edges = self._batch_edges(diff)
-        added = diff.added.astype(np.int64)
-        removed = diff.removed.astype(np.int64)
-        changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
-                           diff.changed.astype(np.int64),
-                           self._tensor(diff.changed_x_before).to(self.dtype))
-        removed_rows = self._tensor(diff.removed_x).to(self.dtype)
-        for state in self.state:  # a reused slot holds a deleted vertex's state
-            if state is not None and len(added):
-                state[self._index(added)] = 0
-        is_added = np.zeros(self.graph.num_slots, bool)
-        is_added[added] = True
-        result = ApplyResult({}, diff.rejected)
-        for hop, layer in enumerate(self.layers, start=1):
-            step = self._superstep(hop, layer, changed, removed, removed_rows, is_added, edges,
-                                   result)
-            if not bool(torch.isfinite(step.after).all()):
-                self._poisoned = (f"a batch of {len(batch)} updates drove layer {hop} "
-                                  "embeddings to NaN or inf; restore the engine from a snapshot")
-                raise NonFiniteEmbeddingError(self._poisoned)
-            if hop < self.num_layers:
-                changed = step.changed()
-                removed_rows = self.h[hop].index_select(0, self._index(removed))
-        result.changed_labels = self._label_changes(step)
-        touched = self.sets.union(edges.degree_changed, added)
-        self._in_weight[touched] = self.graph.in_weight[touched]
-        return result
-
-    def _superstep(self, hop: int, layer: Layer, changed: _Changed, removed: np.ndarray,
-                   removed_rows: Tensor, is_added: np.ndarray, edges: _BatchEdges,
-                   result: ApplyResult) -> _Step:
-        g = self.graph
-        sources = changed.slots
-        if layer.degree_normalised:
-            sources = self.sets.union(sources, edges.degree_changed)
-        # Unchanged out-edges of the sources (the changed pairs are sent separately).
-        at, v1, w1 = g.out_edges_except(sources, edges.keys)
-        region = self.sets.union(v1, edges.dst, changed.slots, alive=g.alive)
-        if not len(region):
-            result.recomputed.append(0)
-            result.pulled.append(0)
-            nothing = self.h[hop][:0]
-            return _Step(region, nothing, nothing, is_added[region])
-
-        if self.state[hop - 1] is None:  # RC
-            pull = region
+        if self.placement is None:
+            self.shards[0].begin(diff)
         else:
-            outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
-                                    removed_rows, edges, region)
-            outbox = self.partition.exchange(hop, outbox)
-            pull = self._apply_delta(hop, layer, outbox, edges)
-            if layer.aggr.destination_dependent:
-                pull = self.sets.union(pull, changed.slots, alive=g.alive)
-        pulled = self._pull(hop, layer, pull) if len(pull) else None
+            routed = self.placement.route(self.graph, diff, len(batch))
+            for shard, r in zip(self.shards, routed, strict=True):
+                local = shard.graph.apply(r.batch)  # valid: the whole graph accepted it
+                shard.begin(local, shard.graph.slots(r.ghosts).astype(np.int64), {
+                    q: shard.graph.slots(ids).astype(np.int64)
+                    for q, ids in r.subscribed.items()})
+        traffic = []
+        try:
+            for hop in range(1, self.num_layers + 1):
+                if self.placement is not None:
+                    traffic.append(self._exchange(hop - 1))
+                for shard in self.shards:
+                    shard.superstep(hop)
+        except NonFiniteEmbeddingError as e:
+            self._poisoned = f"a batch of {len(batch)} updates: {e}"
+            raise NonFiniteEmbeddingError(self._poisoned) from None
+        if traffic:
+            self._traffic = np.stack(traffic)
+        results = [shard.finish() for shard in self.shards]
+        merged = ApplyResult({}, diff.rejected)
+        for r in results:
+            merged.changed_labels.update(r.changed_labels)
+        merged.recomputed = np.sum([r.recomputed for r in results], axis=0).tolist()
+        merged.pulled = np.sum([r.pulled for r in results], axis=0).tolist()
+        return merged
 
-        index = self._index(region)
-        # Without stored states, the pull covered the whole region.
-        state = pulled if self.state[hop - 1] is None else self.state[hop - 1].index_select(
-            0, index)
-        count = self._index(g.in_degree[region])
-        agg = layer.aggr.finalize(state, count).to(self.dtype)
-        root = self.root[hop - 1]
-        if root is None:
-            rows = self._rows(hop - 1, index)
-            t = self._t(hop, layer, index) if layer.self_transform else None
-            new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
-        else:  # only vertices whose own input changed need their root term again
-            own = self._index(changed.slots)
-            root[own] = layer.root(self._rows(hop - 1, own))
-            new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
-        before = self.h[hop].index_select(0, index) if hop < self.num_layers else None
-        self.h[hop][index] = new
-        result.recomputed.append(len(region))
-        result.pulled.append(len(pull))
-        return _Step(region, before, new, is_added[region])
-
-    def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
-                  v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
-                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> Outbox:
-        """Messages that stop and start arriving in the region: along the unchanged edges
-        ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
-        aggregations get them combined per destination into one delta each."""
-        sets = self.sets
-        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
-        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
-        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
-        has, had = edges.has & live, edges.had & live
-        at1 = sets.positions(slots, sources)[at]
-        at2 = sets.positions(slots, edges.src)
-        if layer.aggr.linear:  # one message per row of t it carries
-            scale_new, scale_old = self._source_scales(layer, slots)
-            rows, coef, local = linear_delta_messages(
-                old, at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
-                layer.edge_weighted, scale_new, scale_old, region, sets.scratch)
-            combined = layer.aggr.combine(t, rows, coef, local, len(region))
-            return Outbox(self._index(region), combined, self._index(region[:0]), combined[:0])
-
-        t_new, t_old = t[:len(slots)], t.index_select(0, self._index(old))
-        dst_new, dst_old = edges.dst[has], edges.dst[had]
-        t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
-        at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
-        has_t, had_t = self._tensor(has), self._tensor(had)
-        after = self._tensor(edges.after).to(self.dtype)
-        before = self._tensor(edges.before).to(self.dtype)
-        return Outbox(self._index(np.concatenate([v1, dst_new])),
-                      torch.cat([layer.delta_messages(t_new, at1, w1, t_dst[0]),
-                                 layer.delta_messages(t_new, at2[has_t], after[has_t],
-                                                      t_dst[1])]),
-                      self._index(np.concatenate([v1, dst_old])),
-                      torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]),
-                                 layer.delta_messages(t_old, at2[had_t], before[had_t],
-                                                      t_dst[2])]))
-
-    def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
-                     removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
-        """t of the message sources ``slots``, in one transform: rows ``0..len(slots)``
-        after the batch, then those before it of the sources whose input changed; and
-        ``old``: the row holding each source's t before the batch."""
-        olds = np.concatenate([changed.old_slots, removed])
-        t = layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
-                                       changed.old_rows, removed_rows]))
-        old = np.arange(len(slots))
-        old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
-        kept = self.t[hop - 1]
-        if kept is not None:  # the sources include every vertex whose input changed
-            kept[self._index(changed.slots)] = t.index_select(
-                0, self._index(self.sets.positions(slots, changed.slots)))
-        return t, old
-
-    def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The per-source message factor after and before the batch (degree-normalised
-        layers; ones otherwise), in float64."""
-        if not layer.degree_normalised:
-            ones = np.ones(len(slots))
-            return ones, ones
-        return tuple(layer.source_scale(torch.from_numpy(w[slots])).numpy()
-                     for w in (self.graph.in_weight, self._in_weight))
-
-    def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
-                          *dst_sets: np.ndarray) -> list[Tensor | None]:
-        """For destination-dependent aggregations, what the messages need of each one's
-        destination (``Layer.destination_part`` of its current t: a destination whose
-        input changed is pulled anyway)."""
-        if not layer.aggr.destination_dependent:
-            return [None] * len(dst_sets)
-        part = layer.destination_part(self._t(hop, layer, self._index(region)))
-        return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
-
-    def _apply_delta(self, hop: int, layer: Layer, outbox: Outbox,
-                     edges: _BatchEdges) -> np.ndarray:
-        pull = layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
-                                      outbox.old_msg, outbox.old_dst,
-                                      self._index(edges.empty_before))
-        return pull.cpu().numpy()
-
-    def _pull(self, hop: int, layer: Layer, pull: np.ndarray):
-        """Recompute the states of ``pull`` from all their in-neighbours."""
-        g = self.graph
-        ptr, src, w = g.in_edges(pull)
-        if self.t[hop - 1] is not None:  # kept: read in place, by slot
-            rows, t = slice(None), self.t[hop - 1]  # rows: all slots
-            src_at, pull_at = src, pull
-        else:  # transform the rows the pull reads
-            rows = self.sets.union(src, pull)
-            t = self._t(hop, layer, self._index(rows))
-            src_at, pull_at = self.sets.positions(rows, src), self.sets.positions(rows, pull)
-        scale = (layer.source_scale(self._weight(g.in_weight, rows))
-                 if layer.degree_normalised else None)
-        state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
-                          scale, self._index(pull_at))
-        if self.state[hop - 1] is not None:
-            self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
-        return state
-
-    # ---------------------------------------------------------------- helpers
-    def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
-        g, e = self.graph, diff.edges
-        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
-        had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        degree_changed = self.sets.union(dst, alive=g.alive)
-        live = g.alive[dst]
-        gained = np.bincount(self.sets.positions(degree_changed, dst[has & ~had]),
-                             minlength=len(degree_changed))
-        lost = np.bincount(self.sets.positions(degree_changed, dst[had & ~has & live]),
-                           minlength=len(degree_changed))
-        old_degree = g.in_degree[degree_changed] - gained + lost
-        return _BatchEdges(src, dst, np.where(had, e.before, 0), np.where(has, e.after, 0),
-                           had, has, np.sort(pair_keys(src, dst)), degree_changed,
-                           degree_changed[old_degree == 0])
-
-    def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
-        new = _argmax_rows(last.after)
-        old = self._labels[last.region]
-        self._labels[last.region] = new
-        differs = (new != old) | last.fresh
-        changes = dict(zip(self.graph.ext[last.region[differs]].tolist(),
-                           zip(old[differs].tolist(), new[differs].tolist())))
-        for v in self.graph.ext[last.region[last.fresh]].tolist():
-            changes[v] = (None, changes[v][1])  # added by the batch: no old label
-        return changes
-
-    def _t(self, hop: int, layer: Layer, index: Tensor) -> Tensor:
-        """t of the vertices ``index`` at superstep ``hop``: kept, or transformed from
-        their h^(hop-1)."""
-        kept = self.t[hop - 1]
-        if kept is None:
-            return layer.transform(self._rows(hop - 1, index))
-        return kept.index_select(0, index)
-
-    def _rows(self, layer: int, index: Tensor) -> Tensor:
-        if layer == 0:
-            rows = self.graph.x.take(index.cpu().numpy(), axis=0)
-            return torch.from_numpy(rows).to(self.device, self.dtype)
-        return self.h[layer].index_select(0, index)
-
-    def _index(self, slots: np.ndarray) -> Tensor:
-        index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
-        return index if self.device.type == "cpu" else index.to(self.device)
-
-    def _tensor(self, array: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
-
-    def _weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
-        return torch.from_numpy(in_weight[slots]).to(self.device, self.dtype)
-
-    def _fit_capacity(self) -> None:
-        """Grow the per-vertex tensors with the graph."""
-        need = self.graph.num_slots
-        have = self.h[-1].shape[0]
-        if need <= have:
-            return
-        size = max(need, have * 5 // 4)
-        self.h = [None, *(_grown(h, size) for h in self.h[1:])]
-        self.state = [None if s is None else _grown(s, size) for s in self.state]
-        self.root = [None if r is None else _grown(r, size) for r in self.root]
-        self.t = [None if t is None else _grown(t, size) for t in self.t]
-        self._labels = np.concatenate([self._labels,
-                                       np.zeros(size - len(self._labels), np.int64)])
-        if len(self._in_weight) < len(self.graph.in_weight):
-            grown = np.zeros(len(self.graph.in_weight))
-            grown[:len(self._in_weight)] = self._in_weight
-            self._in_weight = grown
+    def _exchange(self, hop: int) -> np.ndarray:
+        """Ghost rows of h^hop between the shards; returns rows and bytes sent, [2, P, P]."""
+        n = self.num_partitions
+        outgoing = [[pack(g) for g in shard.outgoing(hop, n, p)]
+                    for p, shard in enumerate(self.shards)]
+        incoming = self.exchange.alltoall(outgoing)
+        received = [[unpack(b) for b in row] for row in incoming]
+        for shard, ghosts in zip(self.shards, received, strict=True):
+            shard.incoming(hop, [g for g in ghosts if g is not None])
+        traffic = np.zeros((2, n, n), np.int64)
+        for q, row in enumerate(received):
+            for p, g in enumerate(row):
+                if g is not None:
+                    traffic[:, p, q] = len(g.ids), len(incoming[q][p])
+        return traffic
 
 
-def _grown(t: Tensor, size: int) -> Tensor:
-    out = t.new_zeros((size, *t.shape[1:]))
-    out[:len(t)] = t
-    return out
-
-
-# Row reductions: numpy is quicker than torch on the small CPU tensors of a batch.
-def _argmax_rows(t: Tensor) -> np.ndarray:
-    return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
-
-
-def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
-    if a.device.type == "cpu":
-        return (a.numpy() != b.numpy()).any(axis=1)
-    return (a != b).any(dim=-1).cpu().numpy()
+def _under(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k.removeprefix(prefix): a for k, a in arrays.items() if k.startswith(prefix)}

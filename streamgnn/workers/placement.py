@@ -1,0 +1,243 @@
+"""`Placement`: which partition owns each vertex and which hold it as a ghost, and the
+routing of a batch's net change to the partitions (RIPPLE++ sections 4.3-4.4, Alg. 1).
+
+Every edge lives with its destination's owner; an edge whose source another partition
+owns makes that partition hold the source as a ghost (the owner then sends it the
+source's rows). The initial owners come from METIS (pymetis) over the snapshot, or from
+``id % P`` (``hash``). A new vertex joins the partition of the first existing neighbour
+its batch links it to if that neighbour has a high in-degree (more than twice the average,
+refreshed every ``refresh_every`` updates), else the least-loaded partition; with
+``hash``, ``id % P``.
+
+Per-vertex arrays are indexed by the router graph's slots. Owns placement metadata and
+routing only; must not import torch, kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.updates import (
+    ADD_EDGE,
+    ADD_VERTEX,
+    DELETE_EDGE,
+    DELETE_VERTEX,
+    NO_X,
+    UPDATE_EDGE,
+    UPDATE_FEATURES,
+    UpdateBatch,
+)
+
+Strategy = Literal["metis", "hash"]
+STRATEGIES = ("metis", "hash")
+
+
+@dataclass
+class Routed:
+    """One partition's part of a batch: ``batch`` (in an order its graph accepts), the
+    ids of the ghosts it adds, and per other partition the ids of vertices it owns that
+    the other now holds as ghosts."""
+
+    batch: UpdateBatch
+    ghosts: np.ndarray
+    subscribed: dict[int, np.ndarray]
+
+
+def metis_parts(graph: DynamicGraph, parts: int) -> np.ndarray:
+    """Partition of each slot of ``graph`` by METIS over its undirected live edges (-1 for
+    free slots)."""
+    import pymetis
+
+    live = graph.vertex_slots()
+    out = np.full(graph.num_slots, -1, np.int64)
+    if parts == 1 or len(live) <= parts:
+        out[live] = np.arange(len(live)) % parts
+        return out
+    position = np.zeros(graph.num_slots, np.int64)
+    position[live] = np.arange(len(live))
+    s, d, _ = graph.edge_slots()
+    a = np.concatenate([position[s], position[d]])
+    b = np.concatenate([position[d], position[s]])
+    by = np.lexsort((b, a))
+    a, b = a[by], b[by]
+    xadj = np.zeros(len(live) + 1, np.int64)
+    np.cumsum(np.bincount(a, minlength=len(live)), out=xadj[1:])
+    _, membership = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(xadj, b))
+    out[live] = membership
+    return out
+
+
+class Placement:
+    def __init__(self, part: np.ndarray, holders: np.ndarray, num_partitions: int,
+                 strategy: Strategy = "metis", refresh_every: int = 500_000) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown placement {strategy!r}: one of {', '.join(STRATEGIES)}")
+        if not 1 <= num_partitions <= 64:
+            raise ValueError(f"partitions must be 1..64, not {num_partitions}")
+        self.num_partitions = num_partitions
+        self.strategy = strategy
+        self.refresh_every = refresh_every
+        self.part = part           # owner per slot, -1 for none
+        self.holders = holders     # per slot, a bit per partition holding it as a ghost
+        self.high_cut = 0.0        # in-degree above which a vertex is "high"
+        self._since_refresh = refresh_every
+
+    @classmethod
+    def initial(cls, graph: DynamicGraph, num_partitions: int, strategy: Strategy = "metis",
+                refresh_every: int = 500_000) -> Placement:
+        """Owners for the graph as it is (METIS or hash), and the ghosts its edges imply."""
+        if strategy == "hash":
+            part = np.full(graph.num_slots, -1, np.int64)
+            live = graph.vertex_slots()
+            part[live] = graph.ext[live] % num_partitions
+        else:
+            part = metis_parts(graph, num_partitions)
+        placement = cls(part, np.zeros(graph.num_slots, np.uint64), num_partitions, strategy,
+                        refresh_every)
+        s, d, _ = graph.edge_slots()
+        cut = part[s] != part[d]
+        np.bitwise_or.at(placement.holders, s[cut],
+                         np.uint64(1) << part[d[cut]].astype(np.uint64))
+        return placement
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {"part": self.part, "holders": self.holders, "meta": np.array(
+            [self.num_partitions, STRATEGIES.index(self.strategy), self.refresh_every,
+             self._since_refresh]), "high_cut": np.array(self.high_cut)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Placement:
+        p, strategy, refresh_every, since = (int(v) for v in arrays["meta"])
+        placement = cls(np.array(arrays["part"]), np.array(arrays["holders"]), p,
+                        STRATEGIES[strategy], refresh_every)
+        placement.high_cut = float(arrays["high_cut"])
+        placement._since_refresh = since
+        return placement
+
+    def owners(self, slots: np.ndarray) -> np.ndarray:
+        return self.part[slots]
+
+    def load(self) -> np.ndarray:
+        """Vertices per partition."""
+        return np.bincount(self.part[self.part >= 0], minlength=self.num_partitions)
+
+    # ---------------------------------------------------------------- routing
+    def route(self, graph: DynamicGraph, diff: GraphDiff, updates: int) -> list[Routed]:
+        """Split the net change ``diff`` (of ``updates`` updates, already applied to the
+        router's ``graph``) into each partition's batch, placing the vertices it added."""
+        self._fit(graph.num_slots)
+        self._since_refresh += updates
+        if self._since_refresh >= self.refresh_every:
+            degrees = graph.in_degree[graph.vertex_slots()]
+            self.high_cut = 2.0 * float(degrees.mean()) if len(degrees) else 0.0
+            self._since_refresh = 0
+        removed, added = diff.removed.astype(np.int64), diff.added.astype(np.int64)
+        gone_part, gone_holders = self.part[removed].copy(), self.holders[removed].copy()
+        self.part[removed], self.holders[removed] = -1, 0
+        self.holders[added] = 0
+        self.part[added] = self._place(graph, diff)
+
+        e = diff.edges
+        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
+        had, has = ~np.isnan(e.before), ~np.isnan(e.after)
+        is_removed = np.zeros(graph.num_slots, bool)
+        is_removed[removed] = True
+        deleted = had & ~has & ~is_removed[src] & ~is_removed[dst]  # the rest: cascades
+        kept, new = had & has, has & ~had
+        new_src, new_dst = src[new], dst[new]
+        owner = self.part[new_dst]
+        cut = self.part[new_src] != owner
+        pairs = np.unique(np.stack([new_src[cut], owner[cut]]), axis=1)
+        bits = np.uint64(1) << pairs[1].astype(np.uint64)
+        fresh = (self.holders[pairs[0]] & bits) == 0
+        ghost_src, ghost_at = pairs[0][fresh], pairs[1][fresh]
+        np.bitwise_or.at(self.holders, ghost_src, bits[fresh])
+
+        ext, x, width = graph.ext, graph.x, graph.num_features
+        # (owner of each item or -1, op, a, b, w, feature rows), in an order every graph
+        # accepts; a removed vertex goes to its owner and to every partition holding it
+        groups = [(self.part[dst[deleted]], DELETE_EDGE, ext[src[deleted]],
+                   ext[dst[deleted]], None, None),
+                  (self.part[dst[kept]], UPDATE_EDGE, ext[src[kept]], ext[dst[kept]],
+                   e.after[kept], None)]
+        for q in range(self.num_partitions):
+            held = (gone_part == q) | ((gone_holders >> np.uint64(q)) & np.uint64(1) != 0)
+            groups.append((np.where(held, q, -1), DELETE_VERTEX, ext[removed], None, None,
+                           None))
+        groups += [(self.part[added], ADD_VERTEX, ext[added], None, None, x[added]),
+                   (self.part[diff.changed], UPDATE_FEATURES, ext[diff.changed], None, None,
+                    x[diff.changed]),
+                   (ghost_at, ADD_VERTEX, ext[ghost_src], None, None,
+                    np.zeros((len(ghost_src), width), np.float32)),
+                   (owner, ADD_EDGE, ext[new_src], ext[new_dst], e.after[new], None)]
+        routed = [self._batch(groups, q, width) for q in range(self.num_partitions)]
+        ghost_owner = self.part[ghost_src]
+        for q in range(self.num_partitions):
+            routed[q].ghosts = ext[ghost_src[ghost_at == q]]
+            for p in range(self.num_partitions):
+                ids = ext[ghost_src[(ghost_at == q) & (ghost_owner == p)]]
+                if len(ids):
+                    routed[p].subscribed[q] = ids
+        return routed
+
+    def _batch(self, groups, q: int, width: int) -> Routed:
+        ops, a, b, w, xrow, xs = [], [], [], [], [], []
+        rows = 0
+        for part, op, ga, gb, gw, gx in groups:
+            mine = np.flatnonzero(part == q)
+            n = len(mine)
+            ops.append(np.full(n, op, np.int64))
+            a.append(ga[mine])
+            b.append(np.zeros(n, np.int64) if gb is None else gb[mine])
+            w.append(np.zeros(n, np.float32) if gw is None else gw[mine])
+            if gx is None:
+                xrow.append(np.full(n, NO_X, np.int64))
+            else:
+                xrow.append(np.arange(rows, rows + n))
+                xs.append(np.asarray(gx)[mine])
+                rows += n
+        x = np.concatenate(xs) if xs else np.zeros((0, width), np.float32)
+        batch = UpdateBatch(np.concatenate(ops), np.concatenate(a), np.concatenate(b),
+                            np.concatenate(w), np.concatenate(xrow), x)
+        return Routed(batch, np.zeros(0, np.int64), {})
+
+    def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
+        """Owners for the vertices ``diff`` added."""
+        added = diff.added.astype(np.int64)
+        if self.strategy == "hash" or not len(added):
+            return graph.ext[added] % self.num_partitions
+        is_added = np.zeros(graph.num_slots, bool)
+        is_added[added] = True
+        e = diff.edges
+        linked = ~np.isnan(e.after)
+        ends = np.concatenate([e.src[linked], e.dst[linked]]).astype(np.int64)
+        others = np.concatenate([e.dst[linked], e.src[linked]]).astype(np.int64)
+        order = np.concatenate([np.arange(linked.sum())] * 2)
+        usable = is_added[ends] & ~is_added[others]
+        ends, others, order = ends[usable], others[usable], order[usable]
+        first = np.lexsort((order, ends))
+        ends, others = ends[first], others[first]
+        lead = np.r_[True, ends[1:] != ends[:-1]] if len(ends) else np.zeros(0, bool)
+        neighbour = np.full(graph.num_slots, -1, np.int64)
+        neighbour[ends[lead]] = others[lead]
+        out = np.full(len(added), -1, np.int64)
+        n = neighbour[added]
+        high = (n >= 0) & (graph.in_degree[np.maximum(n, 0)] > self.high_cut)
+        out[high] = self.part[n[high]]
+        load = self.load()
+        np.add.at(load, out[high], 1)
+        for i in np.flatnonzero(~high):  # least loaded, one new vertex at a time
+            out[i] = int(load.argmin())
+            load[out[i]] += 1
+        return out
+
+    def _fit(self, size: int) -> None:
+        if size > len(self.part):
+            grow = max(size, len(self.part) * 5 // 4)
+            self.part = np.concatenate([self.part, np.full(grow - len(self.part), -1)])
+            self.holders = np.concatenate([self.holders,
+                                           np.zeros(grow - len(self.holders), np.uint64)])

@@ -1,0 +1,554 @@
+"""`Shard`: one partition of the exact incremental engine (RIPPLE++). Keeps every layer's
+embedding of the vertices it owns and each layer's aggregation state; a batch of updates
+(already applied to its graph) is pushed through L supersteps, each touching only vertices
+whose inputs changed.
+
+Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layers, whose
+in-degree changed): every message that stops arriving (old value, old edge) and every
+message that starts arriving (new value, new edge) is sent, combined per destination and
+folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
+fix that way (max losing its maximum, attention at a vertex whose own input changed or
+whose denominator cancelled) are pulled: their state is recomputed from all
+in-neighbours. Then h^l is recomputed for the destinations and for vertices whose own
+h^{l-1} changed. ``recompute=True`` is the RC baseline: the same affected region, every
+destination pulled, no states kept.
+
+Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
+copies of remote in-neighbours (their features, in-degree and every layer's embedding row,
+never computed here). Between supersteps (`outgoing` / `incoming`) each owner sends the
+rows of its vertices that changed to the shards holding them as ghosts, so messages and
+pulls read every in-neighbour locally. Without ghosts (one partition) nothing is sent.
+
+Owns per-layer state and propagation; must not import kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.errors import InvalidUpdateError, NonFiniteEmbeddingError
+from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
+from streamgnn.models.inference import aggregate
+from streamgnn.models.layers import Layer
+from streamgnn.workers.deltas import linear_delta_messages
+from streamgnn.workers.slotsets import SlotSets
+
+
+@dataclass
+class ApplyResult:
+    """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
+    label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
+    vertices per layer whose embedding was recomputed / whose state was re-aggregated;
+    ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out."""
+
+    changed_labels: dict[int, tuple[int | None, int]]
+    rejected: list[InvalidUpdateError] = field(default_factory=list)
+    recomputed: list[int] = field(default_factory=list)
+    pulled: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Changed:
+    """Vertices whose h^{l-1} changed in this batch, and the old rows of those that had
+    one (vertices the batch added have none)."""
+
+    slots: np.ndarray
+    old_slots: np.ndarray
+    old_rows: Tensor
+
+
+@dataclass
+class _Step:
+    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` (None at
+    the last layer, whose old rows only mattered for labels: the engine keeps those) and
+    ``after``; ``fresh`` marks region vertices the batch added (no meaningful before)."""
+
+    region: np.ndarray
+    before: Tensor | None
+    after: Tensor
+    fresh: np.ndarray
+
+    def changed(self) -> _Changed:
+        """The vertices whose embedding really changed: the next superstep's sources."""
+        moved = _rows_differ(self.after, self.before) | self.fresh
+        had_old = moved & ~self.fresh
+        return _Changed(self.region[moved], self.region[had_old], self.before.index_select(
+            0, torch.from_numpy(np.flatnonzero(had_old)).to(self.before.device)))
+
+
+@dataclass
+class _BatchEdges:
+    """The batch's net edge changes and what follows from them, shared by all supersteps."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    before: np.ndarray           # weights, 0 where absent
+    after: np.ndarray
+    had: np.ndarray
+    has: np.ndarray
+    keys: np.ndarray             # sorted (src << 32 | dst) of the changed pairs
+    degree_changed: np.ndarray   # live vertices whose in-edges changed
+    empty_before: np.ndarray     # live destinations that had no in-edge before the batch
+
+
+@dataclass
+class _Messages:
+    """One superstep's messages, combined per destination by the aggregation: messages
+    that start arriving (``new``) and stop arriving (``old``) at destination slots."""
+
+    new_dst: Tensor
+    new_msg: Tensor
+    old_dst: Tensor
+    old_msg: Tensor
+
+
+@dataclass
+class Ghosts:
+    """Rows one shard sends another between supersteps: the external ids of vertices it
+    owns, their embedding rows at the layer just computed (features before the first), and
+    before the first also their weighted in-degrees (degree-normalised layers)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    in_weight: np.ndarray | None = None
+
+
+@dataclass
+class _Batch:
+    """What one batch carries from superstep to superstep."""
+
+    edges: _BatchEdges
+    added: np.ndarray
+    removed: np.ndarray
+    removed_rows: Tensor
+    is_added: np.ndarray
+    changed: _Changed
+    result: ApplyResult
+    subscribed: dict[int, np.ndarray]  # partition -> slots it now holds as ghosts
+    step: _Step | None = None
+
+
+class Shard:
+    """The vertices one partition owns (all of them when there is one), their per-layer
+    state and the supersteps over them."""
+
+    def __init__(self, layers: list[Layer], graph: DynamicGraph, hs: list[Tensor],
+                 states: list[Tensor | None], device: torch.device, dtype: torch.dtype,
+                 ghost: np.ndarray | None = None, holders: np.ndarray | None = None) -> None:
+        """``hs``: [h0, ..., hL] of every slot (ghosts' rows included); ``states`` per
+        layer, or None (RC); ``ghost``: which slots are ghosts (None: there are none);
+        ``holders``: per slot, a bit per partition holding it as a ghost."""
+        self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
+        self.sets = SlotSets(len(graph.alive))
+        self.state = states
+        self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
+        self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
+        with torch.inference_mode():
+            self.root = [layer.root(h) if layer.caches_root and s is not None else None
+                         for layer, h, s in zip(layers, hs, states, strict=False)]
+            self.t = [layer.transform(h) if layer.caches_t and s is not None else None
+                      for layer, h, s in zip(layers, hs, states, strict=False)]
+        self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
+        self.ghost = ghost
+        self.holders = holders
+        self._batch: _Batch | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def owned(self) -> np.ndarray:
+        """Per slot: a live vertex this shard owns."""
+        return self.graph.alive if self.ghost is None else self.graph.alive & ~self.ghost
+
+    def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
+        return self._rows(layer, self._index(slots)).cpu().numpy()
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything the shard knows beside the model, as plain arrays (what a checkpoint
+        holds): the graph as laid out (``graph/...``, so a restored shard repeats this one
+        bit for bit), and per layer k its embeddings ``h/k``, aggregation states
+        ``state/k``, kept root terms ``root/k`` and transforms ``t/k`` where it keeps them."""
+        out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
+        for name in ("h", "state", "root", "t"):
+            for k, rows in enumerate(getattr(self, name)):
+                if rows is not None:
+                    out[f"{name}/{k}"] = rows.cpu().numpy()
+        out["in_weight"] = self._in_weight
+        for name in ("ghost", "holders"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_arrays(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
+                    device: torch.device, dtype: torch.dtype) -> Shard:
+        """The shard `arrays` came from."""
+        shard = cls.__new__(cls)
+        shard.layers, shard.device, shard.dtype = layers, device, dtype
+        shard.graph = DynamicGraph.from_arrays({k.removeprefix("graph/"): a for k, a in
+                                                arrays.items() if k.startswith("graph/")})
+        shard.sets = SlotSets(len(shard.graph.alive))
+        for name in ("h", "state", "root", "t"):
+            setattr(shard, name, [
+                None if (a := arrays.get(f"{name}/{k}")) is None
+                else torch.from_numpy(np.array(a)).to(device)
+                for k in range(len(layers) + (name == "h"))])
+        shard._in_weight = np.array(arrays["in_weight"])
+        shard._labels = shard.h[-1].argmax(dim=-1).cpu().numpy()
+        shard.ghost = np.array(arrays["ghost"]) if "ghost" in arrays else None
+        shard.holders = np.array(arrays["holders"]) if "holders" in arrays else None
+        shard._batch = None
+        return shard
+
+    # ---------------------------------------------------------------- one batch
+    def begin(self, diff: GraphDiff, ghosts: np.ndarray | None = None,
+              subscribed: dict[int, np.ndarray] | None = None) -> None:
+        """Start a batch whose updates made ``diff`` on the graph. ``ghosts``: slots the
+        batch added as ghosts; ``subscribed``: partition -> owned slots it now holds as
+        ghosts (their rows go there in every exchange of this batch)."""
+        self.sets.fit(len(self.graph.alive))
+        self._fit_capacity()
+        added = diff.added.astype(np.int64)
+        removed = diff.removed.astype(np.int64)
+        if self.ghost is not None:
+            # a ghost's in-degree came from its owner: a later vertex in its slot starts at 0
+            self.graph.in_weight[removed[self.ghost[removed]]] = 0.0
+            self.ghost[removed] = False
+            self.ghost[added] = False
+            self.holders[removed] = 0
+            self.holders[added] = 0
+            if ghosts is not None:
+                self.ghost[ghosts] = True
+            for p, slots in (subscribed or {}).items():
+                self.holders[slots] |= np.uint64(1) << np.uint64(p)
+        for state in self.state:  # a reused slot holds a deleted vertex's state
+            if state is not None and len(added):
+                state[self._index(added)] = 0
+        is_added = np.zeros(self.graph.num_slots, bool)
+        is_added[added] = True
+        changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
+                           diff.changed.astype(np.int64),
+                           self._tensor(diff.changed_x_before).to(self.dtype))
+        self._batch = _Batch(self._batch_edges(diff), added, removed,
+                             self._tensor(diff.removed_x).to(self.dtype), is_added, changed,
+                             ApplyResult({}, diff.rejected), subscribed or {})
+
+    def outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
+        """Per partition, the rows of h^hop (features at 0) it holds as ghosts and that
+        changed in this batch (or that it began to hold); None where there are none."""
+        b = self._batch
+        out: list[Ghosts | None] = [None] * partitions
+        if self.holders is None:
+            return out
+        moved = b.changed.slots
+        if hop == 0 and any(layer.degree_normalised for layer in self.layers):
+            moved = self.sets.union(moved, b.edges.degree_changed)
+        moved = moved[self.owned[moved] & (self.holders[moved] != 0)]
+        for q in range(partitions):
+            if q == me:
+                continue
+            bit = np.uint64(1) << np.uint64(q)
+            slots = moved[(self.holders[moved] & bit) != 0]
+            if q in b.subscribed:
+                slots = self.sets.union(slots, b.subscribed[q])
+            if len(slots):
+                weight = (self.graph.in_weight[slots] if hop == 0 and any(
+                    layer.degree_normalised for layer in self.layers) else None)
+                out[q] = Ghosts(self.graph.ext[slots], self.rows(slots, hop), weight)
+        return out
+
+    def incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
+        """Take the ghost rows of h^hop other shards sent: ghosts whose row differs join
+        the next superstep's sources (with their old rows), new ghosts join as fresh."""
+        received = [g for g in received if g is not None and len(g.ids)]
+        if not received:
+            return
+        b = self._batch
+        slots = self.graph.slots(np.concatenate([g.ids for g in received])).astype(np.int64)
+        rows = np.concatenate([g.rows for g in received])
+        if hop == 0:
+            weights = [g.in_weight for g in received]
+            if weights[0] is not None:
+                w = np.concatenate(weights)
+                degree = slots[self.graph.in_weight[slots] != w]
+                self.graph.in_weight[slots] = w
+                b.edges.degree_changed = self.sets.union(b.edges.degree_changed, degree)
+        fresh = b.is_added[slots]
+        old = self.rows(slots, hop)
+        differs = (old != rows).any(axis=1) & ~fresh
+        if hop == 0:
+            self.graph.x[slots] = rows
+        else:
+            self.h[hop][self._index(slots)] = self._tensor(rows).to(self.dtype)
+        c = b.changed
+        known = np.zeros(self.graph.num_slots, bool)
+        known[c.slots] = True
+        new = slots[(differs | fresh) & ~known[slots]]
+        moved_old = slots[differs & ~known[slots]]
+        b.changed = _Changed(np.concatenate([c.slots, new]),
+                             np.concatenate([c.old_slots, moved_old]),
+                             torch.cat([c.old_rows, self._tensor(
+                                 old[differs & ~known[slots]]).to(self.dtype)]))
+
+    def superstep(self, hop: int) -> None:
+        """Superstep ``hop`` (1..L) of the open batch."""
+        b = self._batch
+        layer = self.layers[hop - 1]
+        step = self._superstep(hop, layer, b.changed, b.removed, b.removed_rows, b.is_added,
+                               b.edges, b.result)
+        if not bool(torch.isfinite(step.after).all()):
+            raise NonFiniteEmbeddingError(f"a batch drove layer {hop} embeddings to NaN or "
+                                          "inf; restore the engine from a snapshot")
+        if hop < self.num_layers:
+            b.changed = step.changed()
+            b.removed_rows = self.h[hop].index_select(0, self._index(b.removed))
+        b.step = step
+
+    def finish(self) -> ApplyResult:
+        """Close the batch: its label changes and counts."""
+        b, self._batch = self._batch, None
+        b.result.changed_labels = self._label_changes(b.step)
+        touched = self.sets.union(b.edges.degree_changed, b.added)
+        self._in_weight[touched] = self.graph.in_weight[touched]
+        return b.result
+
+    def _superstep(self, hop: int, layer: Layer, changed: _Changed, removed: np.ndarray,
+                   removed_rows: Tensor, is_added: np.ndarray, edges: _BatchEdges,
+                   result: ApplyResult) -> _Step:
+        g = self.graph
+        sources = changed.slots
+        if layer.degree_normalised:
+            sources = self.sets.union(sources, edges.degree_changed)
+        # Unchanged out-edges of the sources (the changed pairs are sent separately).
+        at, v1, w1 = g.out_edges_except(sources, edges.keys)
+        owned = self.owned
+        region = self.sets.union(v1, edges.dst, changed.slots, alive=owned)
+        if not len(region):
+            result.recomputed.append(0)
+            result.pulled.append(0)
+            nothing = self.h[hop][:0]
+            return _Step(region, nothing, nothing, is_added[region])
+
+        if self.state[hop - 1] is None:  # RC
+            pull = region
+        else:
+            outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
+                                    removed_rows, edges, region)
+            pull = self._apply_delta(hop, layer, outbox, edges)
+            if layer.aggr.destination_dependent:
+                pull = self.sets.union(pull, changed.slots, alive=owned)
+        pulled = self._pull(hop, layer, pull) if len(pull) else None
+
+        index = self._index(region)
+        # Without stored states, the pull covered the whole region.
+        state = pulled if self.state[hop - 1] is None else self.state[hop - 1].index_select(
+            0, index)
+        count = self._index(g.in_degree[region])
+        agg = layer.aggr.finalize(state, count).to(self.dtype)
+        root = self.root[hop - 1]
+        if root is None:
+            rows = self._rows(hop - 1, index)
+            t = self._t(hop, layer, index) if layer.self_transform else None
+            new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
+        else:  # only vertices whose own input changed need their root term again
+            own = self._index(changed.slots)
+            root[own] = layer.root(self._rows(hop - 1, own))
+            new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
+        before = self.h[hop].index_select(0, index) if hop < self.num_layers else None
+        self.h[hop][index] = new
+        result.recomputed.append(len(region))
+        result.pulled.append(len(pull))
+        return _Step(region, before, new, is_added[region])
+
+    def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
+                  v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
+                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> _Messages:
+        """Messages that stop and start arriving in the region: along the unchanged edges
+        ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
+        aggregations get them combined per destination into one delta each."""
+        sets = self.sets
+        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
+        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
+        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
+        has, had = edges.has & live, edges.had & live
+        at1 = sets.positions(slots, sources)[at]
+        at2 = sets.positions(slots, edges.src)
+        if layer.aggr.linear:  # one message per row of t it carries
+            scale_new, scale_old = self._source_scales(layer, slots)
+            rows, coef, local = linear_delta_messages(
+                old, at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
+                layer.edge_weighted, scale_new, scale_old, region, sets.scratch)
+            combined = layer.aggr.combine(t, rows, coef, local, len(region))
+            return _Messages(self._index(region), combined, self._index(region[:0]), combined[:0])
+
+        t_new, t_old = t[:len(slots)], t.index_select(0, self._index(old))
+        dst_new, dst_old = edges.dst[has], edges.dst[had]
+        t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
+        at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
+        has_t, had_t = self._tensor(has), self._tensor(had)
+        after = self._tensor(edges.after).to(self.dtype)
+        before = self._tensor(edges.before).to(self.dtype)
+        return _Messages(self._index(np.concatenate([v1, dst_new])),
+                      torch.cat([layer.delta_messages(t_new, at1, w1, t_dst[0]),
+                                 layer.delta_messages(t_new, at2[has_t], after[has_t],
+                                                      t_dst[1])]),
+                      self._index(np.concatenate([v1, dst_old])),
+                      torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]),
+                                 layer.delta_messages(t_old, at2[had_t], before[had_t],
+                                                      t_dst[2])]))
+
+    def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
+                     removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
+        """t of the message sources ``slots``, in one transform: rows ``0..len(slots)``
+        after the batch, then those before it of the sources whose input changed; and
+        ``old``: the row holding each source's t before the batch."""
+        olds = np.concatenate([changed.old_slots, removed])
+        t = layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
+                                       changed.old_rows, removed_rows]))
+        old = np.arange(len(slots))
+        old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
+        kept = self.t[hop - 1]
+        if kept is not None:  # the sources include every vertex whose input changed
+            kept[self._index(changed.slots)] = t.index_select(
+                0, self._index(self.sets.positions(slots, changed.slots)))
+        return t, old
+
+    def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The per-source message factor after and before the batch (degree-normalised
+        layers; ones otherwise), in float64."""
+        if not layer.degree_normalised:
+            ones = np.ones(len(slots))
+            return ones, ones
+        return tuple(layer.source_scale(torch.from_numpy(w[slots])).numpy()
+                     for w in (self.graph.in_weight, self._in_weight))
+
+    def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
+                          *dst_sets: np.ndarray) -> list[Tensor | None]:
+        """For destination-dependent aggregations, what the messages need of each one's
+        destination (``Layer.destination_part`` of its current t: a destination whose
+        input changed is pulled anyway)."""
+        if not layer.aggr.destination_dependent:
+            return [None] * len(dst_sets)
+        part = layer.destination_part(self._t(hop, layer, self._index(region)))
+        return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
+
+    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages,
+                     edges: _BatchEdges) -> np.ndarray:
+        pull = layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
+                                      outbox.old_msg, outbox.old_dst,
+                                      self._index(edges.empty_before))
+        return pull.cpu().numpy()
+
+    def _pull(self, hop: int, layer: Layer, pull: np.ndarray):
+        """Recompute the states of ``pull`` from all their in-neighbours."""
+        g = self.graph
+        ptr, src, w = g.in_edges(pull)
+        if self.t[hop - 1] is not None:  # kept: read in place, by slot
+            rows, t = slice(None), self.t[hop - 1]  # rows: all slots
+            src_at, pull_at = src, pull
+        else:  # transform the rows the pull reads
+            rows = self.sets.union(src, pull)
+            t = self._t(hop, layer, self._index(rows))
+            src_at, pull_at = self.sets.positions(rows, src), self.sets.positions(rows, pull)
+        scale = (layer.source_scale(self._weight(g.in_weight, rows))
+                 if layer.degree_normalised else None)
+        state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
+                          scale, self._index(pull_at))
+        if self.state[hop - 1] is not None:
+            self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
+        return state
+
+    # ---------------------------------------------------------------- helpers
+    def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
+        g, e = self.graph, diff.edges
+        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
+        had, has = ~np.isnan(e.before), ~np.isnan(e.after)
+        degree_changed = self.sets.union(dst, alive=g.alive)
+        live = g.alive[dst]
+        gained = np.bincount(self.sets.positions(degree_changed, dst[has & ~had]),
+                             minlength=len(degree_changed))
+        lost = np.bincount(self.sets.positions(degree_changed, dst[had & ~has & live]),
+                           minlength=len(degree_changed))
+        old_degree = g.in_degree[degree_changed] - gained + lost
+        return _BatchEdges(src, dst, np.where(had, e.before, 0), np.where(has, e.after, 0),
+                           had, has, np.sort(pair_keys(src, dst)), degree_changed,
+                           degree_changed[old_degree == 0])
+
+    def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
+        new = _argmax_rows(last.after)
+        old = self._labels[last.region]
+        self._labels[last.region] = new
+        differs = (new != old) | last.fresh
+        changes = dict(zip(self.graph.ext[last.region[differs]].tolist(),
+                           zip(old[differs].tolist(), new[differs].tolist())))
+        for v in self.graph.ext[last.region[last.fresh]].tolist():
+            changes[v] = (None, changes[v][1])  # added by the batch: no old label
+        return changes
+
+    def _t(self, hop: int, layer: Layer, index: Tensor) -> Tensor:
+        """t of the vertices ``index`` at superstep ``hop``: kept, or transformed from
+        their h^(hop-1)."""
+        kept = self.t[hop - 1]
+        if kept is None:
+            return layer.transform(self._rows(hop - 1, index))
+        return kept.index_select(0, index)
+
+    def _rows(self, layer: int, index: Tensor) -> Tensor:
+        if layer == 0:
+            rows = self.graph.x.take(index.cpu().numpy(), axis=0)
+            return torch.from_numpy(rows).to(self.device, self.dtype)
+        return self.h[layer].index_select(0, index)
+
+    def _index(self, slots: np.ndarray) -> Tensor:
+        index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
+        return index if self.device.type == "cpu" else index.to(self.device)
+
+    def _tensor(self, array: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+
+    def _weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
+        return torch.from_numpy(in_weight[slots]).to(self.device, self.dtype)
+
+    def _fit_capacity(self) -> None:
+        """Grow the per-vertex tensors with the graph."""
+        for name in ("_in_weight", "ghost", "holders"):
+            old = getattr(self, name)
+            if old is not None and len(old) < len(self.graph.in_weight):
+                grown = np.zeros(len(self.graph.in_weight), old.dtype)
+                grown[:len(old)] = old
+                setattr(self, name, grown)
+        need = self.graph.num_slots
+        have = self.h[-1].shape[0]
+        if need <= have:
+            return
+        size = max(need, have * 5 // 4)
+        self.h = [None, *(_grown(h, size) for h in self.h[1:])]
+        self.state = [None if s is None else _grown(s, size) for s in self.state]
+        self.root = [None if r is None else _grown(r, size) for r in self.root]
+        self.t = [None if t is None else _grown(t, size) for t in self.t]
+        self._labels = np.concatenate([self._labels,
+                                       np.zeros(size - len(self._labels), np.int64)])
+
+
+def _grown(t: Tensor, size: int) -> Tensor:
+    out = t.new_zeros((size, *t.shape[1:]))
+    out[:len(t)] = t
+    return out
+
+
+# Row reductions: numpy is quicker than torch on the small CPU tensors of a batch.
+def _argmax_rows(t: Tensor) -> np.ndarray:
+    return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
+
+
+def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
+    if a.device.type == "cpu":
+        return (a.numpy() != b.numpy()).any(axis=1)
+    return (a != b).any(dim=-1).cpu().numpy()
