@@ -12,7 +12,7 @@ Owns the public engine API; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from streamgnn.graph import DynamicGraph
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
 from streamgnn.updates import Update, UpdateBatch, ValueLimits
-from streamgnn.workers.exchange import Exchange, InProcess, pack, unpack
+from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Placement, Strategy
 from streamgnn.workers.shard import ApplyResult, Shard
 
@@ -54,7 +54,7 @@ class Engine:
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         self.exchange = exchange or InProcess()
         self._poisoned: str | None = None  # why the state can no longer be trusted
-        self._traffic = np.zeros((0, 2), np.int64)
+        self._traffic = np.zeros((0, 0, 0), np.int64)  # last batch: [barrier, from, to] bytes
 
     def _cut(self, p: int, hs: list[torch.Tensor], states: list[torch.Tensor | None]) -> Shard:
         """Shard ``p`` of the bootstrapped state: the vertices it owns, the in-neighbours
@@ -74,9 +74,11 @@ class Engine:
         ghost[len(owned):] = True
         holders = np.zeros(len(local), np.uint64)
         holders[:len(owned)] = self.placement.holders[owned]
+        owner = np.full(len(local), -1, np.int16)
+        owner[len(owned):] = part[ghosts]
         return Shard(self.layers, graph, [h.index_select(0, index) for h in hs],
                      [None if s is None else s.index_select(0, index) for s in states],
-                     self.device, self.dtype, ghost, holders)
+                     self.device, self.dtype, ghost, holders, owner)
 
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
@@ -163,18 +165,15 @@ class Engine:
 
     def stats(self) -> list[dict]:
         """Per partition: vertices owned, halo (ghost) vertices, and per superstep of the
-        last batch the rows and bytes it sent and received."""
+        last batch the bytes it sent and received in the exchange before it."""
         out = []
+        t = self._traffic
         for p, shard in enumerate(self.shards):
             alive = shard.graph.alive[:shard.graph.num_slots]
             halo = 0 if shard.ghost is None else int((alive & shard.ghost[:len(alive)]).sum())
-            t = self._traffic
             out.append({"vertices": int(alive.sum()) - halo, "halo": halo,
-                        "sent_rows": t[:, 0, p, :].sum(axis=1).tolist() if len(t) else [],
-                        "sent_bytes": t[:, 1, p, :].sum(axis=1).tolist() if len(t) else [],
-                        "received_rows": t[:, 0, :, p].sum(axis=1).tolist() if len(t) else [],
-                        "received_bytes": t[:, 1, :, p].sum(axis=1).tolist() if len(t)
-                        else []})
+                        "sent_bytes": t[:, p, :].sum(axis=1).tolist() if t.size else [],
+                        "received_bytes": t[:, :, p].sum(axis=1).tolist() if t.size else []})
         return out
 
     # ---------------------------------------------------------------- batches
@@ -190,50 +189,56 @@ class Engine:
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         diff = self.graph.apply(batch, skip_invalid)
+        n = self.num_partitions
         if self.placement is None:
-            self.shards[0].begin(diff)
+            programs = [self.shards[0].run(diff)]
         else:
-            routed = self.placement.route(self.graph, diff, len(batch))
-            for shard, r in zip(self.shards, routed, strict=True):
+            programs = []
+            for p, (shard, r) in enumerate(zip(self.shards, self.placement.route(
+                    self.graph, diff, len(batch)), strict=True)):
                 local = shard.graph.apply(r.batch)  # valid: the whole graph accepted it
-                shard.begin(local, shard.graph.slots(r.ghosts).astype(np.int64), {
+                ghosts = (shard.graph.slots(r.ghosts).astype(np.int64), r.ghost_owners)
+                programs.append(shard.run(local, p, n, ghosts, {
                     q: shard.graph.slots(ids).astype(np.int64)
-                    for q, ids in r.subscribed.items()})
-        traffic = []
+                    for q, ids in r.subscribed.items()}))
         try:
-            for hop in range(1, self.num_layers + 1):
-                if self.placement is not None:
-                    traffic.append(self._exchange(hop - 1))
-                for shard in self.shards:
-                    shard.superstep(hop)
+            results, traffic = _lockstep(programs, self.exchange)
         except NonFiniteEmbeddingError as e:
             self._poisoned = f"a batch of {len(batch)} updates: {e}"
             raise NonFiniteEmbeddingError(self._poisoned) from None
-        if traffic:
-            self._traffic = np.stack(traffic)
-        results = [shard.finish() for shard in self.shards]
+        if len(traffic):
+            self._traffic = traffic
         merged = ApplyResult({}, diff.rejected)
         for r in results:
             merged.changed_labels.update(r.changed_labels)
-        merged.recomputed = np.sum([r.recomputed for r in results], axis=0).tolist()
-        merged.pulled = np.sum([r.pulled for r in results], axis=0).tolist()
+        for name in ("recomputed", "pulled", "remote_reads", "combined_messages"):
+            setattr(merged, name, np.sum([getattr(r, name) for r in results], axis=0).tolist())
         return merged
 
-    def _exchange(self, hop: int) -> np.ndarray:
-        """Ghost rows of h^hop between the shards; returns rows and bytes sent, [2, P, P]."""
-        n = self.num_partitions
-        outgoing = [[pack(g) for g in shard.outgoing(hop, n, p)]
-                    for p, shard in enumerate(self.shards)]
-        incoming = self.exchange.alltoall(outgoing)
-        received = [[unpack(b) for b in row] for row in incoming]
-        for shard, ghosts in zip(self.shards, received, strict=True):
-            shard.incoming(hop, [g for g in ghosts if g is not None])
-        traffic = np.zeros((2, n, n), np.int64)
-        for q, row in enumerate(received):
-            for p, g in enumerate(row):
-                if g is not None:
-                    traffic[:, p, q] = len(g.ids), len(incoming[q][p])
-        return traffic
+
+def _lockstep(programs: list[Generator], exchange: Exchange
+              ) -> tuple[list[ApplyResult], np.ndarray]:
+    """Run the shards' BSP programs (`Shard.run`) together, handing their buffers over
+    through ``exchange`` at each barrier. Returns their results and, per barrier, the
+    bytes each sent each other [barriers, P, P]."""
+    results: list[ApplyResult | None] = [None] * len(programs)
+    outgoing = []
+    for p, program in enumerate(programs):
+        try:
+            outgoing.append(next(program))
+        except StopIteration as done:
+            results[p] = done.value
+    traffic = []
+    while outgoing:
+        traffic.append([[len(b) for b in row] for row in outgoing])
+        incoming = exchange.alltoall(outgoing)
+        outgoing = []
+        for p, program in enumerate(programs):
+            try:
+                outgoing.append(program.send(incoming[p]))
+            except StopIteration as done:
+                results[p] = done.value
+    return results, np.array(traffic, np.int64)
 
 
 def _under(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:

@@ -10,11 +10,22 @@ an MPI implementation may import mpi4py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from streamgnn.workers.shard import Ghosts
+
+@dataclass
+class Ghosts:
+    """Rows one shard sends another between supersteps: the external ids of vertices it
+    owns, their embedding rows at the layer just computed (features before the first), and
+    before the first also their weighted in-degrees (degree-normalised layers)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    in_weight: np.ndarray | None = None
+
 
 _HEADER = np.dtype([("n", "<i8"), ("dim", "<i8"), ("itemsize", "<i8"), ("weights", "<i8")])
 

@@ -39,11 +39,12 @@ STRATEGIES = ("metis", "hash")
 @dataclass
 class Routed:
     """One partition's part of a batch: ``batch`` (in an order its graph accepts), the
-    ids of the ghosts it adds, and per other partition the ids of vertices it owns that
-    the other now holds as ghosts."""
+    ids of the ghosts it adds and their owners, and per other partition the ids of
+    vertices it owns that the other now holds as ghosts."""
 
     batch: UpdateBatch
     ghosts: np.ndarray
+    ghost_owners: np.ndarray
     subscribed: dict[int, np.ndarray]
 
 
@@ -178,6 +179,7 @@ class Placement:
         ghost_owner = self.part[ghost_src]
         for q in range(self.num_partitions):
             routed[q].ghosts = ext[ghost_src[ghost_at == q]]
+            routed[q].ghost_owners = ghost_owner[ghost_at == q]
             for p in range(self.num_partitions):
                 ids = ext[ghost_src[(ghost_at == q) & (ghost_owner == p)]]
                 if len(ids):
@@ -203,7 +205,7 @@ class Placement:
         x = np.concatenate(xs) if xs else np.zeros((0, width), np.float32)
         batch = UpdateBatch(np.concatenate(ops), np.concatenate(a), np.concatenate(b),
                             np.concatenate(w), np.concatenate(xrow), x)
-        return Routed(batch, np.zeros(0, np.int64), {})
+        return Routed(batch, np.zeros(0, np.int64), np.zeros(0, np.int64), {})
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added."""

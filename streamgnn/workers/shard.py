@@ -24,7 +24,7 @@ Owns per-layer state and propagation; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +36,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.inference import aggregate
 from streamgnn.models.layers import Layer
 from streamgnn.workers.deltas import linear_delta_messages
+from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.slotsets import SlotSets
 
 
@@ -44,12 +45,18 @@ class ApplyResult:
     """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
     label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
     vertices per layer whose embedding was recomputed / whose state was re-aggregated;
+    with partitions, ``remote_reads`` counts per layer the ghost rows the pulls read (what
+    a design fetching remote rows on demand would request) and ``combined_messages`` the
+    messages from ghosts, combined per destination and source partition (what a design
+    combining messages at the sender would send);
     ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out."""
 
     changed_labels: dict[int, tuple[int | None, int]]
     rejected: list[InvalidUpdateError] = field(default_factory=list)
     recomputed: list[int] = field(default_factory=list)
     pulled: list[int] = field(default_factory=list)
+    remote_reads: list[int] = field(default_factory=list)
+    combined_messages: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -108,17 +115,6 @@ class _Messages:
 
 
 @dataclass
-class Ghosts:
-    """Rows one shard sends another between supersteps: the external ids of vertices it
-    owns, their embedding rows at the layer just computed (features before the first), and
-    before the first also their weighted in-degrees (degree-normalised layers)."""
-
-    ids: np.ndarray
-    rows: np.ndarray
-    in_weight: np.ndarray | None = None
-
-
-@dataclass
 class _Batch:
     """What one batch carries from superstep to superstep."""
 
@@ -139,10 +135,12 @@ class Shard:
 
     def __init__(self, layers: list[Layer], graph: DynamicGraph, hs: list[Tensor],
                  states: list[Tensor | None], device: torch.device, dtype: torch.dtype,
-                 ghost: np.ndarray | None = None, holders: np.ndarray | None = None) -> None:
+                 ghost: np.ndarray | None = None, holders: np.ndarray | None = None,
+                 ghost_owner: np.ndarray | None = None) -> None:
         """``hs``: [h0, ..., hL] of every slot (ghosts' rows included); ``states`` per
         layer, or None (RC); ``ghost``: which slots are ghosts (None: there are none);
-        ``holders``: per slot, a bit per partition holding it as a ghost."""
+        ``holders``: per slot, a bit per partition holding it as a ghost;
+        ``ghost_owner``: per ghost slot, the partition owning it."""
         self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
         self.sets = SlotSets(len(graph.alive))
         self.state = states
@@ -156,6 +154,7 @@ class Shard:
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
         self.ghost = ghost
         self.holders = holders
+        self.ghost_owner = ghost_owner
         self._batch: _Batch | None = None
 
     @property
@@ -181,7 +180,7 @@ class Shard:
                 if rows is not None:
                     out[f"{name}/{k}"] = rows.cpu().numpy()
         out["in_weight"] = self._in_weight
-        for name in ("ghost", "holders"):
+        for name in ("ghost", "holders", "ghost_owner"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -204,15 +203,18 @@ class Shard:
         shard._labels = shard.h[-1].argmax(dim=-1).cpu().numpy()
         shard.ghost = np.array(arrays["ghost"]) if "ghost" in arrays else None
         shard.holders = np.array(arrays["holders"]) if "holders" in arrays else None
+        shard.ghost_owner = (np.array(arrays["ghost_owner"]) if "ghost_owner" in arrays
+                             else None)
         shard._batch = None
         return shard
 
     # ---------------------------------------------------------------- one batch
-    def begin(self, diff: GraphDiff, ghosts: np.ndarray | None = None,
+    def begin(self, diff: GraphDiff, ghosts: tuple[np.ndarray, np.ndarray] | None = None,
               subscribed: dict[int, np.ndarray] | None = None) -> None:
         """Start a batch whose updates made ``diff`` on the graph. ``ghosts``: slots the
-        batch added as ghosts; ``subscribed``: partition -> owned slots it now holds as
-        ghosts (their rows go there in every exchange of this batch)."""
+        batch added as ghosts, and the partitions owning them; ``subscribed``: partition
+        -> owned slots it now holds as ghosts (their rows go there in every exchange of
+        this batch)."""
         self.sets.fit(len(self.graph.alive))
         self._fit_capacity()
         added = diff.added.astype(np.int64)
@@ -225,7 +227,8 @@ class Shard:
             self.holders[removed] = 0
             self.holders[added] = 0
             if ghosts is not None:
-                self.ghost[ghosts] = True
+                self.ghost[ghosts[0]] = True
+                self.ghost_owner[ghosts[0]] = ghosts[1]
             for p, slots in (subscribed or {}).items():
                 self.holders[slots] |= np.uint64(1) << np.uint64(p)
         for state in self.state:  # a reused slot holds a deleted vertex's state
@@ -297,6 +300,22 @@ class Shard:
                              torch.cat([c.old_rows, self._tensor(
                                  old[differs & ~known[slots]]).to(self.dtype)]))
 
+    def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
+            ghosts: tuple[np.ndarray, np.ndarray] | None = None,
+            subscribed: dict[int, np.ndarray] | None = None
+            ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
+        """The batch's BSP program on this shard (partition ``me`` of ``partitions``): a
+        generator that, before each superstep, yields the packed buffers this shard sends
+        every partition and is sent back those every partition sent it (`Exchange`); it
+        returns the shard's `ApplyResult`. One partition exchanges nothing."""
+        self.begin(diff, ghosts, subscribed)
+        for hop in range(1, self.num_layers + 1):
+            if partitions > 1:
+                received = yield [pack(g) for g in self.outgoing(hop - 1, partitions, me)]
+                self.incoming(hop - 1, [unpack(b) for b in received])
+            self.superstep(hop)
+        return self.finish()
+
     def superstep(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
         b = self._batch
@@ -333,6 +352,8 @@ class Shard:
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
+            result.remote_reads.append(0)
+            result.combined_messages.append(0)
             nothing = self.h[hop][:0]
             return _Step(region, nothing, nothing, is_added[region])
 
@@ -365,6 +386,8 @@ class Shard:
         self.h[hop][index] = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull))
+        result.remote_reads.append(self._remote_reads(pull))
+        result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
         return _Step(region, before, new, is_added[region])
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
@@ -446,6 +469,21 @@ class Shard:
                                       self._index(edges.empty_before))
         return pull.cpu().numpy()
 
+    def _remote_reads(self, pull: np.ndarray) -> int:
+        if self.ghost is None or not len(pull):
+            return 0
+        _, src, _ = self.graph.in_edges(pull)
+        return len(np.unique(src[self.ghost[src]]))
+
+    def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
+        if self.ghost is None:
+            return 0
+        moved = (edges.has | edges.had) & self.owned[edges.dst]
+        src = np.concatenate([src, edges.src[moved]])
+        dst = np.concatenate([dst, edges.dst[moved]])
+        remote = self.ghost[src]
+        return len(np.unique(pair_keys(dst[remote], self.ghost_owner[src[remote]])))
+
     def _pull(self, hop: int, layer: Layer, pull: np.ndarray):
         """Recompute the states of ``pull`` from all their in-neighbours."""
         g = self.graph
@@ -518,7 +556,7 @@ class Shard:
 
     def _fit_capacity(self) -> None:
         """Grow the per-vertex tensors with the graph."""
-        for name in ("_in_weight", "ghost", "holders"):
+        for name in ("_in_weight", "ghost", "holders", "ghost_owner"):
             old = getattr(self, name)
             if old is not None and len(old) < len(self.graph.in_weight):
                 grown = np.zeros(len(self.graph.in_weight), old.dtype)
