@@ -12,6 +12,7 @@ Owns the public engine API; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Sequence
 
 import numpy as np
@@ -55,6 +56,7 @@ class Engine:
         self.exchange = exchange or InProcess()
         self._poisoned: str | None = None  # why the state can no longer be trusted
         self._traffic = np.zeros((0, 0, 0), np.int64)  # last batch: [barrier, from, to] bytes
+        self._busy = np.zeros((0, 0))  # last batch: [step, partition] seconds
 
     def _cut(self, p: int, hs: list[torch.Tensor], states: list[torch.Tensor | None]) -> Shard:
         """Shard ``p`` of the bootstrapped state: the vertices it owns, the in-neighbours
@@ -165,7 +167,8 @@ class Engine:
 
     def stats(self) -> list[dict]:
         """Per partition: vertices owned, halo (ghost) vertices, and per superstep of the
-        last batch the bytes it sent and received in the exchange before it."""
+        last batch the bytes it sent and received in the exchange before it, and its
+        compute seconds per step between exchanges (``busy_s``)."""
         out = []
         t = self._traffic
         for p, shard in enumerate(self.shards):
@@ -173,7 +176,8 @@ class Engine:
             halo = 0 if shard.ghost is None else int((alive & shard.ghost[:len(alive)]).sum())
             out.append({"vertices": int(alive.sum()) - halo, "halo": halo,
                         "sent_bytes": t[:, p, :].sum(axis=1).tolist() if t.size else [],
-                        "received_bytes": t[:, :, p].sum(axis=1).tolist() if t.size else []})
+                        "received_bytes": t[:, :, p].sum(axis=1).tolist() if t.size else [],
+                        "busy_s": self._busy[:, p].tolist() if self._busy.size else []})
         return out
 
     # ---------------------------------------------------------------- batches
@@ -202,7 +206,7 @@ class Engine:
                     q: shard.graph.slots(ids).astype(np.int64)
                     for q, ids in r.subscribed.items()}))
         try:
-            results, traffic = _lockstep(programs, self.exchange)
+            results, traffic, self._busy = _lockstep(programs, self.exchange)
         except NonFiniteEmbeddingError as e:
             self._poisoned = f"a batch of {len(batch)} updates: {e}"
             raise NonFiniteEmbeddingError(self._poisoned) from None
@@ -217,28 +221,29 @@ class Engine:
 
 
 def _lockstep(programs: list[Generator], exchange: Exchange
-              ) -> tuple[list[ApplyResult], np.ndarray]:
+              ) -> tuple[list[ApplyResult], np.ndarray, np.ndarray]:
     """Run the shards' BSP programs (`Shard.run`) together, handing their buffers over
-    through ``exchange`` at each barrier. Returns their results and, per barrier, the
-    bytes each sent each other [barriers, P, P]."""
+    through ``exchange`` at each barrier. Returns their results, per barrier the bytes
+    each sent each other [barriers, P, P], and per step between barriers each one's
+    compute time [barriers + 1, P] in seconds."""
     results: list[ApplyResult | None] = [None] * len(programs)
-    outgoing = []
-    for p, program in enumerate(programs):
-        try:
-            outgoing.append(next(program))
-        except StopIteration as done:
-            results[p] = done.value
-    traffic = []
-    while outgoing:
-        traffic.append([[len(b) for b in row] for row in outgoing])
-        incoming = exchange.alltoall(outgoing)
-        outgoing = []
+    traffic, busy = [], []
+    incoming: list[list[np.ndarray] | None] = [None] * len(programs)
+    while True:
+        outgoing, seconds = [], []
         for p, program in enumerate(programs):
+            t = time.perf_counter()
             try:
-                outgoing.append(program.send(incoming[p]))
+                outgoing.append(next(program) if incoming[p] is None
+                                else program.send(incoming[p]))
             except StopIteration as done:
                 results[p] = done.value
-    return results, np.array(traffic, np.int64)
+            seconds.append(time.perf_counter() - t)
+        busy.append(seconds)
+        if not outgoing:
+            return results, np.array(traffic, np.int64), np.array(busy)
+        traffic.append([[len(b) for b in row] for row in outgoing])
+        incoming = exchange.alltoall(outgoing)
 
 
 def _under(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
