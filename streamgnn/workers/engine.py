@@ -12,20 +12,20 @@ Owns the public engine API; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from streamgnn.datasets import GraphData
 from streamgnn.errors import NonFiniteEmbeddingError
-from streamgnn.graph import DynamicGraph
+from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
 from streamgnn.updates import Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
-from streamgnn.workers.placement import Placement, Strategy
+from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.shard import ApplyResult, Shard
 
 
@@ -34,29 +34,34 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, graph: DynamicGraph, device: str = "cpu",
                  recompute: bool = False, progress: bool = False, partitions: int = 1,
-                 placement: Strategy = "metis", exchange: Exchange | None = None) -> None:
-        self._attach(model, graph, device, exchange)
+                 placement: Strategy = "metis", workers: Workers | None = None) -> None:
+        """``workers``: where the shards run (default: in this process); with workers
+        elsewhere (`streamgnn.workers.mpi`), the state is split even for one partition."""
+        self._attach(model, graph, device)
         hs, states = layerwise_states(self.layers, graph, device, progress=progress,
                                       dtype=self.dtype)
         if recompute:  # RC re-aggregates from scratch: it keeps no states
             states = [None] * len(self.layers)
-        if partitions == 1:
+        if partitions == 1 and workers is None:
             self.placement = None
-            self.shards = [Shard(self.layers, graph, hs, states, self.device, self.dtype)]
+            self.workers = LocalWorkers([Shard(self.layers, graph, hs, states, self.device,
+                                               self.dtype)])
             return
         self.placement = Placement.initial(graph, partitions, placement)
-        self.shards = [self._cut(p, hs, states) for p in range(partitions)]
+        shards = [self._cut(p, hs, states) for p in range(partitions)]
+        del hs, states
+        if workers is None:
+            self.workers = LocalWorkers(shards)
+        else:
+            workers.load([shard.arrays() for shard in shards])
+            self.workers = workers
 
-    def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str,
-                exchange: Exchange | None) -> None:
+    def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str) -> None:
         self.layers = decompose(model.to(device))
         self.graph = graph
         self.device = torch.device(device)
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
-        self.exchange = exchange or InProcess()
         self._poisoned: str | None = None  # why the state can no longer be trusted
-        self._traffic = np.zeros((0, 0, 0), np.int64)  # last batch: [barrier, from, to] bytes
-        self._busy = np.zeros((0, 0))  # last batch: [step, partition] seconds
 
     def _cut(self, p: int, hs: list[torch.Tensor], states: list[torch.Tensor | None]) -> Shard:
         """Shard ``p`` of the bootstrapped state: the vertices it owns, the in-neighbours
@@ -98,29 +103,32 @@ class Engine:
         out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
         if self.placement is not None:
             out.update({f"placement/{k}": a for k, a in self.placement.to_arrays().items()})
-        for p, shard in enumerate(self.shards):
-            out.update({f"shard{p}/{k}": a for k, a in shard.arrays().items()
+        for p, arrays in enumerate(self.workers.arrays()):
+            out.update({f"shard{p}/{k}": a for k, a in arrays.items()
                         if self.placement is not None or not k.startswith("graph/")})
         return out
 
     @classmethod
     def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
-                device: str = "cpu", exchange: Exchange | None = None) -> Engine:
+                device: str = "cpu", workers: Workers | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
         engine = cls.__new__(cls)
-        engine._attach(model, DynamicGraph.from_arrays(_under(snapshot, "graph/")), device,
-                       exchange)
+        engine._attach(model, DynamicGraph.from_arrays(_under(snapshot, "graph/")), device)
         placement = _under(snapshot, "placement/")
         engine.placement = Placement.from_arrays(placement) if placement else None
-        engine.shards = []
-        for p in range(engine.num_partitions):
-            arrays = _under(snapshot, f"shard{p}/")
-            if engine.placement is None:
-                arrays.update({f"graph/{k}": a for k, a in engine.graph.to_arrays().items()})
-            shard = Shard.from_arrays(engine.layers, arrays, engine.device, engine.dtype)
-            if engine.placement is None:
-                shard.graph = engine.graph  # one partition: the shard works on this graph
-            engine.shards.append(shard)
+        shards = [_under(snapshot, f"shard{p}/") for p in range(engine.num_partitions)]
+        if engine.placement is None:
+            shard = Shard.from_arrays(engine.layers, {**shards[0], **{
+                f"graph/{k}": a for k, a in engine.graph.to_arrays().items()}},
+                engine.device, engine.dtype)
+            shard.graph = engine.graph  # one partition: the shard works on this graph
+            engine.workers = LocalWorkers([shard])
+        elif workers is None:
+            engine.workers = LocalWorkers([Shard.from_arrays(
+                engine.layers, arrays, engine.device, engine.dtype) for arrays in shards])
+        else:
+            workers.load(shards)
+            engine.workers = workers
         return engine
 
     # ---------------------------------------------------------------- reads
@@ -132,20 +140,16 @@ class Engine:
     def num_partitions(self) -> int:
         return 1 if self.placement is None else self.placement.num_partitions
 
+    @property
+    def shards(self) -> list[Shard]:
+        """The shards, where they run in this process."""
+        return self.workers.shards
+
     def lookup(self, ids, layer: int = -1) -> np.ndarray:
         """Embeddings of ``ids`` at ``layer`` (0: features, -1: the output)."""
         layer = layer % (self.num_layers + 1)
         ids = np.atleast_1d(np.asarray(ids, np.int64))
-        owner = self.partition_of(ids)
-        out = None
-        for p in np.unique(owner).tolist():
-            shard = self.shards[p]
-            mine = owner == p
-            rows = shard.rows(shard.graph.slots(ids[mine]), layer)
-            if out is None:
-                out = np.empty((len(ids), rows.shape[1]), rows.dtype)
-            out[mine] = rows
-        return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
+        return self.workers.rows(self.partition_of(ids), ids, layer)
 
     def label(self, ids) -> np.ndarray:
         """Predicted class of ``ids``: argmax of the output layer."""
@@ -166,19 +170,10 @@ class Engine:
         return self.placement.owners(slots)
 
     def stats(self) -> list[dict]:
-        """Per partition: vertices owned, halo (ghost) vertices, and per superstep of the
-        last batch the bytes it sent and received in the exchange before it, and its
-        compute seconds per step between exchanges (``busy_s``)."""
-        out = []
-        t = self._traffic
-        for p, shard in enumerate(self.shards):
-            alive = shard.graph.alive[:shard.graph.num_slots]
-            halo = 0 if shard.ghost is None else int((alive & shard.ghost[:len(alive)]).sum())
-            out.append({"vertices": int(alive.sum()) - halo, "halo": halo,
-                        "sent_bytes": t[:, p, :].sum(axis=1).tolist() if t.size else [],
-                        "received_bytes": t[:, :, p].sum(axis=1).tolist() if t.size else [],
-                        "busy_s": self._busy[:, p].tolist() if self._busy.size else []})
-        return out
+        """Per partition: vertices owned, halo (ghost) vertices, and for the last batch
+        the bytes it sent and received per exchange and its compute seconds per step
+        between exchanges (``busy_s``)."""
+        return self.workers.summaries()
 
     # ---------------------------------------------------------------- batches
     @torch.inference_mode()
@@ -193,25 +188,14 @@ class Engine:
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         diff = self.graph.apply(batch, skip_invalid)
-        n = self.num_partitions
         if self.placement is None:
-            programs = [self.shards[0].run(diff)]
+            results = self.workers.apply_diff(diff)
         else:
-            programs = []
-            for p, (shard, r) in enumerate(zip(self.shards, self.placement.route(
-                    self.graph, diff, len(batch)), strict=True)):
-                local = shard.graph.apply(r.batch)  # valid: the whole graph accepted it
-                ghosts = (shard.graph.slots(r.ghosts).astype(np.int64), r.ghost_owners)
-                programs.append(shard.run(local, p, n, ghosts, {
-                    q: shard.graph.slots(ids).astype(np.int64)
-                    for q, ids in r.subscribed.items()}))
-        try:
-            results, traffic, self._busy = _lockstep(programs, self.exchange)
-        except NonFiniteEmbeddingError as e:
-            self._poisoned = f"a batch of {len(batch)} updates: {e}"
-            raise NonFiniteEmbeddingError(self._poisoned) from None
-        if len(traffic):
-            self._traffic = traffic
+            results = self.workers.apply(self.placement.route(self.graph, diff, len(batch)))
+        if bad := [r.non_finite for r in results if r.non_finite]:
+            self._poisoned = (f"a batch of {len(batch)} updates drove layer {min(bad)} "
+                              "embeddings to NaN or inf; restore the engine from a snapshot")
+            raise NonFiniteEmbeddingError(self._poisoned)
         merged = ApplyResult({}, diff.rejected)
         for r in results:
             merged.changed_labels.update(r.changed_labels)
@@ -220,29 +204,76 @@ class Engine:
         return merged
 
 
-def _lockstep(programs: list[Generator], exchange: Exchange
-              ) -> tuple[list[ApplyResult], np.ndarray, np.ndarray]:
-    """Run the shards' BSP programs (`Shard.run`) together, handing their buffers over
-    through ``exchange`` at each barrier. Returns their results, per barrier the bytes
-    each sent each other [barriers, P, P], and per step between barriers each one's
-    compute time [barriers + 1, P] in seconds."""
+class Workers(Protocol):
+    """Where the shards run: `LocalWorkers` (this process) or an MPI job."""
+
+    def load(self, shards: list[dict[str, np.ndarray]]) -> None:
+        """Take the shards' state (`Shard.arrays`)."""
+        ...
+
+    def apply(self, routed: list[Routed]) -> list[ApplyResult]:
+        """Run every shard's part of a batch in lock step; their results."""
+        ...
+
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
+        """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
+        ...
+
+    def arrays(self) -> list[dict[str, np.ndarray]]:
+        ...
+
+    def summaries(self) -> list[dict]:
+        ...
+
+
+class LocalWorkers:
+    """The shards in this process, exchanging through ``exchange`` (a transpose)."""
+
+    def __init__(self, shards: list[Shard], exchange: Exchange | None = None) -> None:
+        self.shards = shards
+        self.exchange = exchange or InProcess()
+
+    def apply_diff(self, diff: GraphDiff) -> list[ApplyResult]:
+        """One shard working on the engine's own graph, which ``diff`` changed."""
+        return lockstep([self.shards[0].run(diff)], self.exchange)
+
+    def apply(self, routed: list[Routed]) -> list[ApplyResult]:
+        n = len(self.shards)
+        return lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
+            zip(self.shards, routed, strict=True))], self.exchange)
+
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
+        out = None
+        for p in np.unique(owner).tolist():
+            shard, mine = self.shards[p], owner == p
+            rows = shard.rows(shard.graph.slots(ids[mine]), layer)
+            if out is None:
+                out = np.empty((len(ids), rows.shape[1]), rows.dtype)
+            out[mine] = rows
+        return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
+
+    def arrays(self) -> list[dict[str, np.ndarray]]:
+        return [shard.arrays() for shard in self.shards]
+
+    def summaries(self) -> list[dict]:
+        return [shard.summary() for shard in self.shards]
+
+
+def lockstep(programs: list[Generator], exchange: Exchange) -> list[ApplyResult]:
+    """Run shards' BSP programs (`Shard.run`) together, handing their buffers over through
+    ``exchange`` at each barrier; their results."""
     results: list[ApplyResult | None] = [None] * len(programs)
-    traffic, busy = [], []
     incoming: list[list[np.ndarray] | None] = [None] * len(programs)
     while True:
-        outgoing, seconds = [], []
+        outgoing = []
         for p, program in enumerate(programs):
-            t = time.perf_counter()
             try:
                 outgoing.append(next(program) if incoming[p] is None
                                 else program.send(incoming[p]))
             except StopIteration as done:
                 results[p] = done.value
-            seconds.append(time.perf_counter() - t)
-        busy.append(seconds)
         if not outgoing:
-            return results, np.array(traffic, np.int64), np.array(busy)
-        traffic.append([[len(b) for b in row] for row in outgoing])
+            return results
         incoming = exchange.alltoall(outgoing)
 
 

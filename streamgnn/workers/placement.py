@@ -85,6 +85,7 @@ class Placement:
         self.part = part           # owner per slot, -1 for none
         self.holders = holders     # per slot, a bit per partition holding it as a ghost
         self.high_cut = 0.0        # in-degree above which a vertex is "high"
+        self._load = np.bincount(part[part >= 0], minlength=num_partitions)
         self._since_refresh = refresh_every
 
     @classmethod
@@ -124,7 +125,7 @@ class Placement:
 
     def load(self) -> np.ndarray:
         """Vertices per partition."""
-        return np.bincount(self.part[self.part >= 0], minlength=self.num_partitions)
+        return self._load.copy()
 
     # ---------------------------------------------------------------- routing
     def route(self, graph: DynamicGraph, diff: GraphDiff, updates: int) -> list[Routed]:
@@ -141,6 +142,8 @@ class Placement:
         self.part[removed], self.holders[removed] = -1, 0
         self.holders[added] = 0
         self.part[added] = self._place(graph, diff)
+        np.subtract.at(self._load, gone_part, 1)
+        np.add.at(self._load, self.part[added], 1)
 
         e = diff.edges
         src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)

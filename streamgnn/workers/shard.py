@@ -24,6 +24,7 @@ Owns per-layer state and propagation; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -31,12 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamgnn.errors import InvalidUpdateError, NonFiniteEmbeddingError
+from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.inference import aggregate
 from streamgnn.models.layers import Layer
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
+from streamgnn.workers.placement import Routed
 from streamgnn.workers.slotsets import SlotSets
 
 
@@ -57,6 +59,7 @@ class ApplyResult:
     pulled: list[int] = field(default_factory=list)
     remote_reads: list[int] = field(default_factory=list)
     combined_messages: list[int] = field(default_factory=list)
+    non_finite: int = 0  # the first layer the batch drove to NaN or inf (0: none)
 
 
 @dataclass
@@ -155,7 +158,11 @@ class Shard:
         self.ghost = ghost
         self.holders = holders
         self.ghost_owner = ghost_owner
+        self._owned: np.ndarray | None = None  # alive & ~ghost, kept up to date
         self._batch: _Batch | None = None
+        self.sent: list[int] = []      # the last batch's bytes per exchange ...
+        self.received: list[int] = []
+        self.busy: list[float] = []    # ... and its compute seconds between them
 
     @property
     def num_layers(self) -> int:
@@ -164,7 +171,11 @@ class Shard:
     @property
     def owned(self) -> np.ndarray:
         """Per slot: a live vertex this shard owns."""
-        return self.graph.alive if self.ghost is None else self.graph.alive & ~self.ghost
+        if self.ghost is None:
+            return self.graph.alive
+        if self._owned is None or len(self._owned) != len(self.graph.alive):
+            self._owned = self.graph.alive & ~self.ghost[:len(self.graph.alive)]
+        return self._owned
 
     def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
         return self._rows(layer, self._index(slots)).cpu().numpy()
@@ -206,6 +217,8 @@ class Shard:
         shard.ghost_owner = (np.array(arrays["ghost_owner"]) if "ghost_owner" in arrays
                              else None)
         shard._batch = None
+        shard._owned = None
+        shard.sent, shard.received, shard.busy = [], [], []
         return shard
 
     # ---------------------------------------------------------------- one batch
@@ -231,6 +244,9 @@ class Shard:
                 self.ghost_owner[ghosts[0]] = ghosts[1]
             for p, slots in (subscribed or {}).items():
                 self.holders[slots] |= np.uint64(1) << np.uint64(p)
+            owned = self.owned
+            owned[removed] = False
+            owned[added] = ~self.ghost[added]
         for state in self.state:  # a reused slot holds a deleted vertex's state
             if state is not None and len(added):
                 state[self._index(added)] = 0
@@ -307,14 +323,41 @@ class Shard:
         """The batch's BSP program on this shard (partition ``me`` of ``partitions``): a
         generator that, before each superstep, yields the packed buffers this shard sends
         every partition and is sent back those every partition sent it (`Exchange`); it
-        returns the shard's `ApplyResult`. One partition exchanges nothing."""
+        returns the shard's `ApplyResult`. One partition exchanges nothing. Records the
+        bytes sent and received per exchange and the compute time between them."""
+        self.sent, self.received, self.busy = [], [], []
+        start = time.perf_counter()
         self.begin(diff, ghosts, subscribed)
         for hop in range(1, self.num_layers + 1):
             if partitions > 1:
-                received = yield [pack(g) for g in self.outgoing(hop - 1, partitions, me)]
+                out = [pack(g) for g in self.outgoing(hop - 1, partitions, me)]
+                self.busy.append(time.perf_counter() - start)
+                received = yield out
+                start = time.perf_counter()
+                self.sent.append(sum(len(b) for b in out))
+                self.received.append(sum(len(b) for b in received))
                 self.incoming(hop - 1, [unpack(b) for b in received])
             self.superstep(hop)
-        return self.finish()
+        result = self.finish()
+        self.busy.append(time.perf_counter() - start)
+        return result
+
+    def run_routed(self, routed: Routed, me: int, partitions: int
+                   ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
+        """`run` for this shard's part of a batch as the router split it."""
+        diff = self.graph.apply(routed.batch)  # valid: the router's whole graph accepted it
+        ghosts = (self.graph.slots(routed.ghosts).astype(np.int64), routed.ghost_owners)
+        return self.run(diff, me, partitions, ghosts, {
+            q: self.graph.slots(ids).astype(np.int64) for q, ids in routed.subscribed.items()})
+
+    def summary(self) -> dict:
+        """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and
+        received per exchange and the compute seconds per step between them."""
+        alive = self.graph.alive[:self.graph.num_slots]
+        halo = 0 if self.ghost is None else int((alive & self.ghost[:len(alive)]).sum())
+        return {"vertices": int(alive.sum()) - halo, "halo": halo,
+                "sent_bytes": list(self.sent), "received_bytes": list(self.received),
+                "busy_s": list(self.busy)}
 
     def superstep(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
@@ -322,9 +365,8 @@ class Shard:
         layer = self.layers[hop - 1]
         step = self._superstep(hop, layer, b.changed, b.removed, b.removed_rows, b.is_added,
                                b.edges, b.result)
-        if not bool(torch.isfinite(step.after).all()):
-            raise NonFiniteEmbeddingError(f"a batch drove layer {hop} embeddings to NaN or "
-                                          "inf; restore the engine from a snapshot")
+        if not b.result.non_finite and not bool(torch.isfinite(step.after).all()):
+            b.result.non_finite = hop  # the other shards go on to the barrier: report at end
         if hop < self.num_layers:
             b.changed = step.changed()
             b.removed_rows = self.h[hop].index_select(0, self._index(b.removed))

@@ -1,0 +1,261 @@
+"""MPI workers: rank 0 runs the `Engine` (the router: the whole graph, validation,
+placement) with `MpiWorkers`; ranks 1..N each run one `Shard` (`run_worker`). Every rank
+builds the same model itself (SPMD: from the same model file), so nothing but arrays
+crosses the wire.
+
+Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
+payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each an ``.npz``
+byte buffer of plain arrays (loaded with ``allow_pickle=False``). During a batch the
+workers exchange ghost rows among themselves with ``Alltoallv`` of the same packed
+buffers `Shard.run` builds in one process. A worker that fails aborts the whole job
+(``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
+
+The only module that imports mpi4py; must not import kafka.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from streamgnn.models import decompose
+from streamgnn.updates import UpdateBatch
+from streamgnn.workers.placement import Routed
+from streamgnn.workers.shard import ApplyResult, Shard
+
+LOAD, APPLY, ROWS, ARRAYS, SUMMARIES, STOP = range(6)
+T = TypeVar("T")
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return np.frombuffer(buffer.getbuffer(), np.uint8)
+
+
+def npz_arrays(buffer: np.ndarray) -> dict[str, np.ndarray]:
+    if not len(buffer):
+        return {}
+    with np.load(io.BytesIO(buffer.tobytes()), allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def _json(value) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), np.uint8)
+
+
+def _unjson(array: np.ndarray):
+    return json.loads(array.tobytes())
+
+
+class MpiWorkers:
+    """Rank 0's handle on the worker ranks (`Workers`)."""
+
+    def __init__(self, comm: MPI.Comm | None = None) -> None:
+        self.comm = comm or MPI.COMM_WORLD
+        if self.comm.Get_rank() != 0:
+            raise RuntimeError("MpiWorkers runs on rank 0; the other ranks run run_worker")
+        self.size = self.comm.Get_size() - 1
+        if self.size < 1:
+            raise RuntimeError("no worker ranks: start with mpiexec -n N+1 (N workers)")
+        self.comm.Split(MPI.UNDEFINED, 0)  # the workers' own communicator (collective)
+        self.shards = None  # not in this process
+
+    def load(self, shards: list[dict[str, np.ndarray]]) -> None:
+        if len(shards) != self.size:
+            raise ValueError(f"{len(shards)} partitions for {self.size} worker ranks")
+        self._call(LOAD, shards)
+
+    def apply(self, routed: list[Routed]) -> list[ApplyResult]:
+        replies = self._call(APPLY, [_routed_arrays(r) for r in routed])
+        return [_result(r) for r in replies]
+
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
+        replies = self._call(ROWS, [{"ids": ids[owner == p], "layer": np.array(layer)}
+                                    for p in range(self.size)])
+        first = replies[0]["rows"]
+        out = np.empty((len(ids), first.shape[1]), first.dtype)
+        for p, reply in enumerate(replies):
+            out[owner == p] = reply["rows"]
+        return out
+
+    def arrays(self) -> list[dict[str, np.ndarray]]:
+        return self._call(ARRAYS, [{}] * self.size)
+
+    def summaries(self) -> list[dict]:
+        return [_unjson(r["summary"]) for r in self._call(SUMMARIES, [{}] * self.size)]
+
+    def stop(self) -> None:
+        self._call(STOP, [{}] * self.size, reply=False)
+
+    def _call(self, command: int, payloads: list[dict[str, np.ndarray]], reply: bool = True
+              ) -> list[dict[str, np.ndarray]]:
+        self.comm.Bcast(np.array([command], np.int64), root=0)
+        _scatter(self.comm, [np.zeros(0, np.uint8)] + [npz_bytes(p) for p in payloads])
+        if not reply:
+            return []
+        return [npz_arrays(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
+
+
+def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
+               device: str = "cpu") -> None:
+    """A worker rank's loop: hold one shard and do what rank 0 asks until it says stop.
+    Any failure aborts the job (every rank stops at once) after printing its traceback."""
+    comm = comm or MPI.COMM_WORLD
+    try:
+        _serve(model, comm, device)
+    except Exception:
+        sys.stderr.write(f"streamgnn worker rank {comm.Get_rank()} failed:\n"
+                         f"{traceback.format_exc()}")
+        sys.stderr.flush()
+        comm.Abort(1)
+
+
+def spmd(model: torch.nn.Module, main: Callable[[MpiWorkers], T],
+         comm: MPI.Comm | None = None) -> T | None:
+    """Run ``main`` on rank 0 with the other ranks as its workers (stopped after it);
+    returns what ``main`` returns on rank 0, None on the workers."""
+    comm = comm or MPI.COMM_WORLD
+    if comm.Get_rank() != 0:
+        run_worker(model, comm)
+        return None
+    workers = MpiWorkers(comm)
+    try:
+        return main(workers)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.Abort(1)
+        raise
+    finally:
+        workers.stop()
+
+
+@torch.inference_mode()
+def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
+    layers = decompose(model.to(device))
+    dtype = next(model.parameters()).dtype
+    peers = comm.Split(1, comm.Get_rank())
+    me, partitions = peers.Get_rank(), peers.Get_size()
+    shard: Shard | None = None
+    header = np.zeros(1, np.int64)
+    while True:
+        comm.Bcast(header, root=0)
+        payload = npz_arrays(_scatter(comm, None))
+        command = int(header[0])
+        if command == STOP:
+            return
+        if command == LOAD:
+            shard = Shard.from_arrays(layers, payload, torch.device(device), dtype)
+            reply = {}
+        elif command == APPLY:
+            program = shard.run_routed(_routed(payload), me, partitions)
+            reply = _result_arrays(_drive(program, peers))
+        elif command == ROWS:
+            ids, layer = payload["ids"], int(payload["layer"])
+            reply = {"rows": shard.rows(shard.graph.slots(ids), layer)}
+        elif command == ARRAYS:
+            reply = shard.arrays()
+        elif command == SUMMARIES:
+            reply = {"summary": _json(shard.summary())}
+        else:
+            raise ValueError(f"unknown command {command}")
+        _gather(comm, npz_bytes(reply))
+
+
+def _drive(program, peers: MPI.Comm) -> ApplyResult:
+    """Run one shard's BSP program, exchanging with the other workers at each barrier."""
+    try:
+        outgoing = next(program)
+        while True:
+            outgoing = program.send(alltoallv(peers, outgoing))
+    except StopIteration as done:
+        return done.value
+
+
+def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
+    """Send ``outgoing[q]`` to rank q of ``comm``; what every rank sent this one."""
+    send_counts = np.array([len(b) for b in outgoing], np.int32)
+    recv_counts = np.empty(len(outgoing), np.int32)
+    comm.Alltoall(send_counts, recv_counts)
+    send = np.concatenate(outgoing) if len(outgoing) else np.zeros(0, np.uint8)
+    recv = np.empty(int(recv_counts.sum()), np.uint8)
+    comm.Alltoallv([send, (send_counts, _displacements(send_counts)), MPI.BYTE],
+                   [recv, (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+    return np.split(recv, np.cumsum(recv_counts)[:-1])
+
+
+def _scatter(comm: MPI.Comm, buffers: list[np.ndarray] | None) -> np.ndarray:
+    """Rank 0 sends ``buffers[r]`` to each rank r; every rank gets its own."""
+    counts = (np.array([len(b) for b in buffers], np.int32) if buffers is not None
+              else None)
+    mine = np.zeros(1, np.int32)
+    comm.Scatter(counts, mine, root=0)
+    out = np.empty(int(mine[0]), np.uint8)
+    if buffers is not None:
+        comm.Scatterv([np.concatenate(buffers), (counts, _displacements(counts)), MPI.BYTE],
+                      out, root=0)
+    else:
+        comm.Scatterv(None, out, root=0)
+    return out
+
+
+def _gather(comm: MPI.Comm, mine: np.ndarray) -> list[np.ndarray]:
+    """Every rank sends ``mine`` to rank 0, which gets them all (others get [])."""
+    counts = np.zeros(comm.Get_size(), np.int32) if comm.Get_rank() == 0 else None
+    comm.Gather(np.array([len(mine)], np.int32), counts, root=0)
+    if comm.Get_rank() != 0:
+        comm.Gatherv(mine, None, root=0)
+        return []
+    out = np.empty(int(counts.sum()), np.uint8)
+    comm.Gatherv(mine, [out, (counts, _displacements(counts)), MPI.BYTE], root=0)
+    return np.split(out, np.cumsum(counts)[:-1])
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+
+
+# ---------------------------------------------------------------- payloads as arrays
+def _routed_arrays(r: Routed) -> dict[str, np.ndarray]:
+    b = r.batch
+    parts = sorted(r.subscribed)
+    return {"op": b.op, "a": b.a, "b": b.b, "w": b.w, "xrow": b.xrow, "x": b.x,
+            "ghosts": r.ghosts, "ghost_owners": r.ghost_owners,
+            "sub_parts": np.array(parts, np.int64),
+            "sub_counts": np.array([len(r.subscribed[q]) for q in parts], np.int64),
+            "sub_ids": (np.concatenate([r.subscribed[q] for q in parts]) if parts
+                        else np.zeros(0, np.int64))}
+
+
+def _routed(a: dict[str, np.ndarray]) -> Routed:
+    ids = np.split(a["sub_ids"], np.cumsum(a["sub_counts"])[:-1]) if len(a["sub_parts"]) else []
+    return Routed(UpdateBatch(a["op"].astype(np.int64), a["a"], a["b"], a["w"], a["xrow"],
+                              a["x"]), a["ghosts"], a["ghost_owners"],
+                  dict(zip(a["sub_parts"].tolist(), ids, strict=True)))
+
+
+def _result_arrays(r: ApplyResult) -> dict[str, np.ndarray]:
+    changes = r.changed_labels
+    return {"ids": np.fromiter(changes, np.int64, len(changes)),
+            "old": np.array([-1 if o is None else o for o, _ in changes.values()], np.int64),
+            "new": np.array([n for _, n in changes.values()], np.int64),
+            "counts": np.array([r.recomputed, r.pulled, r.remote_reads, r.combined_messages],
+                               np.int64),
+            "non_finite": np.array(r.non_finite)}
+
+
+def _result(a: dict[str, np.ndarray]) -> ApplyResult:
+    changes = {i: (None if o < 0 else o, n) for i, o, n in zip(
+        a["ids"].tolist(), a["old"].tolist(), a["new"].tolist(), strict=True)}
+    recomputed, pulled, remote, combined = (row.tolist() for row in a["counts"])
+    return ApplyResult(changes, [], recomputed, pulled, remote, combined,
+                       int(a["non_finite"]))
