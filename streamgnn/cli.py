@@ -6,6 +6,7 @@ Owns argument parsing and terminal output only; the work lives in the subpackage
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -323,6 +324,14 @@ def serve(
     quarantine_after: Annotated[int, typer.Option(
         envvar="STREAMGNN_QUARANTINE_AFTER", help="Deaths of the service with one update "
         "alone in flight before that update is dead-lettered as quarantined.")] = 2,
+    workers: Annotated[int, typer.Option(
+        envvar="STREAMGNN_WORKERS", help="Run the partitions on N MPI worker ranks: starts "
+        "`mpiexec -n N+1` (rank 0 serves the stream, ranks 1..N hold one partition each) "
+        "and restarts the job from its last checkpoint if any rank dies. 0: one process.")
+    ] = 0,
+    max_restarts: Annotated[int, typer.Option(
+        envvar="STREAMGNN_MAX_RESTARTS", help="With --workers: restarts of a failed job "
+        "(backoff 1, 2, 4 ... s) before giving up.")] = 3,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
     topic_prefix: TopicPrefixOpt = "",
     device: DeviceOpt = "cpu",
@@ -335,7 +344,161 @@ def serve(
     still resume exactly). Started again with the same --state-dir, it resumes: batches
     since the checkpoint are replayed as they were (same label-change messages, same
     event ids), and input the last process died on is isolated and, at the second death,
-    dead-lettered as quarantined."""
+    dead-lettered as quarantined.
+
+    With --workers N it supervises an MPI job; `mpiexec -n N+1 streamgnn serve ...` runs
+    the job itself (N taken from the job's size), without restarts."""
+    if workers and os.environ.get(_MPI_JOB) != "1":
+        raise typer.Exit(_supervise(workers, max_restarts))
+    comm = _mpi_world()
+    mpi_workers = None
+    if comm is not None:
+        ranks = state_dir / "ranks"
+        ranks.mkdir(parents=True, exist_ok=True)
+        (ranks / f"{os.getpid()}.rank").write_text(str(comm.Get_rank()))
+        if comm.Get_rank() > 0:  # a worker: one partition, never kafka
+            _serve_worker(comm, checkpoint, state_dir, device)
+            return
+        from streamgnn.workers.mpi import MpiWorkers
+
+        mpi_workers = MpiWorkers(comm)
+        partitions = mpi_workers.size
+    try:
+        _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
+               arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
+               until_idle, max_abs_feature, max_abs_weight, quarantine_after,
+               bootstrap_servers, topic_prefix, device, mpi_workers)
+    except BaseException:
+        if mpi_workers is not None:  # never leave the workers waiting
+            import traceback
+
+            traceback.print_exc()
+            comm.Abort(1)
+        raise
+    if mpi_workers is not None:
+        mpi_workers.stop()
+
+
+_MPI_JOB = "STREAMGNN_MPI_JOB"
+
+
+def _supervise(workers: int, max_restarts: int) -> int:
+    """Run this command as an MPI job of ``workers`` + 1 ranks; restart it (from its last
+    checkpoint) when it fails, with backoff; forward SIGINT/SIGTERM to it."""
+    import shutil
+    import subprocess
+    import sys
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
+        "mpiexec")
+    if mpiexec is None:
+        console.print("[red]--workers needs mpiexec: pip install mpich[/red]")
+        return 2
+    command = [mpiexec, "-n", str(workers + 1), sys.executable, "-m", "streamgnn.cli",
+               *sys.argv[1:]]
+    ranks = Path(os.environ.get("STREAMGNN_STATE_DIR", "runs/serve"))
+    if "--state-dir" in sys.argv:
+        ranks = Path(sys.argv[sys.argv.index("--state-dir") + 1])
+    ranks /= "ranks"
+    env = {**os.environ, _MPI_JOB: "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+    stopping: list[int] = []
+    job: list[subprocess.Popen] = []
+
+    def forward(signum, _frame) -> None:
+        stopping.append(signum)
+        if job:
+            job[-1].send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
+    delay = 1.0
+    for attempt in range(max_restarts + 1):
+        shutil.rmtree(ranks, ignore_errors=True)
+        job.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT))
+        died = _relay(job[-1], ranks)
+        code = job[-1].wait()
+        if code == 0 or stopping:
+            return code
+        console.print(f"[yellow]the MPI job exited with code {code}; "
+                      f"{died or 'no rank'} stopped first[/yellow]")
+        if attempt == max_restarts:
+            break
+        console.print(f"[yellow]restart {attempt + 1} of {max_restarts} from the last "
+                      f"checkpoint in {delay:g} s[/yellow]")
+        time.sleep(delay)
+        delay *= 2
+    console.print(f"[red]the MPI job failed {max_restarts + 1} times; giving up[/red]")
+    return code
+
+
+def _relay(job, ranks: Path) -> str | None:
+    """Pass the job's output through as it comes, watching its ranks (their pid files in
+    ``ranks``); returns the first rank seen to exit, as "rank R (pid P)", if any did."""
+    import contextlib
+    import select
+    import sys
+
+    out = job.stdout.fileno()
+    watched: dict[int, tuple[str, int]] = {}  # pidfd -> (rank, pid)
+    first = None
+    while True:
+        for f in ranks.glob("*.rank"):
+            pid = int(f.stem)
+            if pid not in {p for _, p in watched.values()}:
+                with contextlib.suppress(OSError):  # gone already
+                    watched[os.pidfd_open(pid)] = (f.read_text(), pid)
+        ready, _, _ = select.select([out, *watched], [], [], 0.5)
+        for fd in ready:
+            if fd in watched:
+                rank, pid = watched.pop(fd)
+                os.close(fd)
+                first = first or f"rank {rank} (pid {pid})"
+        if out in ready:
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                for fd in watched:
+                    os.close(fd)
+                return first
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+
+
+def _mpi_world():
+    """MPI's world communicator when this process is one rank of several, else None."""
+    if os.environ.get(_MPI_JOB) != "1" and "PMI_SIZE" not in os.environ:
+        return None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
+
+
+def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
+    """A worker rank: the model from the service's last checkpoint (or the model file on
+    a fresh start), then one partition until rank 0 says stop. Signals are rank 0's to
+    act on (it stops the workers at a batch boundary)."""
+    from streamgnn.models.zoo import Checkpoint, ModelSpec
+    from streamgnn.router.checkpoint import Checkpoints
+    from streamgnn.workers.mpi import run_worker
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    saved = Checkpoints(state_dir).load(names=("model",))
+    if saved is None:
+        model = Checkpoint.load(checkpoint)
+    else:
+        import torch
+
+        model = Checkpoint(ModelSpec(**saved.meta["spec"]), {
+            k: torch.from_numpy(a) for k, a in saved.files["model"].items()})
+    run_worker(model.model(), comm, device)
+
+
+def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
+           arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
+           until_idle, max_abs_feature, max_abs_weight, quarantine_after, bootstrap_servers,
+           topic_prefix, device, mpi_workers) -> None:
+    """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given)."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
@@ -357,7 +520,8 @@ def serve(
     def start(model: Checkpoint) -> Engine:
         _, data, _ = _snapshot(dataset, seed, holdout)
         return Engine.from_pyg(model.model(), data, device=device, progress=True,
-                               partitions=partitions, placement=placement)
+                               partitions=partitions, placement=placement,
+                               workers=mpi_workers)
 
     from tqdm.auto import tqdm
 
@@ -377,7 +541,7 @@ def serve(
     def open_service() -> Service:
         service = Service.open(lambda: Checkpoint.load(checkpoint), start,
                                KafkaTransport(bootstrap_servers, topics.updates), config,
-                               checkpoints, device)
+                               checkpoints, device, mpi_workers)
         bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} at "
                   f"{bootstrap_servers} (batch {batch_size}, from batch "
                   f"{service.batch_seq + 1}); Ctrl-C stops")

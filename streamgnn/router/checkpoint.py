@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,18 +103,19 @@ class Checkpoints:
         return [g for g in self.generations() if (self.folder(g) / MANIFEST).exists()
                 ][-self.keep:]
 
-    def load(self) -> Saved | None:
-        """The newest complete generation, or None if there is none. Incomplete or
-        corrupt ones are skipped with a warning naming them; a manifest of another
-        format raises ValueError (start with a fresh state directory)."""
+    def load(self, names: Collection[str] | None = None) -> Saved | None:
+        """The newest complete generation (with only the files ``names``, if given), or
+        None if there is none. Incomplete or corrupt ones are skipped with a warning
+        naming them; a manifest of another format raises ValueError (start with a fresh
+        state directory)."""
         for generation in reversed(self.generations()):
             try:
-                return self._load(generation)
+                return self._load(generation, names)
             except CorruptCheckpointError as e:
                 warnings.warn(f"{e}; using the previous complete checkpoint", stacklevel=2)
         return None
 
-    def _load(self, generation: int) -> Saved:
+    def _load(self, generation: int, names: Collection[str] | None = None) -> Saved:
         folder = self.folder(generation)
         path = folder / MANIFEST
         if not path.exists():
@@ -127,6 +129,8 @@ class Checkpoints:
                              f"{manifest.get('format')!r}): start with a fresh --state-dir")
         files = {}
         for entry in manifest["files"]:
+            if names is not None and entry["name"] not in names:
+                continue
             file = folder / f"{entry['name']}.npz"
             if not file.exists() or file.stat().st_size != entry["bytes"] or (
                     _sha256(file) != entry["sha256"]):

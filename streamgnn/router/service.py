@@ -59,6 +59,7 @@ from streamgnn.stream.schemas import (
 from streamgnn.stream.transport import Record, Transport
 from streamgnn.updates import UPDATE_ADAPTER, Update, ValueLimits
 from streamgnn.workers import ApplyResult, Engine
+from streamgnn.workers.engine import Workers
 
 
 class ServiceConfig(BaseModel):
@@ -162,10 +163,12 @@ class Service:
     @classmethod
     def open(cls, checkpoint: Callable[[], Checkpoint], bootstrap: Callable[[Checkpoint], Engine],
              transport: Transport, config: ServiceConfig,
-             checkpoints: Checkpoints | None = None, device: str = "cpu") -> Service:
+             checkpoints: Checkpoints | None = None, device: str = "cpu",
+             workers: Workers | None = None) -> Service:
         """Resume from the last checkpoint in ``checkpoints`` if there is one (seeking the
         transport to its offsets, and replaying the journal written since); else
-        bootstrap a new engine and checkpoint it (the base any recovery starts from)."""
+        bootstrap a new engine and checkpoint it (the base any recovery starts from).
+        ``workers``: where a restored engine's shards run (default: this process)."""
         saved = checkpoints.load() if checkpoints else None
         if saved is None:
             model = checkpoint()
@@ -177,7 +180,7 @@ class Service:
         state, files = saved.meta, saved.files
         weights = {k: torch.from_numpy(a) for k, a in files["model"].items()}
         model = Checkpoint(ModelSpec(**state["spec"]), weights)
-        engine = Engine.restore(model.model(), files["engine"], device)
+        engine = Engine.restore(model.model(), files["engine"], device, workers)
         service = cls(engine, model, transport, config, checkpoints)
         service.arrivals.waiting = {}
         for item in state["waiting"]:
