@@ -95,7 +95,7 @@ def final_engine(state, model):
     from streamgnn.workers import Engine
 
     saved = Checkpoints(state).load()
-    return saved, Engine.restore(model.model(), saved.files["engine"])
+    return saved, Engine.read(model.model(), saved.folder)
 
 
 def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker, tmp_path):

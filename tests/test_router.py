@@ -7,8 +7,8 @@ import pytest
 
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
+from streamgnn.npz import sha256 as _sha256
 from streamgnn.router import Arrivals, Checkpoints
-from streamgnn.router.checkpoint import _sha256
 from streamgnn.updates import ADD_EDGE, DELETE_VERTEX
 from streamgnn.workers import Placement
 

@@ -83,7 +83,7 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, tmp_pat
     ends = [Checkpoints(tmp_path / d).load() for d in ("clean", "torn")]
     sent = sum(1 for _ in follow(broker.bootstrap, torn.updates, True, idle_s=1.0))
     assert ends[1].meta["positions"] == {"0": sent}  # every record consumed
-    engines = [sg.Engine.restore(model.model(), e.files["engine"]) for e in ends]
+    engines = [sg.Engine.read(model.model(), e.folder) for e in ends]
     ids = engines[0].vertex_ids()
     assert np.array_equal(np.sort(engines[1].vertex_ids()), np.sort(ids))
     edges = [sorted(zip(*(a.tolist() for a in e.edges()))) for e in engines]

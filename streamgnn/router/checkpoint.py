@@ -7,12 +7,11 @@ takes the newest complete one. Every file is written to a temporary name, fsync'
 renamed; the last ``keep`` complete generations are kept.
 
 Files of one generation may come from different processes (`write_arrays`, one shard per
-rank); `commit` makes the set complete. Must not import torch, kafka or mpi4py.
+rank; `streamgnn.npz`); `commit` makes the set complete. Must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,34 +22,25 @@ from pathlib import Path
 
 import numpy as np
 
+from streamgnn.npz import read_arrays, sha256, write_arrays
+
 FORMAT = "streamgnn-state/3"  # /3: npz files + manifest (was one torch pickle)
 MANIFEST = "manifest.json"
 
 
 @dataclass
 class Saved:
-    """A complete generation: its number, its JSON state and its array files by name."""
+    """A complete generation: its number, folder, JSON state and the array files loaded
+    (by name; every file of the generation was checked against the manifest)."""
 
     generation: int
+    folder: Path
     meta: dict
     files: dict[str, dict[str, np.ndarray]]
 
 
 class CorruptCheckpointError(ValueError):
     """A generation's file does not match its manifest."""
-
-
-def write_arrays(directory: Path, name: str, arrays: dict[str, np.ndarray]) -> dict:
-    """Write ``arrays`` to ``directory/name.npz`` (temporary name, fsync, rename); returns
-    the manifest entry naming it."""
-    path = directory / f"{name}.npz"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return {"name": name, "bytes": path.stat().st_size, "sha256": _sha256(path)}
 
 
 class Checkpoints:
@@ -71,11 +61,17 @@ class Checkpoints:
     def next_generation(self) -> int:
         return max(self.generations(), default=0) + 1
 
+    def begin(self) -> int:
+        """A new generation's number, its folder made: write its files there
+        (`write_arrays`, from any process), then `commit`."""
+        generation = self.next_generation()
+        self.folder(generation).mkdir(parents=True, exist_ok=True)
+        return generation
+
     def save(self, meta: dict, files: dict[str, dict[str, np.ndarray]]) -> int:
         """Write a new generation holding ``files`` and ``meta``; returns its number."""
-        generation = self.next_generation()
+        generation = self.begin()
         folder = self.folder(generation)
-        folder.mkdir(parents=True, exist_ok=True)
         entries = [write_arrays(folder, name, arrays) for name, arrays in files.items()]
         self.commit(generation, meta, entries)
         return generation
@@ -104,10 +100,10 @@ class Checkpoints:
                 ][-self.keep:]
 
     def load(self, names: Collection[str] | None = None) -> Saved | None:
-        """The newest complete generation (with only the files ``names``, if given), or
-        None if there is none. Incomplete or corrupt ones are skipped with a warning
-        naming them; a manifest of another format raises ValueError (start with a fresh
-        state directory)."""
+        """The newest complete generation (every file checked, only those ``names``
+        loaded, if given), or None if there is none. Incomplete or corrupt ones are
+        skipped with a warning naming them; a manifest of another format raises
+        ValueError (start with a fresh state directory)."""
         for generation in reversed(self.generations()):
             try:
                 return self._load(generation, names)
@@ -129,24 +125,14 @@ class Checkpoints:
                              f"{manifest.get('format')!r}): start with a fresh --state-dir")
         files = {}
         for entry in manifest["files"]:
-            if names is not None and entry["name"] not in names:
-                continue
             file = folder / f"{entry['name']}.npz"
             if not file.exists() or file.stat().st_size != entry["bytes"] or (
-                    _sha256(file) != entry["sha256"]):
+                    sha256(file) != entry["sha256"]):
                 raise CorruptCheckpointError(f"{file} is missing or does not match its "
                                              "manifest (size or SHA-256)")
-            with np.load(file, allow_pickle=False) as npz:
-                files[entry["name"]] = {k: npz[k] for k in npz.files}
-        return Saved(generation, manifest["state"], files)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+            if names is None or entry["name"] in names:
+                files[entry["name"]] = read_arrays(file)
+        return Saved(generation, folder, manifest["state"], files)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field
 
 from streamgnn.errors import StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.npz import write_arrays
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
 from streamgnn.router.checkpoint import Checkpoints
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
@@ -169,7 +170,7 @@ class Service:
         transport to its offsets, and replaying the journal written since); else
         bootstrap a new engine and checkpoint it (the base any recovery starts from).
         ``workers``: where a restored engine's shards run (default: this process)."""
-        saved = checkpoints.load() if checkpoints else None
+        saved = checkpoints.load(names=("model",)) if checkpoints else None
         if saved is None:
             model = checkpoint()
             service = cls(bootstrap(model), model, transport, config, checkpoints)
@@ -180,7 +181,7 @@ class Service:
         state, files = saved.meta, saved.files
         weights = {k: torch.from_numpy(a) for k, a in files["model"].items()}
         model = Checkpoint(ModelSpec(**state["spec"]), weights)
-        engine = Engine.restore(model.model(), files["engine"], device, workers)
+        engine = Engine.read(model.model(), saved.folder, device, workers)
         service = cls(engine, model, transport, config, checkpoints)
         service.arrivals.waiting = {}
         for item in state["waiting"]:
@@ -216,14 +217,17 @@ class Service:
             return
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         unapplied = self.pending + sorted(self.held.values(), key=lambda item: item[1].key)
-        generation = self.checkpoints.save({
+        generation = self.checkpoints.begin()
+        folder = self.checkpoints.folder(generation)
+        entries = [write_arrays(folder, "model", {
+            k: t.cpu().numpy() for k, t in self.model.state_dict.items()}),
+            *self.engine.write(folder)]
+        self.checkpoints.commit(generation, {
             "spec": asdict(self.model.spec),
             "waiting": [_item_json(w.update, w.source, (w.vertex, w.deadline))
                         for ws in self.arrivals.waiting.values() for w in ws],
             "pending": [_item_json(u, o) for u, o in unapplied],
-            "batch_seq": self.batch_seq, "positions": self.transport.positions()}, {
-            "model": {k: t.cpu().numpy() for k, t in self.model.state_dict.items()},
-            "engine": self.engine.snapshot()})
+            "batch_seq": self.batch_seq, "positions": self.transport.positions()}, entries)
         self.journal.restart(generation, list(self.script), self.checkpoints.kept()[0])
         self.suspects.forget_before(self.transport.positions())
         self._last_checkpoint = (self.batch_seq, time.monotonic())

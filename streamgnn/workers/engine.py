@@ -12,7 +12,8 @@ Owns the public engine API; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -23,6 +24,7 @@ from streamgnn.errors import NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
+from streamgnn.npz import read_arrays, write_arrays
 from streamgnn.updates import Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Placement, Routed, Strategy
@@ -100,9 +102,7 @@ class Engine:
         """Everything the engine knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``), the placement and each shard's
         state (``shard<p>/...``), so a restored engine repeats this one bit for bit."""
-        out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
-        if self.placement is not None:
-            out.update({f"placement/{k}": a for k, a in self.placement.to_arrays().items()})
+        out = self.snapshot_head()
         for p, arrays in enumerate(self.workers.arrays()):
             out.update({f"shard{p}/{k}": a for k, a in arrays.items()
                         if self.placement is not None or not k.startswith("graph/")})
@@ -112,24 +112,56 @@ class Engine:
     def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
                 device: str = "cpu", workers: Workers | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
+        return cls._restore(model, snapshot, lambda p: _under(snapshot, f"shard{p}/"),
+                            device, workers)
+
+    def write(self, folder: Path) -> list[dict]:
+        """Write the state as `snapshot` holds it into checkpoint folder ``folder``: the
+        file ``engine`` (graph, placement) here, and ``shard<p>`` where each shard lives
+        (every MPI rank writes its own); returns their manifest entries."""
+        return [write_arrays(folder, "engine", self.snapshot_head()),
+                *self.workers.write(folder, with_graph=self.placement is not None)]
+
+    @classmethod
+    def read(cls, model: torch.nn.Module, folder: Path, device: str = "cpu",
+             workers: Workers | None = None) -> Engine:
+        """The engine `write` wrote into ``folder`` (whose files the caller checked)."""
+        return cls._restore(model, read_arrays(folder / "engine.npz"),
+                            lambda p: read_arrays(folder / f"shard{p}.npz"), device, workers,
+                            folder)
+
+    @classmethod
+    def _restore(cls, model: torch.nn.Module, head: dict[str, np.ndarray],
+                 shard: Callable[[int], dict[str, np.ndarray]], device: str,
+                 workers: Workers | None, folder: Path | None = None) -> Engine:
         engine = cls.__new__(cls)
-        engine._attach(model, DynamicGraph.from_arrays(_under(snapshot, "graph/")), device)
-        placement = _under(snapshot, "placement/")
+        engine._attach(model, DynamicGraph.from_arrays(_under(head, "graph/")), device)
+        placement = _under(head, "placement/")
         engine.placement = Placement.from_arrays(placement) if placement else None
-        shards = [_under(snapshot, f"shard{p}/") for p in range(engine.num_partitions)]
         if engine.placement is None:
-            shard = Shard.from_arrays(engine.layers, {**shards[0], **{
+            one = Shard.from_arrays(engine.layers, {**shard(0), **{
                 f"graph/{k}": a for k, a in engine.graph.to_arrays().items()}},
                 engine.device, engine.dtype)
-            shard.graph = engine.graph  # one partition: the shard works on this graph
-            engine.workers = LocalWorkers([shard])
+            one.graph = engine.graph  # one partition: the shard works on this graph
+            engine.workers = LocalWorkers([one])
         elif workers is None:
-            engine.workers = LocalWorkers([Shard.from_arrays(
-                engine.layers, arrays, engine.device, engine.dtype) for arrays in shards])
+            engine.workers = LocalWorkers([
+                Shard.from_arrays(engine.layers, shard(p), engine.device, engine.dtype)
+                for p in range(engine.num_partitions)])
         else:
-            workers.load(shards)
+            if folder is not None:
+                workers.read(folder)  # each rank reads its own file
+            else:
+                workers.load([shard(p) for p in range(engine.num_partitions)])
             engine.workers = workers
         return engine
+
+    def snapshot_head(self) -> dict[str, np.ndarray]:
+        """The graph and placement arrays of a `snapshot` (no shard state)."""
+        out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
+        if self.placement is not None:
+            out.update({f"placement/{k}": a for k, a in self.placement.to_arrays().items()})
+        return out
 
     # ---------------------------------------------------------------- reads
     @property
@@ -222,6 +254,15 @@ class Workers(Protocol):
     def arrays(self) -> list[dict[str, np.ndarray]]:
         ...
 
+    def write(self, folder: Path, with_graph: bool) -> list[dict]:
+        """Each shard's state as file ``shard<p>`` in ``folder`` (without its graph unless
+        ``with_graph``); their manifest entries."""
+        ...
+
+    def read(self, folder: Path) -> None:
+        """Take the shards' state from the files `write` wrote into ``folder``."""
+        ...
+
     def summaries(self) -> list[dict]:
         ...
 
@@ -254,6 +295,13 @@ class LocalWorkers:
 
     def arrays(self) -> list[dict[str, np.ndarray]]:
         return [shard.arrays() for shard in self.shards]
+
+    def write(self, folder: Path, with_graph: bool) -> list[dict]:
+        return [write_arrays(folder, f"shard{p}", shard.arrays(with_graph))
+                for p, shard in enumerate(self.shards)]
+
+    def read(self, folder: Path) -> None:
+        raise NotImplementedError("in-process shards are read by Engine.read")
 
     def summaries(self) -> list[dict]:
         return [shard.summary() for shard in self.shards]

@@ -10,6 +10,9 @@ workers exchange ghost rows among themselves with ``Alltoallv`` of the same pack
 buffers `Shard.run` builds in one process. A worker that fails aborts the whole job
 (``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
 
+Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in the
+generation folder rank 0 names; rank 0 writes the rest and the manifest.
+
 The only module that imports mpi4py; must not import kafka.
 """
 
@@ -20,6 +23,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -27,11 +31,12 @@ import torch
 from mpi4py import MPI
 
 from streamgnn.models import decompose
+from streamgnn.npz import read_arrays, write_arrays
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
 
-LOAD, APPLY, ROWS, ARRAYS, SUMMARIES, STOP = range(6)
+LOAD, APPLY, ROWS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(8)
 T = TypeVar("T")
 
 
@@ -92,6 +97,13 @@ class MpiWorkers:
 
     def summaries(self) -> list[dict]:
         return [_unjson(r["summary"]) for r in self._call(SUMMARIES, [{}] * self.size)]
+
+    def write(self, folder: Path, with_graph: bool) -> list[dict]:
+        at = {"folder": _json(str(folder)), "with_graph": np.array(with_graph)}
+        return [_unjson(r["entry"]) for r in self._call(WRITE, [at] * self.size)]
+
+    def read(self, folder: Path) -> None:
+        self._call(READ, [{"folder": _json(str(folder))}] * self.size)
 
     def stop(self) -> None:
         self._call(STOP, [{}] * self.size, reply=False)
@@ -166,6 +178,14 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             reply = shard.arrays()
         elif command == SUMMARIES:
             reply = {"summary": _json(shard.summary())}
+        elif command == WRITE:
+            folder = Path(_unjson(payload["folder"]))
+            entry = write_arrays(folder, f"shard{me}", shard.arrays(bool(payload["with_graph"])))
+            reply = {"entry": _json(entry)}
+        elif command == READ:
+            arrays = read_arrays(Path(_unjson(payload["folder"])) / f"shard{me}.npz")
+            shard = Shard.from_arrays(layers, arrays, torch.device(device), dtype)
+            reply = {}
         else:
             raise ValueError(f"unknown command {command}")
         _gather(comm, npz_bytes(reply))

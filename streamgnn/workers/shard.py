@@ -180,12 +180,14 @@ class Shard:
     def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
         return self._rows(layer, self._index(slots)).cpu().numpy()
 
-    def arrays(self) -> dict[str, np.ndarray]:
+    def arrays(self, with_graph: bool = True) -> dict[str, np.ndarray]:
         """Everything the shard knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``, so a restored shard repeats this one
-        bit for bit), and per layer k its embeddings ``h/k``, aggregation states
-        ``state/k``, kept root terms ``root/k`` and transforms ``t/k`` where it keeps them."""
-        out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
+        bit for bit; left out without ``with_graph``), and per layer k its embeddings
+        ``h/k``, aggregation states ``state/k``, kept root terms ``root/k`` and transforms
+        ``t/k`` where it keeps them."""
+        out = ({f"graph/{k}": a for k, a in self.graph.to_arrays().items()} if with_graph
+               else {})
         for name in ("h", "state", "root", "t"):
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:

@@ -1,0 +1,40 @@
+"""Plain-array files: a dict of numpy arrays as one ``.npz`` file, written atomically
+(temporary name, fsync, rename) with a manifest entry naming its size and SHA-256, and
+read back without unpickling anything. What checkpoints are made of, whichever process
+writes them. Must not import torch, kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+def write_arrays(directory: Path, name: str, arrays: dict[str, np.ndarray]) -> dict:
+    """Write ``arrays`` to ``directory/name.npz`` (temporary name, fsync, rename); returns
+    the manifest entry naming it."""
+    path = directory / f"{name}.npz"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return {"name": name, "bytes": path.stat().st_size, "sha256": sha256(path)}
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (never unpickling anything)."""
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
