@@ -66,6 +66,9 @@ def test_partition_of_and_restore():
     assert set(parts.tolist()) == {0, 1, 2}
     with pytest.raises(sg.UnknownVertexError):
         engine.partition_of([10**9])
+    with pytest.raises(ValueError, match="partitions=21: must be 1 to 64 and at most the "
+                                         "graph's 20 vertices"):
+        Engine.from_pyg(model, data, partitions=21)
     restored = Engine.restore(model, engine.snapshot())
     batch = [sg.AddVertex(id=99, x=[0.5] * F_IN), sg.AddEdge(src=99, dst=0),
              sg.DeleteVertex(id=3), sg.UpdateFeatures(id=5, x=[1.0] * F_IN)]

@@ -39,6 +39,9 @@ class Engine:
                  placement: Strategy = "metis", workers: Workers | None = None) -> None:
         """``workers``: where the shards run (default: in this process); with workers
         elsewhere (`streamgnn.workers.mpi`), the state is split even for one partition."""
+        if not 1 <= partitions <= min(64, max(graph.num_vertices, 1)):
+            raise ValueError(f"partitions={partitions}: must be 1 to 64 and at most the "
+                             f"graph's {graph.num_vertices} vertices")
         self._attach(model, graph, device)
         hs, states = layerwise_states(self.layers, graph, device, progress=progress,
                                       dtype=self.dtype)
