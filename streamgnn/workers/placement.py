@@ -162,53 +162,53 @@ class Placement:
         np.bitwise_or.at(self.holders, ghost_src, bits[fresh])
 
         ext, x, width = graph.ext, graph.x, graph.num_features
-        # (owner of each item or -1, op, a, b, w, feature rows), in an order every graph
-        # accepts; a removed vertex goes to its owner and to every partition holding it
-        groups = [(self.part[dst[deleted]], DELETE_EDGE, ext[src[deleted]],
-                   ext[dst[deleted]], None, None),
-                  (self.part[dst[kept]], UPDATE_EDGE, ext[src[kept]], ext[dst[kept]],
-                   e.after[kept], None)]
-        for q in range(self.num_partitions):
-            held = (gone_part == q) | ((gone_holders >> np.uint64(q)) & np.uint64(1) != 0)
-            groups.append((np.where(held, q, -1), DELETE_VERTEX, ext[removed], None, None,
-                           None))
-        groups += [(self.part[added], ADD_VERTEX, ext[added], None, None, x[added]),
-                   (self.part[diff.changed], UPDATE_FEATURES, ext[diff.changed], None, None,
-                    x[diff.changed]),
-                   (ghost_at, ADD_VERTEX, ext[ghost_src], None, None,
-                    np.zeros((len(ghost_src), width), np.float32)),
-                   (owner, ADD_EDGE, ext[new_src], ext[new_dst], e.after[new], None)]
-        routed = [self._batch(groups, q, width) for q in range(self.num_partitions)]
+        # a removed vertex goes to its owner and to every partition holding it
+        n = self.num_partitions
+        held = (gone_holders[:, None] >> np.arange(n, dtype=np.uint64)) & np.uint64(1) != 0
+        held[np.arange(len(removed)), gone_part] = True
+        gone_at, gone_q = np.nonzero(held)
+        gone = removed[gone_at]
+        # (owner of each item, op, a, b, w, feature rows), in the order every graph accepts
+        groups = [(self.part[dst[deleted]], DELETE_EDGE, src[deleted], dst[deleted], None,
+                   None),
+                  (self.part[dst[kept]], UPDATE_EDGE, src[kept], dst[kept], e.after[kept],
+                   None),
+                  (gone_q, DELETE_VERTEX, gone, None, None, None),
+                  (self.part[added], ADD_VERTEX, added, None, None, x[added]),
+                  (self.part[diff.changed], UPDATE_FEATURES, diff.changed, None, None,
+                   x[diff.changed]),
+                  (ghost_at, ADD_VERTEX, ghost_src, None, None,
+                   np.zeros((len(ghost_src), width), np.float32)),
+                  (owner, ADD_EDGE, new_src, new_dst, e.after[new], None)]
+        part = np.concatenate([g[0] for g in groups]).astype(np.int64)
+        op = np.concatenate([np.full(len(g[0]), g[1], np.int64) for g in groups])
+        a = ext[np.concatenate([g[2] for g in groups]).astype(np.int64)]
+        b = np.concatenate([np.zeros(len(g[0]), np.int64) if g[3] is None
+                            else ext[g[3].astype(np.int64)] for g in groups])
+        w = np.concatenate([np.zeros(len(g[0]), np.float32) if g[4] is None else g[4]
+                            for g in groups])
+        featured = np.concatenate([np.full(len(g[0]), g[5] is not None) for g in groups])
+        xs = np.concatenate([g[5] for g in groups if g[5] is not None])
+        order = np.argsort(part, kind="stable")  # each partition's items, in group order
+        bounds = np.searchsorted(part[order], np.arange(n + 1))
+        routed = []
+        for q in range(n):
+            mine = order[bounds[q]:bounds[q + 1]]
+            rows = np.cumsum(featured[mine]) - 1
+            xrow = np.where(featured[mine], rows, NO_X)
+            feature_rows = np.flatnonzero(featured)
+            take = np.searchsorted(feature_rows, mine[featured[mine]])
+            routed.append(Routed(UpdateBatch(op[mine], a[mine], b[mine], w[mine], xrow,
+                                             xs[take]), np.zeros(0, np.int64),
+                                 np.zeros(0, np.int64), {}))
         ghost_owner = self.part[ghost_src]
-        for q in range(self.num_partitions):
-            routed[q].ghosts = ext[ghost_src[ghost_at == q]]
-            routed[q].ghost_owners = ghost_owner[ghost_at == q]
-            for p in range(self.num_partitions):
-                ids = ext[ghost_src[(ghost_at == q) & (ghost_owner == p)]]
-                if len(ids):
-                    routed[p].subscribed[q] = ids
+        for q in np.unique(ghost_at).tolist():
+            at_q = ghost_at == q
+            routed[q].ghosts = ext[ghost_src[at_q]]
+            routed[q].ghost_owners = ghost_owner[at_q]
+            for p in np.unique(ghost_owner[at_q]).tolist():
+                routed[p].subscribed[q] = ext[ghost_src[at_q & (ghost_owner == p)]]
         return routed
-
-    def _batch(self, groups, q: int, width: int) -> Routed:
-        ops, a, b, w, xrow, xs = [], [], [], [], [], []
-        rows = 0
-        for part, op, ga, gb, gw, gx in groups:
-            mine = np.flatnonzero(part == q)
-            n = len(mine)
-            ops.append(np.full(n, op, np.int64))
-            a.append(ga[mine])
-            b.append(np.zeros(n, np.int64) if gb is None else gb[mine])
-            w.append(np.zeros(n, np.float32) if gw is None else gw[mine])
-            if gx is None:
-                xrow.append(np.full(n, NO_X, np.int64))
-            else:
-                xrow.append(np.arange(rows, rows + n))
-                xs.append(np.asarray(gx)[mine])
-                rows += n
-        x = np.concatenate(xs) if xs else np.zeros((0, width), np.float32)
-        batch = UpdateBatch(np.concatenate(ops), np.concatenate(a), np.concatenate(b),
-                            np.concatenate(w), np.concatenate(xrow), x)
-        return Routed(batch, np.zeros(0, np.int64), np.zeros(0, np.int64), {})
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added."""
