@@ -346,11 +346,17 @@ class Shard:
 
     def run_routed(self, routed: Routed, me: int, partitions: int
                    ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
-        """`run` for this shard's part of a batch as the router split it."""
+        """`run` for this shard's part of a batch as the router split it (applying it to
+        the shard's graph is part of the first step's compute)."""
+        start = time.perf_counter()
         diff = self.graph.apply(routed.batch)  # valid: the router's whole graph accepted it
         ghosts = (self.graph.slots(routed.ghosts).astype(np.int64), routed.ghost_owners)
-        return self.run(diff, me, partitions, ghosts, {
-            q: self.graph.slots(ids).astype(np.int64) for q, ids in routed.subscribed.items()})
+        subscribed = {q: self.graph.slots(ids).astype(np.int64)
+                      for q, ids in routed.subscribed.items()}
+        applied = time.perf_counter() - start
+        result = yield from self.run(diff, me, partitions, ghosts, subscribed)
+        self.busy[0] += applied
+        return result
 
     def summary(self) -> dict:
         """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and
