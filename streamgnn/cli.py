@@ -368,18 +368,19 @@ def serve(
                arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
                until_idle, max_abs_feature, max_abs_weight, quarantine_after,
                bootstrap_servers, topic_prefix, device, mpi_workers)
-    except BaseException:
+    except BaseException as e:
         if mpi_workers is not None:  # never leave the workers waiting
             import traceback
 
             traceback.print_exc()
-            comm.Abort(1)
+            comm.Abort(_NO_RETRY if isinstance(e, ValueError) else 1)
         raise
     if mpi_workers is not None:
         mpi_workers.stop()
 
 
 _MPI_JOB = "STREAMGNN_MPI_JOB"
+_NO_RETRY = 3  # the job's exit code for a configuration error: restarting cannot help
 
 
 def _supervise(workers: int, max_restarts: int) -> int:
@@ -419,6 +420,10 @@ def _supervise(workers: int, max_restarts: int) -> int:
         died = _relay(job[-1], ranks)
         code = job[-1].wait()
         if code == 0 or stopping:
+            return code
+        if code == _NO_RETRY:
+            console.print("[red]the MPI job stopped on a configuration error (above); not "
+                          "restarting[/red]")
             return code
         console.print(f"[yellow]the MPI job exited with code {code}; "
                       f"{died or 'no rank'} stopped first[/yellow]")

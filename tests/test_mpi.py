@@ -164,3 +164,22 @@ def sg_graph_after(snapshot, events):
     graph = sg.DynamicGraph.from_data(snapshot)
     graph.apply(events)
     return graph.to_data()
+
+
+def test_serve_with_workers_stops_at_once_on_a_configuration_error(broker, tmp_path):
+    """A bad setting (an unknown placement) is named and not retried; nothing is written."""
+    import uuid
+
+    from streamgnn.stream import Topics
+    from tests.test_stream import tiny_setup
+
+    tiny_setup()[3].save(tmp_path / "model.pt")
+    topics = Topics.prefixed(f"c{uuid.uuid4().hex[:6]}-")
+    command = serve_command(tmp_path, broker, topics, tmp_path / "state", "--placement",
+                            "bogus", "--until-idle", "1")
+    command[command.index("--workers") + 1] = "1"
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 3, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "unknown placement 'bogus'" in run.stdout + run.stderr
+    assert "not restarting" in run.stdout and "restart 1 of" not in run.stdout
+    assert not list((tmp_path / "state").glob("gen-*/manifest.json"))
