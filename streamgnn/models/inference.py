@@ -9,7 +9,7 @@ mpi4py.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from itertools import pairwise
 
 import numpy as np
@@ -51,37 +51,53 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
                      ) -> tuple[list[Tensor], list[Tensor | None]]:
     """:func:`layerwise_inference` plus each layer's aggregation state rows (None
     without ``keep_states``)."""
+    outputs = [torch.from_numpy(graph.x[:graph.num_slots]).to(device, dtype)]
+    states = []
+    for h, state in layer_by_layer(layers, graph, device, max_edges, progress, dtype,
+                                   keep_states):
+        outputs.append(h)
+        states.append(state)
+    return outputs, states
+
+
+def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "cpu",
+                   max_edges: int = 1 << 20, progress: bool = True,
+                   dtype: torch.dtype = torch.float32, keep_states: bool = True
+                   ) -> Generator[tuple[Tensor, Tensor | None], None, None]:
+    """`layerwise_states` one layer at a time: yields each layer's (embeddings, states)
+    of every slot; rows the caller overwrites in place before asking for the next layer
+    (a partition's ghosts) are what the next layer reads."""
     n = graph.num_slots
     h = torch.from_numpy(graph.x[:n]).to(device, dtype)
     in_weight = torch.from_numpy(graph.in_weight[:n]).to(device, dtype)
     bounds = chunk_bounds(graph.in_degree[:n], max_edges)
-    outputs, states = [h], []
     with tqdm(total=len(layers) * (len(bounds) - 1), desc="layer-wise inference",
               unit="chunk", disable=not progress, leave=False) as bar:
         for i, layer in enumerate(layers):
             bar.set_postfix(layer=i + 1)
-            t = layer.transform(h)
-            scale = layer.source_scale(in_weight)
-            out = torch.empty((n, layer.out_dim), dtype=h.dtype, device=device)
-            kept = None
-            for a, b in pairwise(bounds.tolist()):
-                ptr, src, w = graph.in_edges(np.arange(a, b))
-                src = torch.from_numpy(src.astype(np.int64)).to(device)
-                state = aggregate(layer, t, ptr, src, torch.from_numpy(w).to(device, dtype),
-                                  scale, torch.arange(a, b, device=device))
-                if keep_states:
-                    if kept is None:
-                        kept = state.new_zeros((n, *state.shape[1:]),
-                                               dtype=layer.aggr.state_dtype or state.dtype)
-                    kept[a:b] = state
-                count = torch.from_numpy(np.diff(ptr)).to(device)
-                agg = layer.aggr.finalize(state, count).to(dtype)
-                out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
-                bar.update()
+            with torch.inference_mode():
+                t = layer.transform(h)
+                scale = layer.source_scale(in_weight)
+                out = torch.empty((n, layer.out_dim), dtype=h.dtype, device=device)
+                kept = None
+                for a, b in pairwise(bounds.tolist()):
+                    ptr, src, w = graph.in_edges(np.arange(a, b))
+                    src = torch.from_numpy(src.astype(np.int64)).to(device)
+                    state = aggregate(layer, t, ptr, src,
+                                      torch.from_numpy(w).to(device, dtype), scale,
+                                      torch.arange(a, b, device=device))
+                    if keep_states:
+                        if kept is None:
+                            kept = state.new_zeros(
+                                (n, *state.shape[1:]),
+                                dtype=layer.aggr.state_dtype or state.dtype)
+                        kept[a:b] = state
+                    count = torch.from_numpy(np.diff(ptr)).to(device)
+                    agg = layer.aggr.finalize(state, count).to(dtype)
+                    out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
+                    bar.update()
+            yield out, kept
             h = out
-            outputs.append(h)
-            states.append(kept)
-    return outputs, states
 
 
 def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.shard import ApplyResult, Shard
 
+T = TypeVar("T")
+
 
 class Engine:
     """Exact incremental inference of a PyG model over a dynamic graph (DESIGN.md)."""
@@ -43,22 +45,24 @@ class Engine:
             raise ValueError(f"partitions={partitions}: must be 1 to 64 and at most the "
                              f"graph's {graph.num_vertices} vertices")
         self._attach(model, graph, device)
-        hs, states = layerwise_states(self.layers, graph, device, progress=progress,
-                                      dtype=self.dtype)
-        if recompute:  # RC re-aggregates from scratch: it keeps no states
-            states = [None] * len(self.layers)
         if partitions == 1 and workers is None:
+            hs, states = layerwise_states(self.layers, graph, device, progress=progress,
+                                          dtype=self.dtype, keep_states=not recompute)
+            if recompute:  # RC re-aggregates from scratch: it keeps no states
+                states = [None] * len(self.layers)
             self.placement = None
             self.workers = LocalWorkers([Shard(self.layers, graph, hs, states, self.device,
                                                self.dtype)])
             return
         self.placement = Placement.initial(graph, partitions, placement)
-        shards = [self._cut(p, hs, states) for p in range(partitions)]
-        del hs, states
-        if workers is None:
-            self.workers = LocalWorkers(shards)
+        cuts = [self._cut(p) for p in range(partitions)]
+        if workers is None:  # each shard computes its own first state, layer by layer
+            self.workers = LocalWorkers(lockstep([
+                Shard.bootstrap(self.layers, cut, self.device, self.dtype, recompute, p,
+                                partitions, progress and p == 0)
+                for p, cut in enumerate(cuts)], InProcess()))
         else:
-            workers.load([shard.arrays() for shard in shards])
+            workers.bootstrap(cuts, recompute)
             self.workers = workers
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str) -> None:
@@ -68,9 +72,10 @@ class Engine:
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         self._poisoned: str | None = None  # why the state can no longer be trusted
 
-    def _cut(self, p: int, hs: list[torch.Tensor], states: list[torch.Tensor | None]) -> Shard:
-        """Shard ``p`` of the bootstrapped state: the vertices it owns, the in-neighbours
-        it needs as ghosts, the edges into its vertices."""
+    def _cut(self, p: int) -> dict[str, np.ndarray]:
+        """Shard ``p`` without layer state (`Shard.bootstrap` computes it): the vertices
+        it owns, the in-neighbours it needs as ghosts (their in-degrees too), the edges
+        into its vertices."""
         g, part = self.graph, self.placement.part
         src, dst, w = g.edge_slots()
         into = part[dst] == p
@@ -81,16 +86,14 @@ class Engine:
                          weight=w[into])
         graph = DynamicGraph.from_data(data, g.limits)
         graph.in_weight[len(owned):len(local)] = g.in_weight[ghosts]
-        index = torch.from_numpy(local).to(self.device)
-        ghost = np.zeros(len(local), bool)
-        ghost[len(owned):] = True
-        holders = np.zeros(len(local), np.uint64)
+        ghost = np.zeros(len(graph.alive), bool)
+        ghost[len(owned):len(local)] = True
+        holders = np.zeros(len(graph.alive), np.uint64)
         holders[:len(owned)] = self.placement.holders[owned]
-        owner = np.full(len(local), -1, np.int16)
-        owner[len(owned):] = part[ghosts]
-        return Shard(self.layers, graph, [h.index_select(0, index) for h in hs],
-                     [None if s is None else s.index_select(0, index) for s in states],
-                     self.device, self.dtype, ghost, holders, owner)
+        owner = np.full(len(graph.alive), -1, np.int16)
+        owner[len(owned):len(local)] = part[ghosts]
+        return {**{f"graph/{k}": a for k, a in graph.to_arrays().items()}, "ghost": ghost,
+                "holders": holders, "ghost_owner": owner}
 
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
@@ -246,6 +249,11 @@ class Workers(Protocol):
         """Take the shards' state (`Shard.arrays`)."""
         ...
 
+    def bootstrap(self, shards: list[dict[str, np.ndarray]], recompute: bool) -> None:
+        """Compute the shards' first state where they live (`Shard.bootstrap`), from
+        ``shards`` without layer state."""
+        ...
+
     def apply(self, routed: list[Routed]) -> list[ApplyResult]:
         """Run every shard's part of a batch in lock step; their results."""
         ...
@@ -310,10 +318,11 @@ class LocalWorkers:
         return [shard.summary() for shard in self.shards]
 
 
-def lockstep(programs: list[Generator], exchange: Exchange) -> list[ApplyResult]:
-    """Run shards' BSP programs (`Shard.run`) together, handing their buffers over through
-    ``exchange`` at each barrier; their results."""
-    results: list[ApplyResult | None] = [None] * len(programs)
+def lockstep(programs: list[Generator[list[np.ndarray], list[np.ndarray], T]],
+             exchange: Exchange) -> list[T]:
+    """Run shards' BSP programs (`Shard.run`, `Shard.bootstrap`) together, handing their
+    buffers over through ``exchange`` at each barrier; what they return."""
+    results: list[T | None] = [None] * len(programs)
     incoming: list[list[np.ndarray] | None] = [None] * len(programs)
     while True:
         outgoing = []

@@ -36,7 +36,7 @@ from streamgnn.updates import UpdateBatch
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
 
-LOAD, APPLY, ROWS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(8)
+LOAD, BOOTSTRAP, APPLY, ROWS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(9)
 T = TypeVar("T")
 
 
@@ -78,6 +78,11 @@ class MpiWorkers:
         if len(shards) != self.size:
             raise ValueError(f"{len(shards)} partitions for {self.size} worker ranks")
         self._call(LOAD, shards)
+
+    def bootstrap(self, shards: list[dict[str, np.ndarray]], recompute: bool) -> None:
+        if len(shards) != self.size:
+            raise ValueError(f"{len(shards)} partitions for {self.size} worker ranks")
+        self._call(BOOTSTRAP, [{**s, "recompute": np.array(recompute)} for s in shards])
 
     def apply(self, routed: list[Routed]) -> list[ApplyResult]:
         replies = self._call(APPLY, [_routed_arrays(r) for r in routed])
@@ -168,6 +173,11 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
         if command == LOAD:
             shard = Shard.from_arrays(layers, payload, torch.device(device), dtype)
             reply = {}
+        elif command == BOOTSTRAP:
+            recompute = bool(payload.pop("recompute"))
+            shard = _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
+                                           recompute, me, partitions), peers)
+            reply = {}
         elif command == APPLY:
             program = shard.run_routed(_routed(payload), me, partitions)
             reply = _result_arrays(_drive(program, peers))
@@ -191,8 +201,9 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
         _gather(comm, npz_bytes(reply))
 
 
-def _drive(program, peers: MPI.Comm) -> ApplyResult:
-    """Run one shard's BSP program, exchanging with the other workers at each barrier."""
+def _drive(program, peers: MPI.Comm):
+    """Run one shard's BSP program, exchanging with the other workers at each barrier;
+    what it returns."""
     try:
         outgoing = next(program)
         while True:

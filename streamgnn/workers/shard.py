@@ -34,7 +34,7 @@ from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
-from streamgnn.models.inference import aggregate
+from streamgnn.models.inference import aggregate, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
@@ -163,6 +163,44 @@ class Shard:
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
+
+    @classmethod
+    def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
+                  device: torch.device, dtype: torch.dtype, recompute: bool, me: int,
+                  partitions: int, progress: bool = False
+                  ) -> Generator[list[np.ndarray], list[np.ndarray], Shard]:
+        """Partition ``me``'s first state, computed where it lives: ``arrays`` is the shard
+        without layer state (graph, ``ghost``, ``holders``, ``ghost_owner``, as `arrays`
+        lays them out). A BSP program like `run`: after each layer but the last it yields
+        the rows of its vertices other partitions hold as ghosts and takes theirs, which
+        the next layer reads; returns the shard (states kept unless ``recompute``)."""
+        graph = DynamicGraph.from_arrays({k.removeprefix("graph/"): a for k, a in
+                                          arrays.items() if k.startswith("graph/")})
+        ghost, holders = np.array(arrays["ghost"]), np.array(arrays["holders"])
+        owned = graph.alive & ~ghost
+        n = graph.num_slots
+        hs = [torch.from_numpy(graph.x[:n]).to(device, dtype)]
+        states: list[Tensor | None] = []
+        for out, state in layer_by_layer(layers, graph, str(device), progress=progress,
+                                         dtype=dtype, keep_states=not recompute):
+            if len(hs) < len(layers):
+                rows = out.cpu().numpy()
+                sent = []
+                for q in range(partitions):
+                    slots = np.flatnonzero(owned[:n] & ((holders[:n] >> np.uint64(q))
+                                                        & np.uint64(1) != 0))
+                    sent.append(pack(Ghosts(graph.ext[slots], rows[slots])) if q != me
+                                else pack(None))
+                for g in (unpack(b) for b in (yield sent)):
+                    if g is not None:
+                        index = torch.from_numpy(graph.slots(g.ids).astype(np.int64))
+                        with torch.inference_mode():
+                            out[index.to(device)] = torch.from_numpy(np.array(g.rows)).to(
+                                device, dtype)
+            hs.append(out)
+            states.append(state)
+        return cls(layers, graph, hs, states, device, dtype, ghost, holders,
+                   np.array(arrays["ghost_owner"]))
 
     @property
     def num_layers(self) -> int:
