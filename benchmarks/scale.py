@@ -1,0 +1,90 @@
+"""Scale run: a large preset bootstrapped and streamed by rank 0 + N worker ranks.
+
+    mpiexec -n 5 python benchmarks/scale.py --preset products-like   # 4 workers
+
+Rank 0 builds the graph (the 80 % snapshot), places it (METIS) and sends each worker its
+partition; the workers compute their first state layer by layer, exchanging ghost rows
+between layers. Then LinkBench batches of ``--batch`` updates are streamed. Prints and
+writes (benchmarks/results/scale-<preset>.json): bootstrap seconds, updates/s, and the
+peak resident memory of every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import streamgnn as sg
+from streamgnn.models.zoo import ModelSpec
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.workers import Engine
+from streamgnn.workers.mpi import spmd
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="products-like")
+    parser.add_argument("--model", default="graphconv-sum")
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--batches", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    meta = np.zeros(2, np.int64)  # features, classes: rank 0 knows them
+    data = None
+    if comm.Get_rank() == 0:
+        t = time.perf_counter()
+        data = sg.datasets.synthetic(args.preset, seed=0)
+        data, _ = sg.datasets.split_stream(data, frac=0.2, seed=0)
+        print(f"{args.preset}: {data.num_vertices:,} vertices, {data.num_edges:,} edges in "
+              f"the snapshot ({time.perf_counter() - t:.0f} s to generate)", flush=True)
+        meta[:] = data.num_features, data.num_classes
+    comm.Bcast(meta, root=0)
+    torch.manual_seed(0)
+    model = ModelSpec(args.model, int(meta[0]), int(meta[1]), hidden=128,
+                      num_layers=2).build().eval()
+
+    def run(workers) -> dict:
+        t = time.perf_counter()
+        engine = Engine.from_pyg(model, data, partitions=workers.size, workers=workers)
+        bootstrap = time.perf_counter() - t
+        print(f"bootstrapped in {bootstrap:.0f} s", flush=True)
+        workload = LinkBenchWorkload(engine.graph, seed=1)
+        times = []
+        for _ in range(args.batches):
+            batch = sg.UpdateBatch.from_updates(workload.batch(args.batch),
+                                                engine.graph.num_features)
+            t = time.perf_counter()
+            engine.apply(batch)
+            times.append(time.perf_counter() - t)
+        stats = engine.stats()
+        return {"preset": args.preset, "model": args.model, "workers": workers.size,
+                "bootstrap_s": bootstrap, "batch": args.batch,
+                "median_batch_s": float(np.median(times)),
+                "updates_per_s": args.batch / float(np.median(times)),
+                "halo": [s["halo"] for s in stats], "vertices": [s["vertices"] for s in stats],
+                "peak_rss_mb_rank0": peak_rss_mb()}
+
+    result = spmd(model, run)
+    peaks = comm.gather(peak_rss_mb(), root=0)  # after spmd: the workers have stopped
+    if comm.Get_rank() == 0:
+        result["peak_rss_mb"] = peaks
+        print(json.dumps(result, indent=2), flush=True)
+        out = Path(f"benchmarks/results/scale-{args.preset}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
