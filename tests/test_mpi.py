@@ -53,7 +53,7 @@ def test_a_failing_worker_stops_the_job_and_names_its_rank(tmp_path):
         "if MPI.COMM_WORLD.Get_rank() == 2:\n"
         "    def boom(self, hop):\n"
         "        raise RuntimeError('injected failure')\n"
-        "    shard_module.Shard.superstep = boom\n"
+        "    shard_module.Shard._step = boom\n"
         "data = random_graph(np.random.default_rng(0), n=100, m=400, d=F_IN)\n"
         "model = ARCHS['pyg-sage-mean'](2).eval()\n"
         "def main(workers):\n"

@@ -15,7 +15,7 @@ destination pulled, no states kept.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
 copies of remote in-neighbours (their features, in-degree and every layer's embedding row,
-never computed here). Between supersteps (`outgoing` / `incoming`) each owner sends the
+never computed here). Between supersteps (`_outgoing` / `_incoming`) each owner sends the
 rows of its vertices that changed to the shards holding them as ghosts, so messages and
 pulls read every in-neighbour locally. Without ghosts (one partition) nothing is sent.
 
@@ -262,7 +262,7 @@ class Shard:
         return shard
 
     # ---------------------------------------------------------------- one batch
-    def begin(self, diff: GraphDiff, ghosts: tuple[np.ndarray, np.ndarray] | None = None,
+    def _begin(self, diff: GraphDiff, ghosts: tuple[np.ndarray, np.ndarray] | None = None,
               subscribed: dict[int, np.ndarray] | None = None) -> None:
         """Start a batch whose updates made ``diff`` on the graph. ``ghosts``: slots the
         batch added as ghosts, and the partitions owning them; ``subscribed``: partition
@@ -299,7 +299,7 @@ class Shard:
                              self._tensor(diff.removed_x).to(self.dtype), is_added, changed,
                              ApplyResult({}, diff.rejected), subscribed or {})
 
-    def outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
+    def _outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
         """Per partition, the rows of h^hop (features at 0) it holds as ghosts and that
         changed in this batch (or that it began to hold); None where there are none."""
         b = self._batch
@@ -323,7 +323,7 @@ class Shard:
                 out[q] = Ghosts(self.graph.ext[slots], self.rows(slots, hop), weight)
         return out
 
-    def incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
+    def _incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
         """Take the ghost rows of h^hop other shards sent: ghosts whose row differs join
         the next superstep's sources (with their old rows), new ghosts join as fresh."""
         received = [g for g in received if g is not None and len(g.ids)]
@@ -367,18 +367,18 @@ class Shard:
         bytes sent and received per exchange and the compute time between them."""
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
-        self.begin(diff, ghosts, subscribed)
+        self._begin(diff, ghosts, subscribed)
         for hop in range(1, self.num_layers + 1):
             if partitions > 1:
-                out = [pack(g) for g in self.outgoing(hop - 1, partitions, me)]
+                out = [pack(g) for g in self._outgoing(hop - 1, partitions, me)]
                 self.busy.append(time.perf_counter() - start)
                 received = yield out
                 start = time.perf_counter()
                 self.sent.append(sum(len(b) for b in out))
                 self.received.append(sum(len(b) for b in received))
-                self.incoming(hop - 1, [unpack(b) for b in received])
-            self.superstep(hop)
-        result = self.finish()
+                self._incoming(hop - 1, [unpack(b) for b in received])
+            self._step(hop)
+        result = self._finish()
         self.busy.append(time.perf_counter() - start)
         return result
 
@@ -405,7 +405,7 @@ class Shard:
                 "sent_bytes": list(self.sent), "received_bytes": list(self.received),
                 "busy_s": list(self.busy)}
 
-    def superstep(self, hop: int) -> None:
+    def _step(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
         b = self._batch
         layer = self.layers[hop - 1]
@@ -418,7 +418,7 @@ class Shard:
             b.removed_rows = self.h[hop].index_select(0, self._index(b.removed))
         b.step = step
 
-    def finish(self) -> ApplyResult:
+    def _finish(self) -> ApplyResult:
         """Close the batch: its label changes and counts."""
         b, self._batch = self._batch, None
         b.result.changed_labels = self._label_changes(b.step)
