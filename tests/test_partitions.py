@@ -38,7 +38,38 @@ def test_partitioned_streams_stay_exact_float64(arch, num_layers, partitions, pl
             (type(e), e.index) for e in b.rejected]
         assert a.changed_labels == b.changed_labels
         assert_exact(split, model, torch.float64, 1e-9)
+        assert_ghosts_are_needed(split)
     assert np.array_equal(np.sort(split.vertex_ids()), np.sort(whole.vertex_ids()))
+
+
+def assert_ghosts_are_needed(engine: Engine) -> None:
+    """Each shard's ghosts are exactly the remote sources of edges into its vertices, and
+    the router and the owners agree on who holds what."""
+    src, dst, _ = engine.edges()
+    owner_src, owner_dst = engine.partition_of(src), engine.partition_of(dst)
+    for q, shard in enumerate(engine.shards):
+        g = shard.graph
+        slots = g.vertex_slots()
+        ghosts = set(g.ext[slots[shard.ghost[slots]]].tolist())
+        assert ghosts == set(src[(owner_dst == q) & (owner_src != q)].tolist())
+        mine = slots[~shard.ghost[slots]]
+        held = (shard.holders[mine] >> np.uint64(q)) & np.uint64(1)
+        assert not held.any()  # nobody holds its own vertices
+        for u, bits in zip(g.ext[mine].tolist(), shard.holders[mine].tolist(), strict=True):
+            at = engine.placement.holders[engine.graph.slots([u])[0]]
+            assert int(at) == bits
+
+
+def test_ghosts_go_with_the_last_edge_that_needed_them():
+    data = start_graph(3)
+    model = randomise(ARCHS["pyg-sage-mean"](2), 3).double()
+    engine = Engine.from_pyg(model, data, partitions=3)
+    assert sum(s["halo"] for s in engine.stats()) > 0
+    src, dst, _ = engine.edges()
+    engine.apply([sg.DeleteEdge(src=int(a), dst=int(b)) for a, b in zip(src, dst, strict=True)])
+    assert [s["halo"] for s in engine.stats()] == [0, 0, 0]
+    assert not engine.placement.holders.any()
+    assert_exact(engine, model, torch.float64, 1e-9)
 
 
 @pytest.mark.parametrize("partitions", [2, 4])

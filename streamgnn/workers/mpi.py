@@ -258,20 +258,30 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- payloads as arrays
 def _routed_arrays(r: Routed) -> dict[str, np.ndarray]:
     b = r.batch
-    parts = sorted(r.subscribed)
     return {"op": b.op, "a": b.a, "b": b.b, "w": b.w, "xrow": b.xrow, "x": b.x,
             "ghosts": r.ghosts, "ghost_owners": r.ghost_owners,
-            "sub_parts": np.array(parts, np.int64),
-            "sub_counts": np.array([len(r.subscribed[q]) for q in parts], np.int64),
-            "sub_ids": (np.concatenate([r.subscribed[q] for q in parts]) if parts
-                        else np.zeros(0, np.int64))}
+            **_ids_by_partition("sub", r.subscribed),
+            **_ids_by_partition("unsub", r.unsubscribed)}
 
 
 def _routed(a: dict[str, np.ndarray]) -> Routed:
-    ids = np.split(a["sub_ids"], np.cumsum(a["sub_counts"])[:-1]) if len(a["sub_parts"]) else []
     return Routed(UpdateBatch(a["op"].astype(np.int64), a["a"], a["b"], a["w"], a["xrow"],
                               a["x"]), a["ghosts"], a["ghost_owners"],
-                  dict(zip(a["sub_parts"].tolist(), ids, strict=True)))
+                  _by_partition("sub", a), _by_partition("unsub", a))
+
+
+def _ids_by_partition(name: str, ids: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+    parts = sorted(ids)
+    return {f"{name}_parts": np.array(parts, np.int64),
+            f"{name}_counts": np.array([len(ids[q]) for q in parts], np.int64),
+            f"{name}_ids": (np.concatenate([ids[q] for q in parts]) if parts
+                            else np.zeros(0, np.int64))}
+
+
+def _by_partition(name: str, a: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
+    parts = a[f"{name}_parts"].tolist()
+    ids = np.split(a[f"{name}_ids"], np.cumsum(a[f"{name}_counts"])[:-1]) if parts else []
+    return dict(zip(parts, ids, strict=True))
 
 
 def _result_arrays(r: ApplyResult) -> dict[str, np.ndarray]:

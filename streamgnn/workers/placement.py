@@ -15,7 +15,7 @@ routing only; must not import torch, kafka or mpi4py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -40,12 +40,14 @@ STRATEGIES = ("metis", "hash")
 class Routed:
     """One partition's part of a batch: ``batch`` (in an order its graph accepts), the
     ids of the ghosts it adds and their owners, and per other partition the ids of
-    vertices it owns that the other now holds as ghosts."""
+    vertices it owns that the other now holds as ghosts (``subscribed``) or no longer
+    does (``unsubscribed``: the batch removed their last edge into it)."""
 
     batch: UpdateBatch
     ghosts: np.ndarray
     ghost_owners: np.ndarray
     subscribed: dict[int, np.ndarray]
+    unsubscribed: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def metis_parts(graph: DynamicGraph, parts: int) -> np.ndarray:
@@ -138,6 +140,9 @@ class Placement:
             self.high_cut = 2.0 * float(degrees.mean()) if len(degrees) else 0.0
             self._since_refresh = 0
         removed, added = diff.removed.astype(np.int64), diff.added.astype(np.int64)
+        e = diff.edges
+        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
+        dst_part = self.part[dst]  # before the batch's removals: where each edge lived
         gone_part, gone_holders = self.part[removed].copy(), self.holders[removed].copy()
         self.part[removed], self.holders[removed] = -1, 0
         self.holders[added] = 0
@@ -145,8 +150,6 @@ class Placement:
         np.subtract.at(self._load, gone_part, 1)
         np.add.at(self._load, self.part[added], 1)
 
-        e = diff.edges
-        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
         is_removed = np.zeros(graph.num_slots, bool)
         is_removed[removed] = True
@@ -160,6 +163,8 @@ class Placement:
         fresh = (self.holders[pairs[0]] & bits) == 0
         ghost_src, ghost_at = pairs[0][fresh], pairs[1][fresh]
         np.bitwise_or.at(self.holders, ghost_src, bits[fresh])
+        drop_src, drop_at = self._unlinked(graph, src, dst_part, had & ~has & ~is_removed[src])
+        np.bitwise_and.at(self.holders, drop_src, ~(np.uint64(1) << drop_at.astype(np.uint64)))
 
         ext, x, width = graph.ext, graph.x, graph.num_features
         # a removed vertex goes to its owner and to every partition holding it
@@ -174,6 +179,7 @@ class Placement:
                   (self.part[dst[kept]], UPDATE_EDGE, src[kept], dst[kept], e.after[kept],
                    None),
                   (gone_q, DELETE_VERTEX, gone, None, None, None),
+                  (drop_at, DELETE_VERTEX, drop_src, None, None, None),  # unneeded ghosts
                   (self.part[added], ADD_VERTEX, added, None, None, x[added]),
                   (self.part[diff.changed], UPDATE_FEATURES, diff.changed, None, None,
                    x[diff.changed]),
@@ -208,7 +214,25 @@ class Placement:
             routed[q].ghost_owners = ghost_owner[at_q]
             for p in np.unique(ghost_owner[at_q]).tolist():
                 routed[p].subscribed[q] = ext[ghost_src[at_q & (ghost_owner == p)]]
+        drop_owner = self.part[drop_src]
+        for p in np.unique(drop_owner).tolist():
+            for q in np.unique(drop_at[drop_owner == p]).tolist():
+                routed[p].unsubscribed[q] = ext[drop_src[(drop_owner == p) & (drop_at == q)]]
         return routed
+
+    def _unlinked(self, graph: DynamicGraph, src: np.ndarray, dst_part: np.ndarray,
+                  lost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ghosts no edge needs any more: (vertex, partition) pairs where the ``lost``
+        edges were the vertex's last out-edges into a partition holding it as a ghost."""
+        pairs = np.unique(np.stack([src[lost], dst_part[lost]]), axis=1)
+        u, q = pairs[0], pairs[1]
+        held = (q != self.part[u]) & (
+            (self.holders[u] >> q.astype(np.uint64)) & np.uint64(1) != 0)
+        u, q = u[held], q[held]
+        ptr, nbr, _ = graph.out_edges(u)
+        at = np.repeat(np.arange(len(u)), np.diff(ptr))
+        linked = np.bincount(at[self.part[nbr] == q[at]], minlength=len(u)) > 0
+        return u[~linked], q[~linked]
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added."""

@@ -263,11 +263,12 @@ class Shard:
 
     # ---------------------------------------------------------------- one batch
     def _begin(self, diff: GraphDiff, ghosts: tuple[np.ndarray, np.ndarray] | None = None,
-              subscribed: dict[int, np.ndarray] | None = None) -> None:
+               subscribed: dict[int, np.ndarray] | None = None,
+               unsubscribed: dict[int, np.ndarray] | None = None) -> None:
         """Start a batch whose updates made ``diff`` on the graph. ``ghosts``: slots the
         batch added as ghosts, and the partitions owning them; ``subscribed``: partition
         -> owned slots it now holds as ghosts (their rows go there in every exchange of
-        this batch)."""
+        this batch); ``unsubscribed``: partition -> owned slots it no longer holds."""
         self.sets.fit(len(self.graph.alive))
         self._fit_capacity()
         added = diff.added.astype(np.int64)
@@ -284,6 +285,8 @@ class Shard:
                 self.ghost_owner[ghosts[0]] = ghosts[1]
             for p, slots in (subscribed or {}).items():
                 self.holders[slots] |= np.uint64(1) << np.uint64(p)
+            for p, slots in (unsubscribed or {}).items():
+                self.holders[slots] &= ~(np.uint64(1) << np.uint64(p))
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
@@ -358,7 +361,8 @@ class Shard:
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             ghosts: tuple[np.ndarray, np.ndarray] | None = None,
-            subscribed: dict[int, np.ndarray] | None = None
+            subscribed: dict[int, np.ndarray] | None = None,
+            unsubscribed: dict[int, np.ndarray] | None = None
             ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
         """The batch's BSP program on this shard (partition ``me`` of ``partitions``): a
         generator that, before each superstep, yields the packed buffers this shard sends
@@ -367,7 +371,7 @@ class Shard:
         bytes sent and received per exchange and the compute time between them."""
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
-        self._begin(diff, ghosts, subscribed)
+        self._begin(diff, ghosts, subscribed, unsubscribed)
         for hop in range(1, self.num_layers + 1):
             if partitions > 1:
                 out = [pack(g) for g in self._outgoing(hop - 1, partitions, me)]
@@ -389,10 +393,11 @@ class Shard:
         start = time.perf_counter()
         diff = self.graph.apply(routed.batch)  # valid: the router's whole graph accepted it
         ghosts = (self.graph.slots(routed.ghosts).astype(np.int64), routed.ghost_owners)
-        subscribed = {q: self.graph.slots(ids).astype(np.int64)
-                      for q, ids in routed.subscribed.items()}
+        subscribed, unsubscribed = ({q: self.graph.slots(ids).astype(np.int64)
+                                     for q, ids in by_partition.items()}
+                                    for by_partition in (routed.subscribed, routed.unsubscribed))
         applied = time.perf_counter() - start
-        result = yield from self.run(diff, me, partitions, ghosts, subscribed)
+        result = yield from self.run(diff, me, partitions, ghosts, subscribed, unsubscribed)
         self.busy[0] += applied
         return result
 
