@@ -191,6 +191,11 @@ def main() -> None:
                       f"{(real - model_s) / real:+.0%}" if real else "",
                       f"{args.batch / model_s:,.0f}")
     console.print(table)
+    for p, m in measured.items():  # per rank, the last batch under mpiexec
+        busy = np.array([r["busy_s"] for r in m["stats"]])  # [rank, step]
+        console.print(f"mpiexec P={p}: compute per rank (ms, per step) "
+                      f"{np.round(busy * 1e3, 2).tolist()}; slowest / mean per step "
+                      f"{np.round(busy.max(axis=0) / busy.mean(axis=0), 2).tolist()}")
     t4, t16 = (next(r["model_s"] for r in rows if r["partitions"] == p) for p in (4, 16))
     efficiency = t4 / t16 / 4  # strong scaling: 4x the ranks should take 1/4 of the time
     console.print(f"strong-scaling efficiency 4 -> 16 (model): {efficiency:.0%} "
@@ -218,6 +223,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "latency_s": latency, "bandwidth_bytes_s": bandwidth, "rows": rows,
+        "mpiexec": {str(p): m for p, m in measured.items()},
         "efficiency_4_to_16": efficiency, "papers100M": papers}, indent=2))
 
 
