@@ -60,6 +60,18 @@ def assert_ghosts_are_needed(engine: Engine) -> None:
             assert int(at) == bits
 
 
+def test_the_engines_value_limits_are_the_only_ones():
+    """Limits raised on the engine (or by the service, later) hold for every partition."""
+    data = start_graph(2)
+    model = randomise(ARCHS["pyg-sage-mean"](2), 2).double()
+    engine = Engine.from_pyg(model, data, partitions=2)
+    engine.graph.limits = sg.ValueLimits(1e9, 1e6)
+    engine.apply([sg.UpdateFeatures(id=int(v), x=[1e8] * F_IN) for v in data.ids[:5]]
+                 + [sg.UpdateEdge(src=int(data.src[0]), dst=int(data.dst[0]), weight=1e5)])
+    with pytest.raises(sg.OutOfRangeError):
+        engine.apply([sg.UpdateFeatures(id=int(data.ids[0]), x=[1e10] * F_IN)])
+
+
 def test_ghosts_go_with_the_last_edge_that_needed_them():
     data = start_graph(3)
     model = randomise(ARCHS["pyg-sage-mean"](2), 3).double()

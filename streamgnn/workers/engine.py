@@ -32,6 +32,7 @@ from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.shard import ApplyResult, Shard
 
 T = TypeVar("T")
+_CHECKED = ValueLimits(float("inf"), float("inf"))  # a shard's input: the engine checked it
 
 
 class Engine:
@@ -85,7 +86,7 @@ class Engine:
         local = np.concatenate([owned, ghosts])
         data = GraphData(g.ext[local], g.ext[src[into]], g.ext[dst[into]], g.x[local],
                          weight=w[into])
-        graph = DynamicGraph.from_data(data, g.limits)
+        graph = DynamicGraph.from_data(data, _CHECKED)
         graph.in_weight[len(owned):len(local)] = g.in_weight[ghosts]
         ghost = np.zeros(len(graph.alive), bool)
         ghost[len(owned):len(local)] = True
