@@ -458,7 +458,7 @@ class Shard:
             pull = self._apply_delta(hop, layer, outbox, edges)
             if layer.aggr.destination_dependent:
                 pull = self.sets.union(pull, changed.slots, alive=owned)
-        pulled = self._pull(hop, layer, pull) if len(pull) else None
+        pulled, remote = self._pull(hop, layer, pull) if len(pull) else (None, 0)
 
         index = self._index(region)
         # Without stored states, the pull covered the whole region.
@@ -479,7 +479,7 @@ class Shard:
         self.h[hop][index] = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull))
-        result.remote_reads.append(self._remote_reads(pull))
+        result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
         return _Step(region, before, new, is_added[region])
 
@@ -562,12 +562,6 @@ class Shard:
                                       self._index(edges.empty_before))
         return pull.cpu().numpy()
 
-    def _remote_reads(self, pull: np.ndarray) -> int:
-        if self.ghost is None or not len(pull):
-            return 0
-        _, src, _ = self.graph.in_edges(pull)
-        return len(np.unique(src[self.ghost[src]]))
-
     def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
         if self.ghost is None:
             return 0
@@ -577,10 +571,12 @@ class Shard:
         remote = self.ghost[src]
         return len(np.unique(pair_keys(dst[remote], self.ghost_owner[src[remote]])))
 
-    def _pull(self, hop: int, layer: Layer, pull: np.ndarray):
-        """Recompute the states of ``pull`` from all their in-neighbours."""
+    def _pull(self, hop: int, layer: Layer, pull: np.ndarray) -> tuple[Tensor, int]:
+        """Recompute the states of ``pull`` from all their in-neighbours; also returns how
+        many distinct ghosts they read."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
+        remote = 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
         if self.t[hop - 1] is not None:  # kept: read in place, by slot
             rows, t = slice(None), self.t[hop - 1]  # rows: all slots
             src_at, pull_at = src, pull
@@ -594,7 +590,7 @@ class Shard:
                           scale, self._index(pull_at))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
-        return state
+        return state, remote
 
     # ---------------------------------------------------------------- helpers
     def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
