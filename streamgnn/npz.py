@@ -38,3 +38,13 @@ def sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def prefixed(prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` under names ``prefix + name`` (one file holding several parts)."""
+    return {prefix + k: a for k, a in arrays.items()}
+
+
+def under(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The part of ``arrays`` named ``prefix + name``, by ``name`` (`prefixed` undone)."""
+    return {k.removeprefix(prefix): a for k, a in arrays.items() if k.startswith(prefix)}

@@ -25,7 +25,7 @@ from streamgnn.errors import NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
-from streamgnn.npz import read_arrays, write_arrays
+from streamgnn.npz import prefixed, read_arrays, under, write_arrays
 from streamgnn.updates import Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Placement, Routed, Strategy
@@ -94,8 +94,8 @@ class Engine:
         holders[:len(owned)] = self.placement.holders[owned]
         owner = np.full(len(graph.alive), -1, np.int16)
         owner[len(owned):len(local)] = part[ghosts]
-        return {**{f"graph/{k}": a for k, a in graph.to_arrays().items()}, "ghost": ghost,
-                "holders": holders, "ghost_owner": owner}
+        return {**prefixed("graph/", graph.to_arrays()), "ghost": ghost, "holders": holders,
+                "ghost_owner": owner}
 
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
@@ -111,16 +111,15 @@ class Engine:
         holds): the graph as laid out (``graph/...``), the placement and each shard's
         state (``shard<p>/...``), so a restored engine repeats this one bit for bit."""
         out = self.snapshot_head()
-        for p, arrays in enumerate(self.workers.arrays()):
-            out.update({f"shard{p}/{k}": a for k, a in arrays.items()
-                        if self.placement is not None or not k.startswith("graph/")})
+        for p, arrays in enumerate(self.workers.arrays(with_graph=self.placement is not None)):
+            out.update(prefixed(f"shard{p}/", arrays))
         return out
 
     @classmethod
     def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
                 device: str = "cpu", workers: Workers | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
-        return cls._restore(model, snapshot, lambda p: _under(snapshot, f"shard{p}/"),
+        return cls._restore(model, snapshot, lambda p: under(snapshot, f"shard{p}/"),
                             device, workers)
 
     def write(self, folder: Path) -> list[dict]:
@@ -143,8 +142,8 @@ class Engine:
                  shard: Callable[[int], dict[str, np.ndarray]], device: str,
                  workers: Workers | None, folder: Path | None = None) -> Engine:
         engine = cls.__new__(cls)
-        engine._attach(model, DynamicGraph.from_arrays(_under(head, "graph/")), device)
-        placement = _under(head, "placement/")
+        engine._attach(model, DynamicGraph.from_arrays(under(head, "graph/")), device)
+        placement = under(head, "placement/")
         engine.placement = Placement.from_arrays(placement) if placement else None
         if engine.placement is None:
             one = Shard.from_arrays(engine.layers, {**shard(0), **{
@@ -166,9 +165,9 @@ class Engine:
 
     def snapshot_head(self) -> dict[str, np.ndarray]:
         """The graph and placement arrays of a `snapshot` (no shard state)."""
-        out = {f"graph/{k}": a for k, a in self.graph.to_arrays().items()}
+        out = prefixed("graph/", self.graph.to_arrays())
         if self.placement is not None:
-            out.update({f"placement/{k}": a for k, a in self.placement.to_arrays().items()})
+            out.update(prefixed("placement/", self.placement.to_arrays()))
         return out
 
     # ---------------------------------------------------------------- reads
@@ -264,7 +263,8 @@ class Workers(Protocol):
         """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
         ...
 
-    def arrays(self) -> list[dict[str, np.ndarray]]:
+    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
+        """Each shard's state (`Shard.arrays`)."""
         ...
 
     def write(self, folder: Path, with_graph: bool) -> list[dict]:
@@ -306,8 +306,8 @@ class LocalWorkers:
             out[mine] = rows
         return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
 
-    def arrays(self) -> list[dict[str, np.ndarray]]:
-        return [shard.arrays() for shard in self.shards]
+    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
+        return [shard.arrays(with_graph) for shard in self.shards]
 
     def write(self, folder: Path, with_graph: bool) -> list[dict]:
         return [write_arrays(folder, f"shard{p}", shard.arrays(with_graph))
@@ -338,6 +338,3 @@ def lockstep(programs: list[Generator[list[np.ndarray], list[np.ndarray], T]],
             return results
         incoming = exchange.alltoall(outgoing)
 
-
-def _under(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    return {k.removeprefix(prefix): a for k, a in arrays.items() if k.startswith(prefix)}

@@ -97,8 +97,8 @@ class MpiWorkers:
             out[owner == p] = reply["rows"]
         return out
 
-    def arrays(self) -> list[dict[str, np.ndarray]]:
-        return self._call(ARRAYS, [{}] * self.size)
+    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
+        return self._call(ARRAYS, [{"with_graph": np.array(with_graph)}] * self.size)
 
     def summaries(self) -> list[dict]:
         return [_unjson(r["summary"]) for r in self._call(SUMMARIES, [{}] * self.size)]
@@ -185,7 +185,7 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             ids, layer = payload["ids"], int(payload["layer"])
             reply = {"rows": shard.rows(shard.graph.slots(ids), layer)}
         elif command == ARRAYS:
-            reply = shard.arrays()
+            reply = shard.arrays(bool(payload["with_graph"]))
         elif command == SUMMARIES:
             reply = {"summary": _json(shard.summary())}
         elif command == WRITE:

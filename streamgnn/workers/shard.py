@@ -36,6 +36,7 @@ from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.inference import aggregate, layer_by_layer
 from streamgnn.models.layers import Layer
+from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.placement import Routed
@@ -174,8 +175,7 @@ class Shard:
         lays them out). A BSP program like `run`: after each layer but the last it yields
         the rows of its vertices other partitions hold as ghosts and takes theirs, which
         the next layer reads; returns the shard (states kept unless ``recompute``)."""
-        graph = DynamicGraph.from_arrays({k.removeprefix("graph/"): a for k, a in
-                                          arrays.items() if k.startswith("graph/")})
+        graph = DynamicGraph.from_arrays(under(arrays, "graph/"))
         ghost, holders = np.array(arrays["ghost"]), np.array(arrays["holders"])
         owned = graph.alive & ~ghost
         n = graph.num_slots
@@ -224,8 +224,7 @@ class Shard:
         bit for bit; left out without ``with_graph``), and per layer k its embeddings
         ``h/k``, aggregation states ``state/k``, kept root terms ``root/k`` and transforms
         ``t/k`` where it keeps them."""
-        out = ({f"graph/{k}": a for k, a in self.graph.to_arrays().items()} if with_graph
-               else {})
+        out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
         for name in ("h", "state", "root", "t"):
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:
@@ -242,8 +241,7 @@ class Shard:
         """The shard `arrays` came from."""
         shard = cls.__new__(cls)
         shard.layers, shard.device, shard.dtype = layers, device, dtype
-        shard.graph = DynamicGraph.from_arrays({k.removeprefix("graph/"): a for k, a in
-                                                arrays.items() if k.startswith("graph/")})
+        shard.graph = DynamicGraph.from_arrays(under(arrays, "graph/"))
         shard.sets = SlotSets(len(shard.graph.alive))
         for name in ("h", "state", "root", "t"):
             setattr(shard, name, [
