@@ -145,12 +145,9 @@ class Engine:
         engine._attach(model, DynamicGraph.from_arrays(under(head, "graph/")), device)
         placement = under(head, "placement/")
         engine.placement = Placement.from_arrays(placement) if placement else None
-        if engine.placement is None:
-            one = Shard.from_arrays(engine.layers, {**shard(0), **{
-                f"graph/{k}": a for k, a in engine.graph.to_arrays().items()}},
-                engine.device, engine.dtype)
-            one.graph = engine.graph  # one partition: the shard works on this graph
-            engine.workers = LocalWorkers([one])
+        if engine.placement is None:  # one partition: the shard works on this graph
+            engine.workers = LocalWorkers([Shard.from_arrays(
+                engine.layers, shard(0), engine.device, engine.dtype, engine.graph)])
         elif workers is None:
             engine.workers = LocalWorkers([
                 Shard.from_arrays(engine.layers, shard(p), engine.device, engine.dtype)

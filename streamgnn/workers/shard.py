@@ -237,11 +237,13 @@ class Shard:
 
     @classmethod
     def from_arrays(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
-                    device: torch.device, dtype: torch.dtype) -> Shard:
-        """The shard `arrays` came from."""
+                    device: torch.device, dtype: torch.dtype,
+                    graph: DynamicGraph | None = None) -> Shard:
+        """The shard `arrays` came from; on ``graph`` if given (arrays without one)."""
         shard = cls.__new__(cls)
         shard.layers, shard.device, shard.dtype = layers, device, dtype
-        shard.graph = DynamicGraph.from_arrays(under(arrays, "graph/"))
+        shard.graph = (graph if graph is not None
+                       else DynamicGraph.from_arrays(under(arrays, "graph/")))
         shard.sets = SlotSets(len(shard.graph.alive))
         for name in ("h", "state", "root", "t"):
             setattr(shard, name, [
