@@ -241,7 +241,9 @@ class Engine:
 
 
 class Workers(Protocol):
-    """Where the shards run: `LocalWorkers` (this process) or an MPI job."""
+    """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
+    engine builds `LocalWorkers` itself, which need only what it calls on both: `apply`,
+    `rows`, `arrays`, `write`, `summaries`."""
 
     def load(self, shards: list[dict[str, np.ndarray]]) -> None:
         """Take the shards' state (`Shard.arrays`)."""
@@ -309,9 +311,6 @@ class LocalWorkers:
     def write(self, folder: Path, with_graph: bool) -> list[dict]:
         return [write_arrays(folder, f"shard{p}", shard.arrays(with_graph))
                 for p, shard in enumerate(self.shards)]
-
-    def read(self, folder: Path) -> None:
-        raise NotImplementedError("in-process shards are read by Engine.read")
 
     def summaries(self) -> list[dict]:
         return [shard.summary() for shard in self.shards]

@@ -50,6 +50,17 @@ class Routed:
     unsubscribed: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+def bit(q) -> np.ndarray:
+    """Partition ``q``'s bit in a holder mask (``q`` an int or an array)."""
+    return np.uint64(1) << np.asarray(q, np.uint64)
+
+
+def held_by(holders: np.ndarray, q) -> np.ndarray:
+    """Which of the holder masks ``holders`` include partition ``q`` (an int, or an array
+    broadcasting against them)."""
+    return (holders & bit(q)) != 0
+
+
 def metis_parts(graph: DynamicGraph, parts: int) -> np.ndarray:
     """Partition of each slot of ``graph`` by METIS over its undirected live edges (-1 for
     free slots)."""
@@ -105,7 +116,7 @@ class Placement:
         s, d, _ = graph.edge_slots()
         cut = part[s] != part[d]
         np.bitwise_or.at(placement.holders, s[cut],
-                         np.uint64(1) << part[d[cut]].astype(np.uint64))
+                         bit(part[d[cut]]))
         return placement
 
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -159,17 +170,16 @@ class Placement:
         owner = self.part[new_dst]
         cut = self.part[new_src] != owner
         pairs = np.unique(np.stack([new_src[cut], owner[cut]]), axis=1)
-        bits = np.uint64(1) << pairs[1].astype(np.uint64)
-        fresh = (self.holders[pairs[0]] & bits) == 0
+        fresh = ~held_by(self.holders[pairs[0]], pairs[1])
         ghost_src, ghost_at = pairs[0][fresh], pairs[1][fresh]
-        np.bitwise_or.at(self.holders, ghost_src, bits[fresh])
+        np.bitwise_or.at(self.holders, ghost_src, bit(ghost_at))
         drop_src, drop_at = self._unlinked(graph, src, dst_part, had & ~has & ~is_removed[src])
-        np.bitwise_and.at(self.holders, drop_src, ~(np.uint64(1) << drop_at.astype(np.uint64)))
+        np.bitwise_and.at(self.holders, drop_src, ~bit(drop_at))
 
         ext, x, width = graph.ext, graph.x, graph.num_features
         # a removed vertex goes to its owner and to every partition holding it
         n = self.num_partitions
-        held = (gone_holders[:, None] >> np.arange(n, dtype=np.uint64)) & np.uint64(1) != 0
+        held = held_by(gone_holders[:, None], np.arange(n))
         held[np.arange(len(removed)), gone_part] = True
         gone_at, gone_q = np.nonzero(held)
         gone = removed[gone_at]
@@ -226,8 +236,7 @@ class Placement:
         edges were the vertex's last out-edges into a partition holding it as a ghost."""
         pairs = np.unique(np.stack([src[lost], dst_part[lost]]), axis=1)
         u, q = pairs[0], pairs[1]
-        held = (q != self.part[u]) & (
-            (self.holders[u] >> q.astype(np.uint64)) & np.uint64(1) != 0)
+        held = (q != self.part[u]) & held_by(self.holders[u], q)
         u, q = u[held], q[held]
         ptr, nbr, _ = graph.out_edges(u)
         at = np.repeat(np.arange(len(u)), np.diff(ptr))

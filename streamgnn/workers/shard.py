@@ -39,7 +39,7 @@ from streamgnn.models.layers import Layer
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
-from streamgnn.workers.placement import Routed
+from streamgnn.workers.placement import Routed, bit, held_by
 from streamgnn.workers.slotsets import SlotSets
 
 
@@ -187,8 +187,7 @@ class Shard:
                 rows = out.cpu().numpy()
                 sent = []
                 for q in range(partitions):
-                    slots = np.flatnonzero(owned[:n] & ((holders[:n] >> np.uint64(q))
-                                                        & np.uint64(1) != 0))
+                    slots = np.flatnonzero(owned[:n] & held_by(holders[:n], q))
                     sent.append(pack(Ghosts(graph.ext[slots], rows[slots])) if q != me
                                 else pack(None))
                 for g in (unpack(b) for b in (yield sent)):
@@ -284,9 +283,9 @@ class Shard:
                 self.ghost[ghosts[0]] = True
                 self.ghost_owner[ghosts[0]] = ghosts[1]
             for p, slots in (subscribed or {}).items():
-                self.holders[slots] |= np.uint64(1) << np.uint64(p)
+                self.holders[slots] |= bit(p)
             for p, slots in (unsubscribed or {}).items():
-                self.holders[slots] &= ~(np.uint64(1) << np.uint64(p))
+                self.holders[slots] &= ~bit(p)
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
@@ -316,8 +315,7 @@ class Shard:
         for q in range(partitions):
             if q == me:
                 continue
-            bit = np.uint64(1) << np.uint64(q)
-            slots = moved[(self.holders[moved] & bit) != 0]
+            slots = moved[held_by(self.holders[moved], q)]
             if q in b.subscribed:
                 slots = self.sets.union(slots, b.subscribed[q])
             if len(slots):
