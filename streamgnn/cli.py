@@ -349,11 +349,11 @@ def serve(
     With --workers N it supervises an MPI job; `mpiexec -n N+1 streamgnn serve ...` runs
     the job itself (N taken from the job's size), without restarts."""
     if workers and os.environ.get(_MPI_JOB) != "1":
-        raise typer.Exit(_supervise(workers, max_restarts))
+        raise typer.Exit(_supervise(workers, max_restarts, _rank_files(state_dir)))
     comm = _mpi_world()
     mpi_workers = None
     if comm is not None:
-        ranks = state_dir / "ranks"
+        ranks = _rank_files(state_dir)
         ranks.mkdir(parents=True, exist_ok=True)
         (ranks / f"{os.getpid()}.rank").write_text(str(comm.Get_rank()))
         if comm.Get_rank() > 0:  # a worker: one partition, never kafka
@@ -383,9 +383,15 @@ _MPI_JOB = "STREAMGNN_MPI_JOB"
 _NO_RETRY = 3  # the job's exit code for a configuration error: restarting cannot help
 
 
-def _supervise(workers: int, max_restarts: int) -> int:
+def _rank_files(state_dir: Path) -> Path:
+    """Where the ranks of a job serving ``state_dir`` note their pids (``<pid>.rank``)."""
+    return state_dir / "ranks"
+
+
+def _supervise(workers: int, max_restarts: int, ranks: Path) -> int:
     """Run this command as an MPI job of ``workers`` + 1 ranks; restart it (from its last
-    checkpoint) when it fails, with backoff; forward SIGINT/SIGTERM to it."""
+    checkpoint) when it fails, with backoff; forward SIGINT/SIGTERM to it. ``ranks``: the
+    job's `_rank_files`, to name a rank that dies."""
     import shutil
     import subprocess
     import sys
@@ -397,10 +403,6 @@ def _supervise(workers: int, max_restarts: int) -> int:
         return 2
     command = [mpiexec, "-n", str(workers + 1), sys.executable, "-m", "streamgnn.cli",
                *sys.argv[1:]]
-    ranks = Path(os.environ.get("STREAMGNN_STATE_DIR", "runs/serve"))
-    if "--state-dir" in sys.argv:
-        ranks = Path(sys.argv[sys.argv.index("--state-dir") + 1])
-    ranks /= "ranks"
     env = {**os.environ, _MPI_JOB: "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
     stopping: list[int] = []
     job: list[subprocess.Popen] = []
