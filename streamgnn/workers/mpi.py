@@ -18,7 +18,6 @@ The only module that imports mpi4py; must not import kafka.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 import traceback
@@ -31,26 +30,13 @@ import torch
 from mpi4py import MPI
 
 from streamgnn.models import decompose
-from streamgnn.npz import read_arrays, write_arrays
+from streamgnn.npz import from_bytes, read_arrays, to_bytes, write_arrays
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
 
 LOAD, BOOTSTRAP, APPLY, ROWS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(9)
 T = TypeVar("T")
-
-
-def npz_bytes(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return np.frombuffer(buffer.getbuffer(), np.uint8)
-
-
-def npz_arrays(buffer: np.ndarray) -> dict[str, np.ndarray]:
-    if not len(buffer):
-        return {}
-    with np.load(io.BytesIO(buffer.tobytes()), allow_pickle=False) as npz:
-        return {k: npz[k] for k in npz.files}
 
 
 def _json(value) -> np.ndarray:
@@ -116,10 +102,10 @@ class MpiWorkers:
     def _call(self, command: int, payloads: list[dict[str, np.ndarray]], reply: bool = True
               ) -> list[dict[str, np.ndarray]]:
         self.comm.Bcast(np.array([command], np.int64), root=0)
-        _scatter(self.comm, [np.zeros(0, np.uint8)] + [npz_bytes(p) for p in payloads])
+        _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
         if not reply:
             return []
-        return [npz_arrays(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
+        return [from_bytes(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
 
 
 def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
@@ -166,7 +152,7 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
     header = np.zeros(1, np.int64)
     while True:
         comm.Bcast(header, root=0)
-        payload = npz_arrays(_scatter(comm, None))
+        payload = from_bytes(_scatter(comm, None))
         command = int(header[0])
         if command == STOP:
             return
@@ -198,7 +184,7 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             reply = {}
         else:
             raise ValueError(f"unknown command {command}")
-        _gather(comm, npz_bytes(reply))
+        _gather(comm, to_bytes(reply))
 
 
 def _drive(program, peers: MPI.Comm):
