@@ -484,20 +484,15 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
     """A worker rank: the model from the service's last checkpoint (or the model file on
     a fresh start), then one partition until rank 0 says stop. Signals are rank 0's to
     act on (it stops the workers at a batch boundary)."""
-    from streamgnn.models.zoo import Checkpoint, ModelSpec
+    from streamgnn.models.zoo import Checkpoint
     from streamgnn.router.checkpoint import Checkpoints
+    from streamgnn.router.service import saved_model
     from streamgnn.workers.mpi import run_worker
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     saved = Checkpoints(state_dir).load(names=("model",))
-    if saved is None:
-        model = Checkpoint.load(checkpoint)
-    else:
-        import torch
-
-        model = Checkpoint(ModelSpec(**saved.meta["spec"]), {
-            k: torch.from_numpy(a) for k, a in saved.files["model"].items()})
+    model = Checkpoint.load(checkpoint) if saved is None else saved_model(saved)
     run_worker(model.model(), comm, device)
 
 

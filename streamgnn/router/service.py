@@ -45,7 +45,7 @@ from streamgnn.errors import StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.npz import write_arrays
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
-from streamgnn.router.checkpoint import Checkpoints
+from streamgnn.router.checkpoint import Checkpoints, Saved
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.stream.schemas import (
     DeadLetter,
@@ -178,9 +178,8 @@ class Service:
                 service.suspects.clear()  # a fresh start: nothing died on this stream yet
             service.checkpoint()
             return service
-        state, files = saved.meta, saved.files
-        weights = {k: torch.from_numpy(a) for k, a in files["model"].items()}
-        model = Checkpoint(ModelSpec(**state["spec"]), weights)
+        state = saved.meta
+        model = saved_model(saved)
         engine = Engine.read(model.model(), saved.folder, device, workers)
         service = cls(engine, model, transport, config, checkpoints)
         service.arrivals.waiting = {}
@@ -518,6 +517,12 @@ class Service:
                             truncated=len(raw) > self.config.payload_bytes,
                             source_event_id=update.event_id if update else None)
         self.transport.publish(self.config.topics.dead_letters, None, encode(letter))
+
+
+def saved_model(saved: Saved) -> Checkpoint:
+    """The model a service checkpoint holds (loaded with at least its ``model`` file)."""
+    return Checkpoint(ModelSpec(**saved.meta["spec"]), {
+        k: torch.from_numpy(a) for k, a in saved.files["model"].items()})
 
 
 def _item_json(update: Update, origin: Origin, wait: tuple[int, float] | None = None
