@@ -348,14 +348,11 @@ class Shard:
         else:
             self.h[hop][self._index(slots)] = self._tensor(rows).to(self.dtype)
         c = b.changed
-        known = np.zeros(self.graph.num_slots, bool)
-        known[c.slots] = True
-        new = slots[(differs | fresh) & ~known[slots]]
-        moved_old = slots[differs & ~known[slots]]
-        b.changed = _Changed(np.concatenate([c.slots, new]),
-                             np.concatenate([c.old_slots, moved_old]),
-                             torch.cat([c.old_rows, self._tensor(
-                                 old[differs & ~known[slots]]).to(self.dtype)]))
+        unknown = ~np.isin(slots, c.slots)  # not a source yet (fresh ghosts are, at hop 0)
+        moved = differs & unknown
+        b.changed = _Changed(np.concatenate([c.slots, slots[(differs | fresh) & unknown]]),
+                             np.concatenate([c.old_slots, slots[moved]]),
+                             torch.cat([c.old_rows, self._tensor(old[moved]).to(self.dtype)]))
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             ghosts: tuple[np.ndarray, np.ndarray] | None = None,
