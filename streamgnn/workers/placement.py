@@ -162,9 +162,8 @@ class Placement:
         np.add.at(self._load, self.part[added], 1)
 
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        is_removed = np.zeros(graph.num_slots, bool)
-        is_removed[removed] = True
-        deleted = had & ~has & ~is_removed[src] & ~is_removed[dst]  # the rest: cascades
+        src_lives, dst_lives = ~np.isin(src, removed), ~np.isin(dst, removed)
+        deleted = had & ~has & src_lives & dst_lives  # the rest: cascades
         kept, new = had & has, has & ~had
         new_src, new_dst = src[new], dst[new]
         owner = self.part[new_dst]
@@ -173,7 +172,7 @@ class Placement:
         fresh = ~held_by(self.holders[pairs[0]], pairs[1])
         ghost_src, ghost_at = pairs[0][fresh], pairs[1][fresh]
         np.bitwise_or.at(self.holders, ghost_src, bit(ghost_at))
-        drop_src, drop_at = self._unlinked(graph, src, dst_part, had & ~has & ~is_removed[src])
+        drop_src, drop_at = self._unlinked(graph, src, dst_part, had & ~has & src_lives)
         np.bitwise_and.at(self.holders, drop_src, ~bit(drop_at))
 
         ext, x, width = graph.ext, graph.x, graph.num_features
@@ -248,22 +247,23 @@ class Placement:
         added = diff.added.astype(np.int64)
         if self.strategy == "hash" or not len(added):
             return graph.ext[added] % self.num_partitions
-        is_added = np.zeros(graph.num_slots, bool)
-        is_added[added] = True
         e = diff.edges
         linked = ~np.isnan(e.after)
         ends = np.concatenate([e.src[linked], e.dst[linked]]).astype(np.int64)
         others = np.concatenate([e.dst[linked], e.src[linked]]).astype(np.int64)
         order = np.concatenate([np.arange(linked.sum())] * 2)
-        usable = is_added[ends] & ~is_added[others]
+        usable = np.isin(ends, added) & ~np.isin(others, added)
         ends, others, order = ends[usable], others[usable], order[usable]
         first = np.lexsort((order, ends))
         ends, others = ends[first], others[first]
         lead = np.r_[True, ends[1:] != ends[:-1]] if len(ends) else np.zeros(0, bool)
-        neighbour = np.full(graph.num_slots, -1, np.int64)
-        neighbour[ends[lead]] = others[lead]
+        ends, others = ends[lead], others[lead]
+        n = np.full(len(added), -1, np.int64)  # each added vertex's first neighbour, if any
+        if len(ends):
+            at = np.minimum(np.searchsorted(ends, added), len(ends) - 1)
+            linked = ends[at] == added
+            n[linked] = others[at[linked]]
         out = np.full(len(added), -1, np.int64)
-        n = neighbour[added]
         high = (n >= 0) & (graph.in_degree[np.maximum(n, 0)] > self.high_cut)
         out[high] = self.part[n[high]]
         load = self.load()
