@@ -26,23 +26,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from engine import Trace, engine_bytes, stream_split
+from engine import Trace, engine_bytes, model_for, stream_split
 from rich.console import Console
 from rich.table import Table
 
 from streamgnn.allocator import keep_freed_memory
-from streamgnn.models.zoo import ModelSpec
 from streamgnn.updates import ADD_EDGE
 from streamgnn.workers import Engine
 
 console = Console(width=160)
 HIDDEN = 128
-
-
-def model_for(name: str, snapshot, layers: int = 2) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=HIDDEN,
-                     num_layers=layers).build().eval()
 
 
 def traffic(engine: Engine, batch) -> dict:

@@ -104,13 +104,18 @@ def percentiles(seconds: list[float]) -> dict:
             "batches": len(ms)}
 
 
+def model_for(name: str, snapshot: sg.GraphData, layers: int = 2) -> torch.nn.Module:
+    """The benchmarks' model: untrained, seeded, hidden 128."""
+    torch.manual_seed(0)
+    return ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=128,
+                     num_layers=layers).build().eval()
+
+
 def bootstrap(name: str, weighted: bool, layers: int, split, device: str,
               recompute: bool = True):
-    """The model (untrained, seeded), its engine, RC (if asked) and the LinkBench trace."""
+    """The model, its engine, RC (if asked) and the LinkBench trace."""
     snapshot, events = split
-    torch.manual_seed(0)
-    model = ModelSpec(name, snapshot.num_features, snapshot.num_classes, hidden=128,
-                      num_layers=layers).build().eval()
+    model = model_for(name, snapshot, layers)
     engine = Engine.from_pyg(model, snapshot, device)
     rc = Engine.from_pyg(model, snapshot, device, recompute=True) if recompute else None
     return model, engine, rc, Trace(snapshot, events, weighted)

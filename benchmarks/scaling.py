@@ -34,21 +34,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from engine import Trace, engine_bytes, stream_split
+from engine import Trace, engine_bytes, model_for, stream_split
 from rich.console import Console
 from rich.table import Table
 
-from streamgnn.models.zoo import ModelSpec
 from streamgnn.workers import Engine
 
 console = Console(width=160)
 PAPERS = {"vertices": 111_059_956, "edges": 1_615_685_872, "features": 128}
-
-
-def model_for(snapshot, layers: int = 2) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return ModelSpec("graphconv-sum", snapshot.num_features, snapshot.num_classes,
-                     hidden=128, num_layers=layers).build().eval()
 
 
 # ---------------------------------------------------------------- under mpiexec
@@ -76,7 +69,7 @@ def rank_job(args) -> None:
             Path(args.out).write_text(json.dumps(out))
         return
     snapshot, events = stream_split(args.preset, weighted=False)
-    model = model_for(snapshot)
+    model = model_for("graphconv-sum", snapshot)
 
     def main(workers):
         engine = Engine.from_pyg(model, snapshot, partitions=workers.size, workers=workers)
@@ -111,7 +104,7 @@ def per_shard_work(split, parts: list[int], size: int, batches: int) -> dict[int
     """Per P: median over batches of (router seconds, per superstep the slowest shard's
     compute and the most bytes one shard sent), and state bytes."""
     snapshot, events = split
-    model = model_for(snapshot)
+    model = model_for("graphconv-sum", snapshot)
     out = {}
     for p in parts:
         engine = Engine.from_pyg(model, snapshot, partitions=p)
