@@ -8,6 +8,7 @@ import pytest
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
 from streamgnn.npz import sha256 as _sha256
+from streamgnn.npz import write_arrays
 from streamgnn.router import Arrivals, Checkpoints
 from streamgnn.updates import ADD_EDGE, DELETE_VERTEX
 from streamgnn.workers import Placement
@@ -128,7 +129,10 @@ def test_checkpoints_are_data_and_a_damaged_one_falls_back_to_the_previous(tmp_p
     and loading takes the previous complete one; only ``keep`` complete ones stay."""
     store = Checkpoints(tmp_path, keep=2)
     for n in range(1, 4):
-        assert store.save({"n": n}, {"a": {"x": np.full(1000, n)}}) == n
+        generation = store.begin()
+        entry = write_arrays(store.folder(generation), "a", {"x": np.full(1000, n)})
+        store.commit(generation, {"n": n}, [entry])
+        assert generation == n
     assert store.generations() == [2, 3]  # the oldest dropped
     assert store.load().meta == {"n": 3}
     assert np.array_equal(store.load().files["a"]["x"], np.full(1000, 3))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamgnn.npz import read_arrays, sha256, write_arrays
+from streamgnn.npz import read_arrays, sha256
 
 FORMAT = "streamgnn-state/3"  # /3: npz files + manifest (was one torch pickle)
 MANIFEST = "manifest.json"
@@ -66,14 +66,6 @@ class Checkpoints:
         (`write_arrays`, from any process), then `commit`."""
         generation = self.next_generation()
         self.folder(generation).mkdir(parents=True, exist_ok=True)
-        return generation
-
-    def save(self, meta: dict, files: dict[str, dict[str, np.ndarray]]) -> int:
-        """Write a new generation holding ``files`` and ``meta``; returns its number."""
-        generation = self.begin()
-        folder = self.folder(generation)
-        entries = [write_arrays(folder, name, arrays) for name, arrays in files.items()]
-        self.commit(generation, meta, entries)
         return generation
 
     def commit(self, generation: int, meta: dict, entries: list[dict]) -> None:

@@ -110,7 +110,7 @@ class Engine:
         """Everything the engine knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``), the placement and each shard's
         state (``shard<p>/...``), so a restored engine repeats this one bit for bit."""
-        out = self.snapshot_head()
+        out = self._head()
         for p, arrays in enumerate(self.workers.arrays(with_graph=self.placement is not None)):
             out.update(prefixed(f"shard{p}/", arrays))
         return out
@@ -126,7 +126,7 @@ class Engine:
         """Write the state as `snapshot` holds it into checkpoint folder ``folder``: the
         file ``engine`` (graph, placement) here, and ``shard<p>`` where each shard lives
         (every MPI rank writes its own); returns their manifest entries."""
-        return [write_arrays(folder, "engine", self.snapshot_head()),
+        return [write_arrays(folder, "engine", self._head()),
                 *self.workers.write(folder, with_graph=self.placement is not None)]
 
     @classmethod
@@ -160,7 +160,7 @@ class Engine:
             engine.workers = workers
         return engine
 
-    def snapshot_head(self) -> dict[str, np.ndarray]:
+    def _head(self) -> dict[str, np.ndarray]:
         """The graph and placement arrays of a `snapshot` (no shard state)."""
         out = prefixed("graph/", self.graph.to_arrays())
         if self.placement is not None:
