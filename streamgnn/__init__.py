@@ -1,7 +1,9 @@
 """streamgnn: exact, incremental GNN inference over a changing graph.
 
 The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
-``sg.DynamicGraph``, the six update types, ``sg.UpdateBatch`` and the errors. Importing
+``sg.DynamicGraph``, the six update types, ``sg.UpdateBatch``, queries
+(``sg.QueryRequest``, ``sg.QueryVertex``, ``sg.QueryEdge``, ``sg.QueryAnswer``) and the
+errors. Importing
 streamgnn must not import kafka or mpi4py.
 """
 
@@ -11,6 +13,7 @@ from streamgnn.errors import (
     DuplicateEdgeError,
     DuplicateVertexError,
     FeatureDimensionError,
+    InvalidQueryError,
     InvalidUpdateError,
     NonFiniteEmbeddingError,
     NonFiniteValueError,
@@ -22,6 +25,7 @@ from streamgnn.errors import (
     UnsupportedModelError,
 )
 from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.queries import QueryEdge, QueryRequest, QueryVertex
 from streamgnn.updates import (
     AddEdge,
     AddVertex,
@@ -33,7 +37,7 @@ from streamgnn.updates import (
     UpdateFeatures,
     ValueLimits,
 )
-from streamgnn.workers import ApplyResult, Engine
+from streamgnn.workers import ApplyResult, Engine, QueryAnswer
 
 __version__ = "0.1.0"
 
@@ -50,10 +54,15 @@ __all__ = [
     "FeatureDimensionError",
     "GraphData",
     "GraphDiff",
+    "InvalidQueryError",
     "InvalidUpdateError",
     "NonFiniteEmbeddingError",
     "NonFiniteValueError",
     "OutOfRangeError",
+    "QueryAnswer",
+    "QueryEdge",
+    "QueryRequest",
+    "QueryVertex",
     "SelfLoopError",
     "StreamGNNError",
     "UnknownEdgeError",

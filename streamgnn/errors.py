@@ -82,6 +82,13 @@ class OutOfRangeError(InvalidUpdateError):
     kind = "out_of_range"
 
 
+class InvalidQueryError(InvalidUpdateError):
+    """A query request that cannot be answered: empty or over-size, an id of an existing
+    vertex, an edge naming an unknown vertex or joining two existing vertices."""
+
+    kind = "invalid_query"
+
+
 class NonFiniteEmbeddingError(StreamGNNError, ArithmeticError):
     """A batch drove an embedding to NaN or inf. The engine's state is no longer exact:
     restore it from a snapshot (the service does, and isolates the update responsible)."""

@@ -44,21 +44,29 @@ def pyg_layers(model: torch.nn.Module, data: sg.GraphData,
     model = model.to(dtype).eval()
     outs = [x]
     with torch.no_grad():
-        h = x
-        convs = list(model.convs)
-        norms = list(getattr(model, "norms", [torch.nn.Identity()] * len(convs)))
-        for i, (conv, norm) in enumerate(zip(convs, norms)):
-            h = conv(h, ei, w) if isinstance(conv, WEIGHTED_CONVS) else conv(h, ei)
-            if i < len(convs) - 1:
-                act_first = getattr(model, "act_first", False)
-                if model.act is not None and act_first:
-                    h = model.act(h)
-                h = norm(h)
-                if model.act is not None and not act_first:
-                    h = model.act(h)
-            outs.append(h)
+        for i in range(len(model.convs)):
+            outs.append(pyg_step(model, i, outs[-1], ei, w))
         full = model(x, ei, edge_weight=w if takes_edge_weights(model) else None)
     torch.testing.assert_close(full, outs[-1], rtol=0, atol=0)
     return outs
+
+def pyg_step(model: torch.nn.Module, i: int, h: torch.Tensor, ei: torch.Tensor,
+             w: torch.Tensor) -> torch.Tensor:
+    """Layer ``i`` of ``model`` by PyG's own modules: the conv, then (but after the last)
+    the model's activation and norm."""
+    convs = list(model.convs)
+    conv = convs[i]
+    with torch.no_grad():
+        h = conv(h, ei, w) if isinstance(conv, WEIGHTED_CONVS) else conv(h, ei)
+        if i < len(convs) - 1:
+            norm = list(getattr(model, "norms", [torch.nn.Identity()] * len(convs)))[i]
+            act_first = getattr(model, "act_first", False)
+            if model.act is not None and act_first:
+                h = model.act(h)
+            h = norm(h)
+            if model.act is not None and not act_first:
+                h = model.act(h)
+    return h
+
 
 from tests.kafka_fixtures import broker, topics  # noqa: E402, F401  (fixtures for every test module)

@@ -2,7 +2,9 @@
 the other ranks through a LinkBench stream of all six update types (raw batches, invalid
 updates left out), for each test model; the answers go to the JSON file named by argv[1]:
 per model, the max error against PyG's forward pass on the final graph at every layer,
-against the same engine in one process, and after a snapshot restored in one process."""
+against the same engine in one process, and after a snapshot restored in one process; and
+a query's answers (exact, against PyG on the graph plus the query; exact and SRPE, against
+the same query in one process)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from streamgnn.workers import Engine
 from streamgnn.workers.mpi import spmd
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
+from tests.test_queries import with_query
 
 MODELS = ["pyg-gcn", "pyg-gat", "graphconv-max", "pyg-sage-mean"]
 
@@ -38,9 +41,22 @@ def check(model: torch.nn.Module, workers) -> dict:
         rejected += len(a.rejected)
     current = engine.graph.to_data()
     refs = pyg_layers(model, current, torch.float64)
+    rng = np.random.default_rng(1)
+    req = sg.QueryRequest(
+        vertices=[sg.QueryVertex(id=-1 - i, x=rng.standard_normal(F_IN).tolist())
+                  for i in range(3)],
+        edges=[sg.QueryEdge(src=-1 - i, dst=int(v)) for i, v in enumerate(current.ids[:3])]
+        + [sg.QueryEdge(src=int(v), dst=-1 - i) for i, v in enumerate(current.ids[-6:-3])]
+        + [sg.QueryEdge(src=-1, dst=-2)])
     restored = Engine.restore(model, engine.snapshot())
+    query = engine.query(req)
     out = {"rejected": rejected, "partitions": engine.num_partitions,
-           "stats": engine.stats()}
+           "stats": engine.stats(),
+           "query_pyg": float(np.abs(query.embeddings - pyg_layers(
+               model, with_query(current, req), torch.float64)[-1][-3:].numpy()).max()),
+           "query_alone": max(float(np.abs(engine.query(req, budget=b).embeddings
+                                           - alone.query(req, budget=b).embeddings).max())
+                              for b in (None, 0.0, 0.5))}
     for name, other in (("pyg", None), ("alone", alone), ("restored", restored)):
         out[name] = max(float(np.abs(engine.lookup(current.ids, layer) - (
             ref.numpy() if other is None else other.lookup(current.ids, layer))).max())

@@ -27,7 +27,7 @@ def mpiexec(ranks: int, *args: str, timeout: int = 240) -> subprocess.CompletedP
 
 
 @pytest.mark.parametrize("workers", [2, 3])
-def test_mpi_workers_match_pyg_and_one_process_bit_for_bit(tmp_path, workers):
+def test_mpi_workers_and_their_queries_match_pyg_and_one_process_bit_for_bit(tmp_path, workers):
     out = tmp_path / "result.json"
     run = mpiexec(workers + 1, "-m", "tests.mpi_program", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
@@ -35,6 +35,7 @@ def test_mpi_workers_match_pyg_and_one_process_bit_for_bit(tmp_path, workers):
         assert r["partitions"] == workers, name
         assert r["pyg"] < 1e-9, name
         assert r["alone"] == 0.0 and r["restored"] == 0.0, name
+        assert r["query_pyg"] < 1e-9 and r["query_alone"] == 0.0, name
         assert r["rejected"] == 5, name
         assert all(s["halo"] > 0 and s["sent_bytes"] for s in r["stats"]), name
 

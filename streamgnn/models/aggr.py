@@ -7,7 +7,9 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
 - ``apply_delta``: fold messages that stopped and started arriving into stored states,
   returning the destinations whose state it cannot fix that way (they must be pulled),
-- and, for linear ones, ``combine`` messages into one delta per destination.
+- and, for linear ones, ``combine`` messages into one delta per destination;
+- ``merge`` the states of two disjoint sets of a destination's in-edges (computation-graph
+  parallelism: each partition aggregates the in-neighbours it owns).
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
 """
 
@@ -60,6 +62,12 @@ class Aggregation:
         in-edge. Returns the destinations that need a pull (by default: all)."""
         return torch.cat([new_dst, old_dst]).unique()
 
+    def merge(self, a: Tensor, a_count: Tensor, b: Tensor, b_count: Tensor) -> Tensor:
+        """The state rows over the in-edges of both ``a`` and ``b`` (disjoint sets, of
+        ``a_count`` and ``b_count`` edges per destination: a row over none is a
+        placeholder)."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -84,6 +92,9 @@ class SumAggregation(Aggregation):
         add_rows_(state, new_dst, new_msg)
         add_rows_(state, old_dst, -old_msg)
         return new_dst[:0]
+
+    def merge(self, a, a_count, b, b_count) -> Tensor:
+        return a + b
 
 
 class MeanAggregation(SumAggregation):
@@ -112,6 +123,11 @@ class MaxAggregation(Aggregation):
         max_rows_(state, new_dst, new_msg)
         # A vertex with no in-edge holds 0, a placeholder and not a maximum.
         return torch.cat([old_dst[reached], empty_before]).unique()
+
+    def merge(self, a, a_count, b, b_count) -> Tensor:
+        both = torch.maximum(a, b)
+        both = torch.where(_column(a_count == 0, a), b, both)
+        return torch.where(_column(b_count == 0, b), a, both)
 
 
 class MinAggregation(MaxAggregation):
@@ -182,6 +198,16 @@ class SoftmaxAggregation(Aggregation):
     def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
         return fold_softmax_(state, new_msg, new_dst, old_msg, old_dst, self.heads,
                              self.channels, self.cancellation)
+
+    def merge(self, a, a_count, b, b_count) -> Tensor:
+        """Rescale both to the larger shift (OMEGA's merge, with numerator and
+        denominator kept apart): an empty side (shift -inf) weighs 0."""
+        pa, pb = self.unpack(a), self.unpack(b)
+        shift = torch.maximum(pa.shift, pb.shift)
+        ka = torch.exp(pa.shift - shift).nan_to_num_(0.0)  # -inf - -inf: both empty
+        kb = torch.exp(pb.shift - shift).nan_to_num_(0.0)
+        return self.pack(SoftmaxPartial(shift, pa.den * ka + pb.den * kb,
+                                        pa.num * ka.unsqueeze(-1) + pb.num * kb.unsqueeze(-1)))
 
     def reduce(self, msg, index, num, logits=None) -> SoftmaxPartial:
         shift = _scatter(logits, index, num, "amax")

@@ -126,7 +126,8 @@ def aggregate_edgewise(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w:
     """`aggregate` by gathering every in-edge's message and reducing per destination."""
     counts = torch.from_numpy(np.diff(ptr)).to(t.device)
     local = torch.repeat_interleave(torch.arange(len(ptr) - 1, device=t.device), counts)
-    logits = layer.edge_logits(t, src, dst[local])
+    logits = (layer.edge_logits(t, src, layer.destination_part(t)[dst[local]])
+              if layer.aggr.destination_dependent else None)
     return layer.aggr.reduce(layer.messages(t, src, w, scale), local, len(ptr) - 1, logits)
 
 

@@ -60,8 +60,9 @@ class Layer:
         """Per-source message factor from the source's weighted in-degree, or None."""
         return None
 
-    def edge_logits(self, t: Tensor, src: Tensor, dst: Tensor) -> Tensor | None:
-        """Per-edge attention logits (attention layers only)."""
+    def edge_logits(self, t: Tensor, src: Tensor, dst_part: Tensor) -> Tensor | None:
+        """Per-edge attention logits from the sources' rows of ``t`` and each edge's
+        destination part (`destination_part`); None but for attention layers."""
         return None
 
     def message_factor(self, src: Tensor, w: Tensor, scale: Tensor | None) -> Tensor | None:
@@ -82,6 +83,18 @@ class Layer:
         factor = self.message_factor(src, w, scale)
         m = t.index_select(0, src)  # quicker than t[src] on CPU
         return m if factor is None else m.mul_(factor.view(-1, *([1] * (m.dim() - 1))))
+
+    def partial(self, t: Tensor, src: Tensor, dst: Tensor, w: Tensor, num: int,
+                dst_part: Tensor | None) -> Tensor:
+        """Packed aggregation states of destinations ``0..num`` over the edges
+        ``src[k] -> dst[k]`` (rows of ``t``; ``w``: each edge's message factor, a
+        degree-normalised layer's source scale included), attention logits against
+        ``dst_part`` (the destinations' `destination_part`). A destination with no edge
+        here gets a placeholder row that `Aggregation.merge` ignores."""
+        logits = None if dst_part is None else self.edge_logits(
+            t, src, dst_part.index_select(0, dst))
+        msg = self.messages(t, src, w, None)
+        return self.aggr.pack(self.aggr.reduce(msg, dst, num, logits))
 
     def delta_messages(self, t: Tensor, src: Tensor, w: Tensor, t_dst: Tensor | None) -> Tensor:
         """Messages as the aggregation's ``apply_delta`` takes them, ``t`` already scaled;
@@ -274,9 +287,8 @@ class GATLayer(Layer):
     def logits(self, a_src: Tensor, a_dst: Tensor) -> Tensor:
         return F.leaky_relu(a_src + a_dst, self.conv.negative_slope)
 
-    def edge_logits(self, t, src, dst):
-        a_src, a_dst = self.scores(t)
-        return self.logits(a_src[src], a_dst[dst])
+    def edge_logits(self, t, src, dst_part):
+        return self.logits(self.scores(t)[0][src], dst_part)
 
     def messages(self, t, src, w, scale):
         return self.values(t.index_select(0, src))

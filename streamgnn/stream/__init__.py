@@ -9,7 +9,6 @@ from streamgnn.stream.schemas import (
     DecodeError,
     LabelChange,
     LabelChanges,
-    QueryRequest,
     QueryResult,
     SourceRange,
     Topics,
@@ -20,6 +19,6 @@ from streamgnn.stream.schemas import (
 )
 from streamgnn.stream.transport import Record, Transport
 
-__all__ = ["DeadLetter", "DecodeError", "LabelChange", "LabelChanges", "QueryRequest",
-           "QueryResult", "Record", "SourceRange", "Topics", "Transport", "decode_update",
-           "decode_updates", "encode", "label_changes_json"]
+__all__ = ["DeadLetter", "DecodeError", "LabelChange", "LabelChanges",
+           "QueryResult", "Record", "SourceRange", "Topics",
+           "Transport", "decode_update", "decode_updates", "encode", "label_changes_json"]

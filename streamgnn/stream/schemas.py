@@ -63,36 +63,25 @@ class _Message(BaseModel):
     event_time: float = Field(default_factory=_now)
 
 
-class QueryVertex(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: int
-    x: list[float]
-
-
-class QueryEdge(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    src: int
-    dst: int
-    weight: float = 1.0
-
-
-class QueryRequest(_Message):
-    """New vertices with features and their edges into the existing graph, to be labelled
-    from the current embeddings; inserted into the graph only if ``insert``."""
-
-    vertices: list[QueryVertex]
-    edges: list[QueryEdge] = []
-    insert: bool = False
-
-
 class QueryResult(_Message):
-    """The answer to the `QueryRequest` whose event id is ``request_id``."""
+    """The answer to the `QueryRequest` whose event id is ``request_id``: its vertices'
+    ``ids`` in request order with their ``labels`` (and output ``embeddings`` if the
+    request asked), the ``budget`` used (None: exact), the ``batch`` number of the state
+    it read (the batches applied before it), how many existing vertices' embeddings were
+    ``recomputed`` and the ``latency_ms`` from the request's event time. A request that
+    cannot be answered gets ``error`` (one word, as a dead letter's) and ``reason``."""
 
     request_id: str
-    labels: dict[int, int]
-    latency_ms: float
+    ids: list[int] = []
+    labels: list[int] = []
+    embeddings: list[list[float]] | None = None
+    budget: float | None = None
+    policy: str = "top-ratio"
+    batch: int = 0
+    recomputed: int = 0
+    latency_ms: float = 0.0
+    error: str | None = None
+    reason: str | None = None
 
 
 class SourceRange(BaseModel):

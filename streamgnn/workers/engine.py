@@ -19,16 +19,19 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from streamgnn.datasets import GraphData
-from streamgnn.errors import NonFiniteEmbeddingError
+from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
 from streamgnn.npz import prefixed, read_arrays, under, write_arrays
-from streamgnn.updates import Update, UpdateBatch, ValueLimits
+from streamgnn.queries import QueryColumns, QueryRequest
+from streamgnn.updates import AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Placement, Routed, Strategy
+from streamgnn.workers.query import QueryAnswer, QueryGraph, plan, run
 from streamgnn.workers.shard import ApplyResult, Shard
 
 T = TypeVar("T")
@@ -200,16 +203,50 @@ class Engine:
     def partition_of(self, ids) -> np.ndarray:
         """The partition owning each of ``ids`` (raises `UnknownVertexError` for an id
         not in the graph)."""
-        slots = self.graph.slots(ids)
+        return self.owners(self.graph.slots(ids))
+
+    def owners(self, slots: np.ndarray) -> np.ndarray:
+        """The partition owning each of ``slots``."""
         if self.placement is None:
             return np.zeros(len(slots), np.int64)
-        return self.placement.owners(slots)
+        return self.placement.owners(slots).astype(np.int64)
 
     def stats(self) -> list[dict]:
         """Per partition: vertices owned, halo (ghost) vertices, and for the last batch
         the bytes it sent and received per exchange and its compute seconds per step
         between exchanges (``busy_s``)."""
         return self.workers.summaries()
+
+    # ---------------------------------------------------------------- queries
+    def query(self, req: QueryRequest, **overrides) -> QueryAnswer:
+        """Answer a query (DESIGN.md "Query serving"): its vertices' output embeddings
+        and labels, exactly as if inserted (``budget=None``) or by selective
+        recomputation with ``budget`` gamma in [0, 1] and ``policy`` ("top-ratio",
+        "random", "degree"); the engine is left as it was unless ``insert=True``, which
+        applies the query as a batch of updates and answers from the result. Keyword
+        arguments override the request's own fields (``budget``, ``policy``,
+        ``insert``). A bad request raises the `InvalidUpdateError` naming its problem."""
+        if self._poisoned is not None:
+            raise NonFiniteEmbeddingError(self._poisoned)
+        try:
+            req = QueryRequest.model_validate({**req.model_dump(), **overrides})
+        except ValidationError as e:
+            raise InvalidQueryError(str(e.errors(include_url=False)[0]["msg"])) from None
+        cols = QueryColumns.from_request(req, self.graph.num_features, self.graph.limits)
+        qg = QueryGraph(self.graph, cols)
+        if req.insert:
+            result = self.apply(
+                [AddVertex(id=v.id, x=v.x) for v in req.vertices]
+                + [AddEdge(src=e.src, dst=e.dst, weight=e.weight) for e in req.edges])
+            rows = self.lookup(cols.ids)
+            return QueryAnswer(cols.ids, rows, rows.argmax(axis=1), None, req.policy,
+                               changed_labels=result.changed_labels)
+        recompute, candidates = plan(qg, self.layers, req.budget, req.policy)
+        answer = QueryAnswer(cols.ids, np.zeros(0), np.zeros(0, np.int64), req.budget,
+                             req.policy, candidates)
+        rows = run(self, qg, recompute, answer).cpu().numpy()
+        answer.embeddings, answer.labels = rows, rows.argmax(axis=1)
+        return answer
 
     # ---------------------------------------------------------------- batches
     @torch.inference_mode()
@@ -262,6 +299,11 @@ class Workers(Protocol):
         """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
         ...
 
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+        """Each shard's partial aggregates for a query layer (`Shard.partials` with the
+        request's keywords; None: nothing asked of it)."""
+        ...
+
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
         """Each shard's state (`Shard.arrays`)."""
         ...
@@ -304,6 +346,10 @@ class LocalWorkers:
                 out = np.empty((len(ids), rows.shape[1]), rows.dtype)
             out[mine] = rows
         return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
+
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+        return [None if r is None else shard.partials(**r)
+                for shard, r in zip(self.shards, requests, strict=True)]
 
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
         return [shard.arrays(with_graph) for shard in self.shards]

@@ -35,7 +35,7 @@ from streamgnn.updates import UpdateBatch
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
 
-LOAD, BOOTSTRAP, APPLY, ROWS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(9)
+LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(10)
 T = TypeVar("T")
 
 
@@ -82,6 +82,11 @@ class MpiWorkers:
         for p, reply in enumerate(replies):
             out[owner == p] = reply["rows"]
         return out
+
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+        replies = self._call(PARTIALS, [_partials_arrays(r) for r in requests])
+        return [None if r is None else reply["state"]
+                for r, reply in zip(requests, replies, strict=True)]
 
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
         return self._call(ARRAYS, [{"with_graph": np.array(with_graph)}] * self.size)
@@ -170,6 +175,8 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
         elif command == ROWS:
             ids, layer = payload["ids"], int(payload["layer"])
             reply = {"rows": shard.rows(shard.graph.slots(ids), layer)}
+        elif command == PARTIALS:
+            reply = {} if not payload else {"state": shard.partials(**_partials(payload))}
         elif command == ARRAYS:
             reply = shard.arrays(bool(payload["with_graph"]))
         elif command == SUMMARIES:
@@ -268,6 +275,17 @@ def _by_partition(name: str, a: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
     parts = a[f"{name}_parts"].tolist()
     ids = np.split(a[f"{name}_ids"], np.cumsum(a[f"{name}_counts"])[:-1]) if parts else []
     return dict(zip(parts, ids, strict=True))
+
+
+def _partials_arrays(r: dict | None) -> dict[str, np.ndarray]:
+    if r is None:
+        return {}
+    return {k: np.asarray(v) for k, v in r.items() if v is not None}
+
+
+def _partials(a: dict[str, np.ndarray]) -> dict:
+    return {"hop": int(a["hop"]), "src": a["src"], "dst": a["dst"], "w": a["w"],
+            "num": int(a["num"]), "dst_part": a.get("dst_part")}
 
 
 def _result_arrays(r: ApplyResult) -> dict[str, np.ndarray]:

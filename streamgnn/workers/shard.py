@@ -217,6 +217,22 @@ class Shard:
     def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
         return self._rows(layer, self._index(slots)).cpu().numpy()
 
+    @torch.inference_mode()
+    def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
+                 num: int, dst_part: np.ndarray | None) -> np.ndarray:
+        """A query's partial aggregates at layer ``hop`` over edges from vertices this
+        shard owns (external ids ``src``) to destinations ``dst`` in ``0..num`` (message
+        factors ``w``; attention: the destinations' parts ``dst_part``), from the stored
+        rows of h^(hop-1): `Layer.partial`."""
+        layer = self.layers[hop - 1]
+        rows, at = np.unique(self.graph.slots(src), return_inverse=True)
+        t = self._t(hop, layer, self._index(rows))
+        part = None if dst_part is None else self._tensor(dst_part).to(t.dtype)
+        state = layer.partial(t, self._index(at.astype(np.int64)),
+                              self._index(dst.astype(np.int64)),
+                              self._tensor(w).to(t.dtype), num, part)
+        return state.cpu().numpy()
+
     def arrays(self, with_graph: bool = True) -> dict[str, np.ndarray]:
         """Everything the shard knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``, so a restored shard repeats this one

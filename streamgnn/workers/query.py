@@ -1,0 +1,294 @@
+"""Query serving (DESIGN.md "Query serving"): new vertices answered from the engine's exact
+embeddings, as if inserted, without changing them.
+
+Over G plus the query Q (`QueryGraph`: query vertex i gets the virtual slot N + i), per
+layer l = 1..L (`plan`):
+- *needed* B_l: the vertices whose h^l the answer reads: B_L = Q, B_(l-1) = B_l and their
+  in-neighbours;
+- *recomputed* R_l: exact mode, the needed vertices whose h^l the query changes (Q, what is
+  within l hops downstream of it and, for degree-normalised layers, the vertices whose
+  in-degree it changes and their out-neighbours); SRPE, Q and the candidates the budget
+  lets a policy choose (OMEGA section 5). Every other row is the engine's stored one:
+  exact for G, and for a vertex the query does not change, exact for G plus Q.
+Layer l then aggregates each vertex of R_l over its in-edges in G plus Q (`run`): edges
+from R_(l-1) here, from the rows just computed; edges from any other vertex at the
+partition owning it, from its stored rows, one partial aggregate per destination and
+partition (computation-graph parallelism: rows never travel, partials do); the partials
+merge by the aggregation's own rule (`Aggregation.merge`) and the update runs here. The
+query vertices live with the router, so the all-to-all of partials is a gather to it.
+
+Owns query planning and execution; must not import kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.errors import DuplicateVertexError, InvalidQueryError, UnknownVertexError
+from streamgnn.graph import DynamicGraph
+from streamgnn.models.layers import Layer
+from streamgnn.queries import QueryColumns
+
+
+@dataclass
+class QueryAnswer:
+    """The answer to a query: for its vertices in request order, ``ids``, output
+    ``embeddings`` [n, d_L] and ``labels`` (argmax); how it was computed: ``budget``
+    (None: exact) and ``policy``, ``candidates`` (SRPE: existing vertices that receive a
+    query edge and feed the answer) and per layer 1..L the ids of the existing vertices
+    ``recomputed``; between the router and the partitions per layer, the bytes
+    ``sent`` and ``received`` (edge lists out, partial aggregates and rows back) and
+    ``pull_bytes``, what fetching the stored in-neighbour rows instead of partials would
+    have received. ``changed_labels``: with ``insert``, what inserting changed."""
+
+    ids: np.ndarray
+    embeddings: np.ndarray
+    labels: np.ndarray
+    budget: float | None
+    policy: str
+    candidates: int = 0
+    recomputed: list[np.ndarray] = field(default_factory=list)
+    sent_bytes: list[int] = field(default_factory=list)
+    received_bytes: list[int] = field(default_factory=list)
+    pull_bytes: list[int] = field(default_factory=list)
+    changed_labels: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+
+
+class QueryGraph:
+    """G plus a query's vertices and edges, read without changing G: existing vertices by
+    slot, query vertex i at virtual slot ``N + i`` (N = G's slot count). Raises the error
+    naming a query id already in G, an edge endpoint in neither, or an edge joining two
+    existing vertices."""
+
+    def __init__(self, graph: DynamicGraph, cols: QueryColumns) -> None:
+        self.graph, self.cols = graph, cols
+        self.n0 = n0 = graph.num_slots
+        taken = np.flatnonzero(graph.contains(cols.ids))
+        if len(taken):
+            i = int(taken[0])
+            raise DuplicateVertexError(f"query vertex {cols.ids[i]} is already in the "
+                                       "graph (a query adds new vertices)", index=i)
+        self.q = n0 + np.arange(len(cols.ids), dtype=np.int64)
+        self.src, self.dst = self._virtual(cols.src, cols.dst)
+        self.w = cols.weight.astype(np.float64)
+        existing = self.dst[self.dst < n0]
+        self.degree_changed = np.unique(existing)  # existing vertices a query edge enters
+
+    def _virtual(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(self.cols.ids)
+        ids = self.cols.ids[order]
+        out = []
+        for ends in (src, dst):
+            at = np.minimum(np.searchsorted(ids, ends), max(len(ids) - 1, 0))
+            mine = ids[at] == ends
+            slots = np.full(len(ends), -1, np.int64)
+            slots[mine] = self.n0 + order[at[mine]]
+            known = self.graph.contains(ends[~mine])
+            slots[np.flatnonzero(~mine)[known]] = self.graph.slots(ends[~mine][known])
+            out.append(slots)
+        for j in range(len(src)):  # errors only: find the first bad edge
+            if out[0][j] < 0 or out[1][j] < 0:
+                v = src[j] if out[0][j] < 0 else dst[j]
+                raise UnknownVertexError(f"query edge {src[j]} -> {dst[j]}: vertex {v} is "
+                                         "neither in the graph nor in the query", index=j)
+            if out[0][j] < self.n0 and out[1][j] < self.n0:
+                raise InvalidQueryError(f"query edge {src[j]} -> {dst[j]} joins two existing "
+                                        "vertices: that is an update (add_edge), not a "
+                                        "query", index=j)
+        return out[0], out[1]
+
+    def ext(self, slots: np.ndarray) -> np.ndarray:
+        """External ids of virtual slots."""
+        out = np.empty(len(slots), np.int64)
+        mine = slots >= self.n0
+        out[mine] = self.cols.ids[slots[mine] - self.n0]
+        out[~mine] = self.graph.ext[slots[~mine]]
+        return out
+
+    def in_edges(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ptr, src, weight) of the in-edges of sorted distinct ``targets``, CSR-style
+        (virtual slots; weights float64)."""
+        old = targets < self.n0
+        ptr, src, w = self.graph.in_edges(targets[old])
+        at = np.repeat(np.flatnonzero(old), np.diff(ptr))
+        into = np.isin(self.dst, targets)
+        at = np.concatenate([at, np.searchsorted(targets, self.dst[into])])
+        order = np.argsort(at, kind="stable")
+        counts = np.bincount(at, minlength=len(targets))
+        return (np.concatenate([[0], np.cumsum(counts)]),
+                np.concatenate([src.astype(np.int64), self.src[into]])[order],
+                np.concatenate([w.astype(np.float64), self.w[into]])[order])
+
+    def out_neighbours(self, vertices: np.ndarray) -> np.ndarray:
+        """Distinct out-neighbours of ``vertices`` (virtual slots)."""
+        _, dst, _ = self.graph.out_edges(vertices[vertices < self.n0])
+        return np.union1d(dst, self.dst[np.isin(self.src, vertices)])
+
+    def in_weight(self, vertices: np.ndarray) -> np.ndarray:
+        """Weighted in-degree of sorted distinct ``vertices`` (float64)."""
+        out = np.zeros(len(vertices))
+        old = vertices < self.n0
+        out[old] = self.graph.in_weight[vertices[old]]
+        into = np.isin(self.dst, vertices)
+        np.add.at(out, np.searchsorted(vertices, self.dst[into]), self.w[into])
+        return out
+
+    def in_degree(self, vertices: np.ndarray) -> np.ndarray:
+        """In-degree of sorted distinct ``vertices``."""
+        out = np.zeros(len(vertices), np.int64)
+        old = vertices < self.n0
+        out[old] = self.graph.in_degree[vertices[old]]
+        into = np.isin(self.dst, vertices)
+        np.add.at(out, np.searchsorted(vertices, self.dst[into]), 1)
+        return out
+
+
+def plan(qg: QueryGraph, layers: list[Layer], budget: float | None, policy: str,
+         seed: int = 0) -> tuple[list[np.ndarray], int]:
+    """R_1..R_L (sorted virtual slots) and the number of SRPE candidates."""
+    num = len(layers)
+    need: list[np.ndarray] = [qg.q] * (num + 1)
+    for hop in range(num, 1, -1):
+        need[hop - 1] = np.union1d(need[hop], qg.in_edges(need[hop])[1])
+    if budget is None:
+        spread = np.union1d(qg.degree_changed, qg.out_neighbours(qg.degree_changed))
+        recompute, affected = [], qg.q
+        for hop, layer in enumerate(layers, start=1):
+            grown = np.union1d(affected, qg.out_neighbours(affected))
+            if layer.degree_normalised:
+                grown = np.union1d(grown, spread)
+            affected = np.intersect1d(grown, need[hop], assume_unique=True)
+            recompute.append(affected)
+        return recompute, 0
+    candidates = np.intersect1d(qg.degree_changed, need[1], assume_unique=True)
+    chosen = choose(qg, candidates, budget, policy, seed)
+    return [np.union1d(qg.q, np.intersect1d(chosen, need[hop], assume_unique=True))
+            for hop in range(1, num)] + [qg.q], len(candidates)
+
+
+def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
+           seed: int = 0) -> np.ndarray:
+    """The ceil(budget x |candidates|) candidates to recompute (sorted): ``top-ratio``,
+    the highest share of in-edges from the query (OMEGA's top-query-edges-ratio);
+    ``degree``, the highest importance score 1/deg(v) x sum over in-neighbours u of
+    1/deg(u) (OMEGA's IS); ``random``, uniformly with ``seed``. Ties go to the smaller
+    external id."""
+    k = min(len(candidates), math.ceil(round(budget * len(candidates), 9)))
+    if k == 0:
+        return candidates[:0]
+    if policy == "random":
+        return np.sort(np.random.default_rng(seed).choice(candidates, k, replace=False))
+    degree = qg.in_degree(candidates)
+    if policy == "top-ratio":
+        from_query = np.bincount(np.searchsorted(candidates, qg.dst[np.isin(qg.dst, candidates)]),
+                                 minlength=len(candidates))
+        score = from_query / np.maximum(degree, 1)
+    elif policy == "degree":
+        ptr, src, _ = qg.in_edges(candidates)
+        sources = np.unique(src)
+        inverse = 1.0 / np.maximum(qg.in_degree(sources), 1)
+        sums = np.add.reduceat(np.append(inverse[np.searchsorted(sources, src)], 0.0),
+                               ptr[:-1]) * (np.diff(ptr) > 0)
+        score = sums / np.maximum(degree, 1)
+    else:
+        raise InvalidQueryError(f"policy {policy!r}: use top-ratio, random or degree")
+    order = np.lexsort((qg.ext(candidates), -score))
+    return np.sort(candidates[order[:k]])
+
+
+@torch.inference_mode()
+def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer) -> Tensor:
+    """The query vertices' output rows [n, d_L] (request order), layer by layer as the
+    module says; fills ``answer``'s per-layer counts."""
+    layers, device, dtype = engine.layers, engine.device, engine.dtype
+    here_ids = qg.q  # the vertices whose rows of the previous layer were computed here
+    here = torch.from_numpy(qg.cols.x).to(device, dtype)
+    for hop, (layer, targets) in enumerate(zip(layers, recompute, strict=True), start=1):
+        ptr, src, w = qg.in_edges(targets)
+        count = np.diff(ptr)
+        at = np.repeat(np.arange(len(targets)), count)
+        mine = np.isin(src, here_ids)
+        sent = received = 0
+
+        h, fetched = _rows(engine, qg, targets, hop - 1, here_ids, here)
+        received += fetched
+        t = layer.transform(h) if layer.self_transform or layer.caches_t else None
+        dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
+                    if layer.aggr.destination_dependent else None)
+        if layer.degree_normalised:  # each edge's factor carries its source's scale
+            sources, inverse = np.unique(src, return_inverse=True)
+            scale = layer.source_scale(torch.from_numpy(qg.in_weight(sources))).numpy()
+            w = w * scale[inverse]
+
+        def tensor(a: np.ndarray, kind=dtype) -> Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device, kind)
+
+        state = layer.partial(layer.transform(here),
+                              tensor(np.searchsorted(here_ids, src[mine]), torch.int64),
+                              tensor(at[mine], torch.int64), tensor(w[mine]), len(targets),
+                              dst_part)
+        got = np.bincount(at[mine], minlength=len(targets))
+        stored = np.flatnonzero(~mine)
+        owner = engine.owners(src[stored])
+        requests: list[dict | None] = []
+        locals_: list[np.ndarray | None] = []
+        for p in range(engine.num_partitions):
+            edges = stored[owner == p]
+            if not len(edges):
+                requests.append(None)
+                locals_.append(None)
+                continue
+            local, dst = np.unique(at[edges], return_inverse=True)
+            req = {"hop": hop, "src": qg.graph.ext[src[edges]], "dst": dst.astype(np.int32),
+                   "w": w[edges], "num": len(local),
+                   "dst_part": None if dst_part is None else dst_part[
+                       torch.from_numpy(local).to(device)].cpu().numpy()}
+            sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
+            requests.append(req)
+            locals_.append(local)
+        for local, reply, req in zip(locals_, engine.workers.partials(requests), requests,
+                                     strict=True):
+            if local is None:
+                continue
+            received += reply.nbytes
+            index = torch.from_numpy(local).to(device)
+            theirs = np.bincount(req["dst"], minlength=len(local))
+            state[index] = layer.aggr.merge(
+                state.index_select(0, index), tensor(got[local], torch.int64),
+                tensor(reply, state.dtype), tensor(theirs, torch.int64))
+            got[local] += theirs
+        agg = layer.aggr.finalize(state, tensor(count, torch.int64))
+        agg = agg if not isinstance(agg, Tensor) else agg.to(dtype)
+        here = layer.update(h, agg, t, tensor(qg.in_weight(targets)))
+        here_ids = targets
+        old = targets[targets < qg.n0]
+        answer.recomputed.append(qg.graph.ext[old])
+        answer.sent_bytes.append(sent)
+        answer.received_bytes.append(received)
+        width = h.shape[1] * h.element_size() + 8
+        answer.pull_bytes.append(len(np.unique(src[stored])) * width + fetched)
+    return here
+
+
+def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, here_ids: np.ndarray,
+          here: Tensor) -> tuple[Tensor, int]:
+    """h^layer of ``targets``: computed here, or the stored rows (fetched from the
+    partitions owning them); and the bytes fetched."""
+    mine = np.isin(targets, here_ids)
+    if mine.all():
+        return here.index_select(0, torch.from_numpy(
+            np.searchsorted(here_ids, targets)).to(here.device)), 0
+    out = here.new_empty((len(targets), here.shape[1]))
+    if mine.any():
+        out[torch.from_numpy(np.flatnonzero(mine)).to(here.device)] = here.index_select(
+            0, torch.from_numpy(np.searchsorted(here_ids, targets[mine])).to(here.device))
+    old = targets[~mine]
+    rows = engine.workers.rows(engine.owners(old), qg.graph.ext[old], layer)
+    out[torch.from_numpy(np.flatnonzero(~mine)).to(here.device)] = torch.from_numpy(
+        rows).to(here.device, here.dtype)
+    return out, rows.nbytes + 8 * len(old)

@@ -1,0 +1,243 @@
+"""Query serving against PyG: exact answers equal PyG's forward pass on the graph plus the
+query for every layer type, partition count and placement, and leave the engine as it
+was; SRPE equals the same layers fed the stored rows of the vertices it did not
+recompute; the policies, insertion and every bad request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import streamgnn as sg
+from streamgnn.workers import Engine
+from tests.archs import ARCHS, F_IN, randomise
+from tests.conftest import pyg_layers, pyg_step
+from tests.test_engine import start_graph
+
+QUERY_IDS = 1000  # query vertices get ids from here (the graph uses 0..19)
+
+
+@st.composite
+def queries(draw, existing: int = 20) -> sg.QueryRequest:
+    """1 to 4 new vertices; edges from and to existing vertices and between query
+    vertices, each pair once, weights as the graph's."""
+    n = draw(st.integers(1, 4))
+    row = st.lists(st.floats(-2, 2, width=32), min_size=F_IN, max_size=F_IN)
+    vertices = [sg.QueryVertex(id=QUERY_IDS + i, x=draw(row)) for i in range(n)]
+    ends = st.tuples(st.integers(0, n - 1), st.integers(-n, existing - 1), st.booleans(),
+                     st.floats(0.125, 2.0, width=32))
+    pairs = {}
+    for q, other, into, w in draw(st.lists(ends, max_size=12)):
+        other = QUERY_IDS + (-other - 1) if other < 0 else other
+        a, b = (other, QUERY_IDS + q) if into else (QUERY_IDS + q, other)
+        if a != b:
+            pairs[(a, b)] = w
+    edges = [sg.QueryEdge(src=a, dst=b, weight=w) for (a, b), w in pairs.items()]
+    return sg.QueryRequest(vertices=vertices, edges=edges)
+
+
+def with_query(data: sg.GraphData, req: sg.QueryRequest) -> sg.GraphData:
+    """The graph ``data`` plus the query's vertices and edges."""
+    return sg.GraphData(
+        ids=np.concatenate([data.ids, [v.id for v in req.vertices]]),
+        src=np.concatenate([data.src, [e.src for e in req.edges]]).astype(np.int64),
+        dst=np.concatenate([data.dst, [e.dst for e in req.edges]]).astype(np.int64),
+        x=np.concatenate([data.x, np.array([v.x for v in req.vertices], np.float32)]),
+        weight=np.concatenate([data.weight, np.array([e.weight for e in req.edges],
+                                                     np.float32)]))
+
+
+def reference(model: torch.nn.Module, data: sg.GraphData, req: sg.QueryRequest,
+              recomputed: list[np.ndarray] | None = None) -> np.ndarray:
+    """PyG's layers on the graph plus the query, at the query vertices. With
+    ``recomputed`` (per layer, the existing vertices SRPE recomputed) every other existing
+    vertex's row is replaced by its row on the graph alone after each layer: what SRPE
+    computes. Without: PyG's forward pass on the graph plus the query."""
+    full = with_query(data, req)
+    if recomputed is None:
+        return pyg_layers(model, full, torch.float64)[-1][len(data.ids):].numpy()
+    stored = pyg_layers(model, data, torch.float64)
+    g = full.to_pyg()
+    h, n = g.x.double(), len(data.ids)
+    for i, ids in enumerate(recomputed):
+        out = pyg_step(model, i, h, g.edge_index, g.edge_weight.double())
+        keep = ~np.isin(data.ids, ids)
+        out[:n][torch.from_numpy(keep)] = stored[i + 1][torch.from_numpy(keep)]
+        h = out
+    return h[n:].numpy()
+
+
+@settings(max_examples=60, deadline=None)
+@given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
+       partitions=st.integers(1, 4), placement=st.sampled_from(["metis", "hash"]),
+       seed=st.integers(0, 10_000), req=queries())
+def test_exact_queries_equal_pyg_on_the_graph_plus_the_query(arch, num_layers, partitions,
+                                                            placement, seed, req):
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed).double()
+    engine = Engine.from_pyg(model, data, partitions=partitions, placement=placement)
+    before = engine.snapshot()
+    res = engine.query(req)
+    want = reference(model, data, req)
+    assert res.ids.tolist() == [v.id for v in req.vertices]
+    assert np.abs(res.embeddings - want).max() <= 1e-9
+    assert res.labels.tolist() == want.argmax(axis=1).tolist()
+    after = engine.snapshot()
+    assert before.keys() == after.keys()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), k  # the query left no trace
+
+
+@settings(max_examples=40, deadline=None)
+@given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
+       partitions=st.integers(1, 3), budget=st.sampled_from([0.0, 0.3, 0.5, 1.0]),
+       policy=st.sampled_from(sg.queries.POLICIES), seed=st.integers(0, 10_000),
+       req=queries())
+def test_srpe_equals_the_layers_fed_the_rows_it_reused(arch, num_layers, partitions, budget,
+                                                       policy, seed, req):
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed).double()
+    engine = Engine.from_pyg(model, data, partitions=partitions)
+    res = engine.query(req, budget=budget, policy=policy)
+    assert len(res.recomputed) == num_layers
+    assert len(res.recomputed[-1]) == 0  # the last layer computes the query vertices only
+    chosen = np.unique(np.concatenate(res.recomputed))
+    assert len(chosen) == min(res.candidates, int(np.ceil(round(budget * res.candidates, 9))))
+    if budget == 0.0:
+        assert not len(chosen)
+    want = reference(model, data, req, res.recomputed)
+    assert np.abs(res.embeddings - want).max() <= 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(arch=st.sampled_from(sorted(a for a in ARCHS if "gcn" not in a)),
+       seed=st.integers(0, 10_000), req=queries())
+def test_srpe_with_the_whole_budget_is_exact_for_two_layers(arch, seed, req):
+    """With two layers only the query's direct targets change below the last layer, so
+    gamma = 1 recomputes all of them (GCN also changes their out-neighbours' degrees
+    terms: left out)."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](2), seed).double()
+    engine = Engine.from_pyg(model, data)
+    res = engine.query(req, budget=1.0)
+    assert np.abs(res.embeddings - reference(model, data, req)).max() <= 1e-9
+
+
+def test_a_batch_of_queries_is_answered_in_one_pass_like_one_at_a_time():
+    data = start_graph(5)
+    model = randomise(ARCHS["pyg-gat"](2), 5).double()
+    engine = Engine.from_pyg(model, data, partitions=2)
+    rng = np.random.default_rng(0)
+    reqs = [sg.QueryRequest(
+        vertices=[sg.QueryVertex(id=QUERY_IDS + i, x=rng.standard_normal(F_IN).tolist())],
+        edges=[sg.QueryEdge(src=QUERY_IDS + i, dst=int(rng.integers(20))),
+               sg.QueryEdge(src=int(rng.integers(20)), dst=QUERY_IDS + i)])
+        for i in range(50)]
+    together = engine.query(sg.QueryRequest(
+        vertices=[v for r in reqs for v in r.vertices], edges=[e for r in reqs for e in r.edges]),
+        budget=0.0)
+    alone = np.concatenate([engine.query(r, budget=0.0).embeddings for r in reqs])
+    assert np.abs(together.embeddings - alone).max() <= 1e-9
+
+
+def test_policies_rank_candidates_as_omega_does():
+    """Candidates 0..3 receive query edges; top-ratio takes the highest share of query
+    in-edges (ties to the smaller id), degree the highest importance score, random a
+    seeded choice."""
+    ids = np.arange(8)
+    # in-edges from the graph: 0 has 3, 1 has 1, 2 has 1, 3 has 0
+    src = np.array([4, 5, 6, 7, 4])
+    dst = np.array([0, 0, 0, 1, 2])
+    data = sg.GraphData(ids=ids, src=src, dst=dst, x=np.ones((8, F_IN), np.float32))
+    model = randomise(ARCHS["sage-sum"](2), 0).double()
+    engine = Engine.from_pyg(model, data)
+    req = sg.QueryRequest(
+        vertices=[sg.QueryVertex(id=100, x=[0.5] * F_IN)],
+        edges=[sg.QueryEdge(src=100, dst=v) for v in range(4)]
+        + [sg.QueryEdge(src=v, dst=100) for v in range(4)])
+    top = engine.query(req, budget=0.5)  # ratios 1/4, 1/2, 1/2, 1/1 -> 3, then 1 (tie)
+    assert top.candidates == 4
+    assert sorted(top.recomputed[0].tolist()) == [1, 3]
+    random = [engine.query(req, budget=0.5, policy="random").recomputed[0].tolist()
+              for _ in range(2)]
+    assert random[0] == random[1] and len(random[0]) == 2
+    degree = engine.query(req, budget=0.25, policy="degree")
+    # IS: 0 (1/4)(1 + 1 + 1 + 1/4), 1 (1/2)(1 + 1/4), 2 the same, 3 (1/1)(1/4): 100 has 4
+    assert degree.recomputed[0].tolist() == [0]
+
+
+def test_insert_applies_the_query_and_answers_from_the_result():
+    data = start_graph(7)
+    model = randomise(ARCHS["pyg-gcn"](2), 7).double()
+    engine = Engine.from_pyg(model, data, partitions=2)
+    req = sg.QueryRequest(vertices=[sg.QueryVertex(id=500, x=[0.1] * F_IN)],
+                          edges=[sg.QueryEdge(src=500, dst=3), sg.QueryEdge(src=4, dst=500)])
+    exact = engine.query(req)
+    res = engine.query(req, insert=True)
+    assert np.abs(res.embeddings - exact.embeddings).max() <= 1e-9
+    assert 500 in engine.vertex_ids() and 500 in res.changed_labels
+    with pytest.raises(sg.DuplicateVertexError, match="already in the graph"):
+        engine.query(req)
+
+
+BAD = [
+    ({"vertices": []}, sg.InvalidQueryError, "1 to 4096 vertices"),
+    ({"vertices": [{"id": 3, "x": [0.0] * F_IN}]}, sg.DuplicateVertexError, "already in"),
+    ({"vertices": [{"id": 900, "x": [0.0] * 2}]}, sg.FeatureDimensionError, "2 features"),
+    ({"vertices": [{"id": 900, "x": [float("nan")] * F_IN}]}, sg.NonFiniteValueError, "NaN"),
+    ({"vertices": [{"id": 900, "x": [1e9] * F_IN}]}, sg.OutOfRangeError, "beyond"),
+    ({"vertices": [{"id": 900, "x": [0.0] * F_IN}, {"id": 900, "x": [0.0] * F_IN}]},
+     sg.DuplicateVertexError, "twice"),
+    ({"vertices": [{"id": 900, "x": [0.0] * F_IN}], "edges": [{"src": 900, "dst": 77777}]},
+     sg.UnknownVertexError, "77777 is neither"),
+    ({"vertices": [{"id": 900, "x": [0.0] * F_IN}], "edges": [{"src": 1, "dst": 2}]},
+     sg.InvalidQueryError, "joins two existing"),
+    ({"vertices": [{"id": 900, "x": [0.0] * F_IN}], "edges": [{"src": 900, "dst": 900}]},
+     sg.SelfLoopError, "self-loop"),
+    ({"vertices": [{"id": 900, "x": [0.0] * F_IN}],
+      "edges": [{"src": 900, "dst": 1}, {"src": 900, "dst": 1}]}, sg.DuplicateEdgeError,
+     "twice"),
+    ({"vertices": [{"id": 900, "x": [0.0] * F_IN}],
+      "edges": [{"src": 900, "dst": 1, "weight": float("inf")}]}, sg.NonFiniteValueError,
+     "weight"),
+    ({"vertices": [{"id": 900 + i, "x": [0.0] * F_IN} for i in range(4097)]},
+     sg.InvalidQueryError, "1 to 4096"),
+]
+
+
+@pytest.mark.parametrize(("body", "error", "match"), BAD)
+def test_a_bad_query_raises_the_error_naming_it_and_changes_nothing(body, error, match):
+    data = start_graph(1)
+    engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 1).double(), data)
+    before = engine.snapshot()
+    with pytest.raises(error, match=match):
+        engine.query(sg.QueryRequest(**body), insert=True)
+    assert all(np.array_equal(v, engine.snapshot()[k]) for k, v in before.items())
+
+
+def test_a_budget_outside_zero_to_one_is_refused():
+    data = start_graph(1)
+    engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 1).double(), data)
+    req = sg.QueryRequest(vertices=[sg.QueryVertex(id=900, x=[0.0] * F_IN)])
+    with pytest.raises(sg.InvalidQueryError, match="less than or equal to 1"):
+        engine.query(req, budget=1.5)
+
+
+@pytest.mark.parametrize("arch", ["pyg-gcn", "gcn-improved"])
+def test_exact_gcn_sees_the_in_degree_the_query_changes_two_hops_away(arch):
+    """q -> v changes v's in-degree, so GCN's messages v -> w change at every layer though
+    v's row at layer 0 does not; w -> q brings that to the answer."""
+    data = start_graph(11)
+    src, dst, _ = (np.asarray(a) for a in (data.src, data.dst, data.weight))
+    v, w = int(src[0]), int(dst[0])
+    model = randomise(ARCHS[arch](2), 11).double()
+    engine = Engine.from_pyg(model, data)
+    req = sg.QueryRequest(vertices=[sg.QueryVertex(id=QUERY_IDS, x=[0.3] * F_IN)],
+                          edges=[sg.QueryEdge(src=QUERY_IDS, dst=v, weight=1.5),
+                                 sg.QueryEdge(src=w, dst=QUERY_IDS)])
+    res = engine.query(req)
+    assert w in res.recomputed[0]
+    assert np.abs(res.embeddings - reference(model, data, req)).max() <= 1e-9
