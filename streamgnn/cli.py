@@ -21,7 +21,8 @@ app = typer.Typer(
     help="streamgnn: exact, incremental GNN inference over a streaming graph.\n\n"
     "Typical flow: `streamgnn broker start` (or point --bootstrap-servers at Kafka), "
     "`streamgnn train` a model on a dataset's snapshot, `streamgnn serve` it, send updates "
-    "with `streamgnn produce updates.jsonl` and follow `streamgnn watch labels`. "
+    "with `streamgnn produce updates.jsonl`, follow `streamgnn watch labels` and label "
+    "new vertices with `streamgnn query request.json`. "
     "`streamgnn demo` runs the whole flow on a synthetic graph.",
     no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_show_locals=False)
 datasets_app = typer.Typer(help="Generate and inspect graphs.", no_args_is_help=True)
@@ -63,9 +64,9 @@ def _topics(prefix: str):
 
 
 def _snapshot(dataset: str, seed: int, holdout: float):
+    """(the whole graph, the snapshot to start from, the held-out updates)."""
     from streamgnn.datasets import open_dataset, split_stream
 
-    """(the whole graph, the snapshot to start from, the held-out updates)."""
     t = time.perf_counter()
     full = open_dataset(dataset, seed)
     console.print(f"[bold]{full}[/] loaded in {time.perf_counter() - t:.1f} s")
@@ -543,8 +544,10 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
     def open_service() -> Service:
         service = Service.open(lambda: Checkpoint.load(checkpoint), start,
                                KafkaTransport(bootstrap_servers, topics.updates), config,
-                               checkpoints, device, mpi_workers)
-        bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} at "
+                               checkpoints, device, mpi_workers,
+                               KafkaTransport(bootstrap_servers, topics.queries))
+        bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} and "
+                  f"{topics.queries} -> {topics.results} at "
                   f"{bootstrap_servers} (batch {batch_size}, from batch "
                   f"{service.batch_seq + 1}); Ctrl-C stops")
         current["service"] = service
@@ -634,6 +637,75 @@ def produce(
     out.close()
     console.print(f"{sent:,} updates -> {topics.updates} in "
                   f"{time.perf_counter() - start:.1f} s")
+
+
+@app.command()
+def query(
+    request: Annotated[Path, typer.Argument(help=(
+        "JSON query request ('-' reads stdin): {\"vertices\": [{\"id\": 900001, \"x\": "
+        "[...]}], \"edges\": [{\"src\": 900001, \"dst\": 17}, {\"src\": 42, \"dst\": "
+        "900001, \"weight\": 0.5}]}; optional budget, policy, embeddings."))],
+    budget: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="SRPE budget gamma: the share of the query's direct "
+        "targets recomputed (0: reuse every stored row). Default: the request's, else "
+        "exact.")] = None,
+    policy: Annotated[str | None, typer.Option(
+        help="SRPE policy: top-ratio (OMEGA's), degree or random.")] = None,
+    embeddings: Annotated[bool, typer.Option(
+        help="Ask for the output embeddings too (printed as their first values).")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer.")] = 30.0,
+    bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    topic_prefix: TopicPrefixOpt = "",
+) -> None:
+    """Send one query to query-requests and print its answer from query-results: each
+    new vertex's predicted label from the current embeddings, exact (as if the vertices
+    and edges were inserted; nothing is) or by SRPE with --budget. Exit code 1 when the
+    service answered with an error (printed with its reason), 2 without an answer."""
+    import contextlib
+    import sys
+
+    import orjson
+
+    from streamgnn.stream import QueryResult, encode
+    from streamgnn.stream.kafka import ensure_topics, request_reply
+    from streamgnn.stream.schemas import DecodeError, decode_query
+
+    with (contextlib.nullcontext(sys.stdin.buffer) if str(request) == "-"
+          else open(request, "rb")) as f:
+        raw = f.read()
+    try:
+        body = orjson.loads(raw)
+        overrides = {"budget": budget, "policy": policy, "embeddings": embeddings or None}
+        body.update({k: v for k, v in overrides.items() if v is not None})
+        req = decode_query(orjson.dumps(body))
+    except (orjson.JSONDecodeError, AttributeError, DecodeError) as e:
+        raise typer.BadParameter(f"not a query request: {e}") from None
+    topics = _topics(topic_prefix)
+    ensure_topics(bootstrap_servers, topics.all())
+    wanted = req.event_id.encode()
+    reply = request_reply(bootstrap_servers, topics.queries, encode(req), topics.results,
+                          lambda value: wanted in value, timeout)
+    if reply is None:
+        console.print(f"[red]no answer within {timeout:g} s[/]: is `streamgnn serve` "
+                      f"running against {bootstrap_servers}?")
+        raise typer.Exit(2)
+    res = QueryResult.model_validate_json(reply)
+    if res.error is not None:
+        console.print(f"[red]{res.error}[/]: {res.reason}", highlight=False)
+        raise typer.Exit(1)
+    mode = "exact" if res.budget is None else f"SRPE gamma={res.budget:g} ({res.policy})"
+    table = Table(title=f"{mode}, state after batch {res.batch}, {res.recomputed} existing "
+                        f"vertices recomputed, {res.latency_ms:.1f} ms")
+    table.add_column("vertex", justify="right")
+    table.add_column("label", justify="right")
+    if res.embeddings is not None:
+        table.add_column("embedding")
+    for i, (v, label) in enumerate(zip(res.ids, res.labels, strict=True)):
+        row = [str(v), str(label)]
+        if res.embeddings is not None:
+            row.append(" ".join(f"{a:.3f}" for a in res.embeddings[i][:6]) + " ...")
+        table.add_row(*row)
+    console.print(table)
 
 
 @app.command()

@@ -92,3 +92,43 @@ def test_produce_serve_watch_round_trip(tmp_path, broker, topics):
     letters = run("watch", "dead-letters", "--from-beginning", "--idle", "2", *common,
                   cwd=tmp_path)
     assert "malformed_json" in letters
+
+
+def test_query_asks_the_running_service_and_prints_its_answer(tmp_path, broker, topics):
+    """`streamgnn query` against `streamgnn serve`: a good request prints each new
+    vertex's label and the batch it read; a bad one prints the error and exits 1."""
+    import json
+    import os
+
+    import streamgnn as sg
+
+    prefix = topics.updates.removesuffix("graph-updates")
+    common = ("-b", broker.bootstrap, "--topic-prefix", prefix)
+    run("train", "--dataset", "tiny", "--model", "sage-mean", "--epochs", "2", "--hidden",
+        "8", "--out", "m.pt", cwd=tmp_path)
+    snapshot, _ = sg.datasets.split_stream(sg.datasets.synthetic("tiny", 0), 0.2, 0)
+    v, w = (int(i) for i in snapshot.ids[:2])
+    x = [0.25] * snapshot.num_features
+    (tmp_path / "good.json").write_text(json.dumps({
+        "vertices": [{"id": -7, "x": x}, {"id": -8, "x": x}],
+        "edges": [{"src": -7, "dst": v}, {"src": w, "dst": -7}, {"src": -7, "dst": -8}]}))
+    (tmp_path / "bad.json").write_text(json.dumps({
+        "vertices": [{"id": -7, "x": x}], "edges": [{"src": v, "dst": w}]}))
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "streamgnn.cli", "serve", "-c", "m.pt", "--dataset", "tiny",
+         "--until-idle", "20", "--state-dir", "state", *common], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200"})
+    try:
+        out = run("query", "good.json", "--budget", "0.5", "--embeddings", "--timeout", "60",
+                  *common, cwd=tmp_path)
+        assert "SRPE gamma=0.5 (top-ratio), state after batch 0" in out
+        assert "-7" in out and "-8" in out
+        bad = subprocess.run([sys.executable, "-m", "streamgnn.cli", "query", "bad.json",
+                              "--timeout", "60", *common], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+        assert bad.returncode == 1 and "invalid_query" in bad.stdout, bad.stdout + bad.stderr
+        assert "joins two existing vertices" in bad.stdout.replace("\n", " ")
+    finally:
+        serve.terminate()
+        serve.wait(60)

@@ -6,6 +6,7 @@ recompute; the policies, insertion and every bad request."""
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
 import torch
 from hypothesis import given, settings
@@ -241,3 +242,68 @@ def test_exact_gcn_sees_the_in_degree_the_query_changes_two_hops_away(arch):
     res = engine.query(req)
     assert w in res.recomputed[0]
     assert np.abs(res.embeddings - reference(model, data, req)).max() <= 1e-9
+
+
+def test_the_service_answers_queries_between_batches_and_names_what_is_wrong():
+    """Requests on the query topic, through the in-memory transport: each good one is
+    answered from the state after the last batch (named), as `Engine.query` answers it;
+    each bad one gets an error result naming the problem; the loop never stops."""
+    from streamgnn.router import Service, ServiceConfig
+    from streamgnn.stream import QueryResult, Topics, encode
+    from streamgnn.stream.memory import MemoryBroker, MemoryTransport
+    from tests.test_faults import setup
+
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    topics = Topics()
+    broker = MemoryBroker()
+    for u in events:
+        broker.produce(topics.updates, encode(u))
+    config = ServiceConfig(batch_size=40, topics=topics)
+    service = Service.open(lambda: model, lambda m: Engine.from_pyg(m.model(), snapshot),
+                           MemoryTransport(broker, topics.updates), config,
+                           queries=MemoryTransport(broker, topics.queries))
+    service.run(idle_exit_s=0.3)
+    assert service.batch_seq > 1
+
+    v, w = (int(i) for i in data.ids[:2])
+    f = data.num_features
+    good = [sg.QueryRequest(vertices=[sg.QueryVertex(id=-1, x=[0.5] * f)],
+                            edges=[sg.QueryEdge(src=-1, dst=v), sg.QueryEdge(src=w, dst=-1)]),
+            sg.QueryRequest(vertices=[sg.QueryVertex(id=-1, x=[0.1] * f),
+                                      sg.QueryVertex(id=-2, x=[0.2] * f)],
+                            edges=[sg.QueryEdge(src=-2, dst=-1), sg.QueryEdge(src=v, dst=-2)],
+                            budget=0.5, embeddings=True)]
+    one = {"vertices": [{"id": -1, "x": [0.0] * f}]}
+    bad = [(b"{not json", "malformed_json"),
+           (b'{"vertices": [], "budget": 2}', "invalid_fields"),
+           (orjson.dumps({**one, "policy": "best"}), "invalid_fields"),
+           (orjson.dumps({"vertices": [{"id": v, "x": [0.0] * f}]}), "duplicate_vertex"),
+           (orjson.dumps({**one, "edges": [{"src": v, "dst": w}]}), "invalid_query"),
+           (orjson.dumps({**one, "edges": [{"src": -1, "dst": 10**12}]}), "unknown_vertex"),
+           (orjson.dumps({"vertices": [{"id": -1, "x": [0.0]}]}), "wrong_dimension"),
+           (b'{"vertices": [{"id": -1, "x": [NaN' + b", 0.0" * (f - 1) + b"]}]}",
+            "non_finite"),
+           (orjson.dumps({"vertices": []}), "invalid_query"),
+           (orjson.dumps({**one, "insert": True}), "invalid_query"),
+           (None, "tombstone")]
+    for req in good[:1]:
+        broker.produce(topics.queries, encode(req))
+    for raw, _ in bad:
+        broker.produce(topics.queries, raw)
+    for req in good[1:]:
+        broker.produce(topics.queries, encode(req))
+    service.run(idle_exit_s=0.3)
+
+    results = [QueryResult.model_validate_json(r.value) for r in broker.records(topics.results)]
+    assert [r.error for r in results] == [None] + [kind for _, kind in bad] + [None]
+    assert all(r.reason for r in results[1:-1]) and service.stats.queries["answered"] == 2
+    for req, res in zip(good, (results[0], results[-1]), strict=True):
+        want = service.engine.query(req)
+        assert res.request_id == req.event_id and res.batch == service.batch_seq
+        assert res.ids == want.ids.tolist() and res.labels == want.labels.tolist()
+        assert res.budget == req.budget and res.latency_ms > 0
+    assert results[0].embeddings is None
+    assert np.abs(np.array(results[-1].embeddings) - service.engine.query(good[1]).embeddings
+                  ).max() <= 1e-6
+    assert len({r.event_id for r in results}) == len(results)

@@ -4,7 +4,10 @@ that wait for a vertex (`Arrivals`), cuts batches of ``batch_size`` updates (or 
 the maximum wait), applies each to the engine (which places it on its partitions), publishes
 every changed label (one message per batch and label-topic partition) and every unusable
 update (dead letter, with reason and source offset), and checkpoints state, pending
-updates and consumed offsets every N batches or seconds.
+updates and consumed offsets every N batches or seconds. Between two batches it answers
+query requests from a second transport (`_answer_queries`): each from the state after the
+last batch, published on ``query-results`` naming that batch; a request that cannot be
+answered gets an error result naming why, and never stops the loop.
 
 Failure semantics (README, "Reliability"):
 - Bad input never stops the loop: any exception one message causes while it is decoded
@@ -18,6 +21,9 @@ Failure semantics (README, "Reliability"):
 - ``run(stop=...)`` (SIGINT and SIGTERM in `streamgnn serve`) ends the loop at the next
   batch boundary: the batch in flight is finished, everything admitted is applied, and a
   checkpoint whose offsets match the applied state is written.
+- Queries change nothing, so they are answered at least once: their offsets are
+  checkpointed with the rest, and requests answered after the last checkpoint are
+  answered again after a restart (same ``request_id``: consumers drop repeats).
 - Exactly once for state, the same outputs on a replay: state, pending updates and
   offsets are checkpointed together, and every batch is journaled before its outputs go
   out, so a restart replays the batches since the checkpoint with the same updates, the
@@ -41,7 +47,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, Field
 
-from streamgnn.errors import StreamGNNError
+from streamgnn.errors import InvalidQueryError, InvalidUpdateError, StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.npz import write_arrays
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
@@ -50,8 +56,10 @@ from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.stream.schemas import (
     DeadLetter,
     DecodeError,
+    QueryResult,
     SourceRange,
     Topics,
+    decode_query,
     decode_updates,
     encode,
     is_array,
@@ -96,6 +104,7 @@ class Stats:
     batches: int = 0
     label_changes: int = 0
     dead_letters: Counter = field(default_factory=Counter)
+    queries: Counter = field(default_factory=Counter)  # answered, or the error's kind
     latency_ms: list[np.ndarray] = field(default_factory=list)  # produce -> acknowledged
     batch_ms: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -140,10 +149,14 @@ class BatchReport:
 
 class Service:
     def __init__(self, engine: Engine, checkpoint: Checkpoint, transport: Transport,
-                 config: ServiceConfig, checkpoints: Checkpoints | None = None) -> None:
+                 config: ServiceConfig, checkpoints: Checkpoints | None = None,
+                 queries: Transport | None = None) -> None:
+        """``transport`` consumes the updates topic; ``queries``, if given, the
+        query-requests topic."""
         self.engine = engine
         self.model = checkpoint
         self.transport = transport
+        self.queries = queries
         self.config = config
         self.checkpoints = checkpoints
         engine.graph.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
@@ -165,7 +178,7 @@ class Service:
     def open(cls, checkpoint: Callable[[], Checkpoint], bootstrap: Callable[[Checkpoint], Engine],
              transport: Transport, config: ServiceConfig,
              checkpoints: Checkpoints | None = None, device: str = "cpu",
-             workers: Workers | None = None) -> Service:
+             workers: Workers | None = None, queries: Transport | None = None) -> Service:
         """Resume from the last checkpoint in ``checkpoints`` if there is one (seeking the
         transport to its offsets, and replaying the journal written since); else
         bootstrap a new engine and checkpoint it (the base any recovery starts from).
@@ -173,7 +186,7 @@ class Service:
         saved = checkpoints.load(names=("model",)) if checkpoints else None
         if saved is None:
             model = checkpoint()
-            service = cls(bootstrap(model), model, transport, config, checkpoints)
+            service = cls(bootstrap(model), model, transport, config, checkpoints, queries)
             if service.suspects is not None:
                 service.suspects.clear()  # a fresh start: nothing died on this stream yet
             service.checkpoint()
@@ -181,7 +194,7 @@ class Service:
         state = saved.meta
         model = saved_model(saved)
         engine = Engine.read(model.model(), saved.folder, device, workers)
-        service = cls(engine, model, transport, config, checkpoints)
+        service = cls(engine, model, transport, config, checkpoints, queries)
         service.arrivals.waiting = {}
         for item in state["waiting"]:
             (update, origin), (vertex, deadline) = _item(item), item["wait"]
@@ -192,6 +205,8 @@ class Service:
             service.arrivals.track(update)
         service.batch_seq = state["batch_seq"]
         transport.seek({int(p): o for p, o in state["positions"].items()})
+        if queries is not None:
+            queries.seek({int(p): o for p, o in state.get("query_positions", {}).items()})
         service._replay_journal(saved.generation)
         return service
 
@@ -226,13 +241,16 @@ class Service:
             "waiting": [_item_json(w.update, w.source, (w.vertex, w.deadline))
                         for ws in self.arrivals.waiting.values() for w in ws],
             "pending": [_item_json(u, o) for u, o in unapplied],
-            "batch_seq": self.batch_seq, "positions": self.transport.positions()}, entries)
+            "batch_seq": self.batch_seq, "positions": self.transport.positions(),
+            "query_positions": self.queries.positions() if self.queries else {}}, entries)
         self.journal.restart(generation, list(self.script), self.checkpoints.kept()[0])
         self.suspects.forget_before(self.transport.positions())
         self._last_checkpoint = (self.batch_seq, time.monotonic())
 
     def close(self) -> None:
         self.transport.close()
+        if self.queries is not None:
+            self.queries.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -253,9 +271,12 @@ class Service:
                 self._replay_step(on_batch)
                 last_input = time.monotonic()
                 continue
+            if self.queries is not None:
+                self._answer_queries()
             want = cfg.batch_size - len(self.pending)
+            idle_wait = 0.1 if self.queries is None else 0.01  # queries wait on this poll
             records = self.transport.poll(max(1, int(want / per_record)),
-                                          cfg.max_wait_s if self.pending else 0.1)
+                                          cfg.max_wait_s if self.pending else idle_wait)
             now = time.monotonic()
             self._record_acks()
             if records:
@@ -291,6 +312,43 @@ class Service:
         self._settle()
         self.checkpoint()
         return self.stats
+
+    # ---------------------------------------------------------------- queries
+    def _answer_queries(self, limit: int = 16) -> None:
+        """Answer up to ``limit`` waiting query requests from the current state."""
+        for record in self.queries.poll(limit, 0):
+            self.transport.publish(self.config.topics.results, None,
+                                   encode(self._answer(record)))
+
+    def _answer(self, record: Record) -> QueryResult:
+        """The result for one request record: the answer, or the error naming why there
+        is none (the record's own position names it when it is not even a request)."""
+        at = f"{record.topic}-{record.partition}-{record.offset}"
+        base = {"event_id": f"qr-{at}", "request_id": f"unreadable-{at}",
+                "batch": self.batch_seq}
+        try:
+            req = decode_query(record.value)
+            base.update(request_id=req.event_id, budget=req.budget, policy=req.policy)
+            if req.insert:
+                raise InvalidQueryError("insert is not served on the stream: produce the "
+                                         "vertices and edges to the updates topic (its one "
+                                         "writer of the graph) and query them after")
+            answer = self.engine.query(req)
+        except DecodeError as e:
+            kind, reason = e.error, str(e)
+        except InvalidUpdateError as e:
+            kind, reason = e.kind, str(e)
+        except Exception as e:  # one request must never stop the service
+            kind, reason = "internal", f"{type(e).__name__}: {e}"
+        else:
+            self.stats.queries["answered"] += 1
+            return QueryResult(
+                **base, ids=answer.ids.tolist(), labels=answer.labels.tolist(),
+                embeddings=answer.embeddings.tolist() if req.embeddings else None,
+                recomputed=int(sum(len(r) for r in answer.recomputed)),
+                latency_ms=(time.time() - req.event_time) * 1e3)
+        self.stats.queries[kind] += 1
+        return QueryResult(**base, error=kind, reason=_escaped(reason))
 
     # ---------------------------------------------------------------- input
     def _admit(self, records: list[Record], gate: bool = True,

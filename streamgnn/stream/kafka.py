@@ -1,5 +1,5 @@
 """The Kafka implementation of `Transport` (kafka-python), topic creation, and the small
-producer/consumer helpers behind `streamgnn produce` and `streamgnn watch`.
+producer/consumer helpers behind `streamgnn produce`, `watch` and `query`.
 
 Uses only standard Kafka APIs, so it runs against Apache Kafka and the embedded Tansu
 broker alike: partitions are assigned explicitly and positions come from the service's own
@@ -231,6 +231,28 @@ class KafkaTransport:
             self._reader.join()
         self._producer.close()
         self._consumer.close()
+
+
+def request_reply(bootstrap: str, topic: str, value: bytes, reply_topic: str,
+                  is_reply: Callable[[bytes], bool], timeout_s: float) -> bytes | None:
+    """Send ``value`` to ``topic`` and wait up to ``timeout_s`` for the first record of
+    ``reply_topic`` published after it that ``is_reply``; None if none came."""
+    consumer, tps = _assigned(bootstrap, reply_topic)
+    try:
+        consumer.seek_to_end()
+        for tp in tps:  # resolve the lazy seek now, before the request goes out
+            consumer.position(tp)
+        sender = producer(bootstrap)
+        sender.send(topic, value=value)
+        sender.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for record in _records(reply_topic, consumer.poll(timeout_ms=100)):
+                if is_reply(record.value):
+                    return record.value
+        return None
+    finally:
+        consumer.close()
 
 
 def follow(bootstrap: str, topic: str, from_beginning: bool = False,

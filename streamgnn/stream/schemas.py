@@ -20,6 +20,7 @@ import orjson
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from streamgnn.queries import QueryRequest
 from streamgnn.updates import (
     UPDATE_ADAPTER,
     AddEdge,
@@ -181,6 +182,18 @@ def decode_update(raw: bytes) -> Update:
     if isinstance(update, DecodeError):
         raise update
     return update
+
+
+def decode_query(raw: bytes | None) -> QueryRequest:
+    """Parse one ``query-requests`` message; raises `DecodeError` saying what is wrong
+    (no value, malformed JSON, missing, extra or mistyped fields, a budget outside
+    [0, 1], an unknown policy)."""
+    if raw is None:
+        raise DecodeError("tombstone", "the record has no value (a tombstone): no query")
+    try:
+        return QueryRequest.model_validate_json(raw.removeprefix(_BOM))
+    except ValidationError as e:
+        raise _decode_error(e) from None
 
 
 def is_array(raw: bytes | None) -> bool:
