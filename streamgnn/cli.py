@@ -55,6 +55,11 @@ BrokerPortOpt = Annotated[int, typer.Option("--port", envvar="STREAMGNN_BROKER_P
                                             help="Port of the embedded broker.")]
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 DEFAULT_BROKER_DIR = Path.home() / ".streamgnn" / "broker"
+DEFAULT_CALIBRATION = Path.home() / ".streamgnn" / "calibration.json"
+CalibrationOpt = Annotated[Path, typer.Option(
+    "--calibration", envvar="STREAMGNN_CALIBRATION",
+    help="Query executor thresholds written by `streamgnn calibrate` (serve: used when "
+         "the file exists; without it query batches run on --device).")]
 
 
 def _topics(prefix: str):
@@ -336,9 +341,11 @@ def serve(
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
     topic_prefix: TopicPrefixOpt = "",
     device: DeviceOpt = "cpu",
+    calibration: CalibrationOpt = DEFAULT_CALIBRATION,
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
-    exact, publish label-changes and dead-letters, checkpoint state and offsets.
+    exact, publish label-changes and dead-letters, checkpoint state and offsets; answer
+    query-requests on query-results between two batches (`streamgnn query` sends one).
 
     Ctrl-C or SIGTERM (docker stop, Kubernetes) stops at the next batch boundary and
     writes a checkpoint; a second one aborts at once (the last checkpoint and the journal
@@ -368,7 +375,7 @@ def serve(
         _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
                until_idle, max_abs_feature, max_abs_weight, quarantine_after,
-               bootstrap_servers, topic_prefix, device, mpi_workers)
+               bootstrap_servers, topic_prefix, device, mpi_workers, calibration)
     except BaseException as e:
         if mpi_workers is not None:  # never leave the workers waiting
             import traceback
@@ -500,13 +507,14 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
 def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
            arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
            until_idle, max_abs_feature, max_abs_weight, quarantine_after, bootstrap_servers,
-           topic_prefix, device, mpi_workers) -> None:
+           topic_prefix, device, mpi_workers, calibration) -> None:
     """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given)."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
     from streamgnn.stream.kafka import KafkaTransport, ensure_topics
     from streamgnn.workers import Engine
+    from streamgnn.workers.executors import Calibration
 
     keep_freed_memory()
     topics = _topics(topic_prefix)
@@ -546,6 +554,8 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                                KafkaTransport(bootstrap_servers, topics.updates), config,
                                checkpoints, device, mpi_workers,
                                KafkaTransport(bootstrap_servers, topics.queries))
+        if calibration.exists():
+            service.engine.executors.calibration = Calibration.load(calibration)
         bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} and "
                   f"{topics.queries} -> {topics.results} at "
                   f"{bootstrap_servers} (batch {batch_size}, from batch "
@@ -637,6 +647,39 @@ def produce(
     out.close()
     console.print(f"{sent:,} updates -> {topics.updates} in "
                   f"{time.perf_counter() - start:.1f} s")
+
+
+@app.command()
+def calibrate(
+    dataset: DatasetOpt = "small",
+    model: Annotated[str, typer.Option(help="Model architecture (as for train).")] = "sage-mean",
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", "-c", help="A trained model file instead of --model.")] = None,
+    out: CalibrationOpt = DEFAULT_CALIBRATION,
+    seed: SeedOpt = 0,
+) -> None:
+    """Measure where query batches run quicker on cuda than on cpu (exact queries of 1 to
+    4,096 new vertices on the dataset) and store the threshold `serve` dispatches by.
+    Without a GPU there is one choice: the file says so."""
+    from streamgnn.models.zoo import Checkpoint, ModelSpec
+    from streamgnn.workers import Engine
+    from streamgnn.workers.executors import calibrate as measure
+
+    _, data, _ = _snapshot(dataset, seed, 0.0)
+    spec = ModelSpec(model, data.num_features, data.num_classes)
+    net = Checkpoint.load(checkpoint).model() if checkpoint else spec.build().eval()
+    engine = Engine.from_pyg(net, data, progress=True)
+    cal = measure(engine)
+    cal.save(out)
+    table = Table(title=f"query batches: cpu vs cuda -> {out}")
+    for name in ("work (in-edges)", "cpu ms", "cuda ms"):
+        table.add_column(name, justify="right")
+    for work, cpu_ms, cuda_ms in cal.measured:
+        table.add_row(f"{work:,}", f"{cpu_ms:.2f}", "-" if cuda_ms is None else f"{cuda_ms:.2f}")
+    console.print(table)
+    console.print("no cuda device: every query batch runs on cpu" if len(
+        engine.executors.devices) == 1 else f"cuda from {cal.cuda_from} in-edges on"
+        if cal.cuda_from is not None else "cuda never won: every query batch runs on cpu")
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -67,6 +68,29 @@ def pyg_step(model: torch.nn.Module, i: int, h: torch.Tensor, ei: torch.Tensor,
             if model.act is not None and not act_first:
                 h = model.act(h)
     return h
+
+
+@pytest.fixture
+def device_kernels(monkeypatch):
+    """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
+    GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
+    reduce. Left for a GPU: where tensors live, and the engine's two row reductions
+    (`_argmax_rows`, `_rows_differ`), which branch on the device inside."""
+    from streamgnn.models import inference, layers, rowops, softmax_ops
+
+    for module, names in ((rowops, ("combine_rows", "add_rows", "max_rows", "reaches_rows")),
+                          (softmax_ops, ("fold_softmax", "attend_with_self_loop"))):
+        for name in names:
+            monkeypatch.setattr(module, f"{name}_numba", getattr(module, f"{name}_torch"))
+    monkeypatch.setattr(layers.GATLayer, "reduce_csr", lambda self, *args: None)
+    spmm = inference.aggregate_spmm
+
+    def sum_only(layer, t, ptr, src, w, scale):
+        assert layer.aggr.spmm == "sum", "off CPU, only sums take the sparse product"
+        return spmm(layer, t, ptr, src, w, scale)
+
+    monkeypatch.setattr(inference, "aggregate_spmm", sum_only)
+    monkeypatch.setattr(inference, "_reduces_on_cpu", lambda t: False)
 
 
 from tests.kafka_fixtures import broker, topics  # noqa: E402, F401  (fixtures for every test module)

@@ -141,29 +141,6 @@ def test_cuda_engine_stays_exact(arch):
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
-@pytest.fixture
-def device_kernels(monkeypatch):
-    """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
-    GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
-    reduce. Left for a GPU: where tensors live, and the engine's two row reductions
-    (`_argmax_rows`, `_rows_differ`), which branch on the device inside."""
-    from streamgnn.models import inference, layers, rowops, softmax_ops
-
-    for module, names in ((rowops, ("combine_rows", "add_rows", "max_rows", "reaches_rows")),
-                          (softmax_ops, ("fold_softmax", "attend_with_self_loop"))):
-        for name in names:
-            monkeypatch.setattr(module, f"{name}_numba", getattr(module, f"{name}_torch"))
-    monkeypatch.setattr(layers.GATLayer, "reduce_csr", lambda self, *args: None)
-    spmm = inference.aggregate_spmm
-
-    def sum_only(layer, t, ptr, src, w, scale):
-        assert layer.aggr.spmm == "sum", "off CPU, only sums take the sparse product"
-        return spmm(layer, t, ptr, src, w, scale)
-
-    monkeypatch.setattr(inference, "aggregate_spmm", sum_only)
-    monkeypatch.setattr(inference, "_reduces_on_cpu", lambda t: False)
-
-
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # patches only
 @given(arch=st.sampled_from(sorted(ARCHS)), seed=st.integers(0, 10_000),
        batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=4))

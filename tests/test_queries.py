@@ -5,15 +5,18 @@ recompute; the policies, insertion and every bad request."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import orjson
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamgnn as sg
 from streamgnn.workers import Engine
+from streamgnn.workers.executors import Calibration
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, pyg_step
 from tests.test_engine import start_graph
@@ -307,3 +310,52 @@ def test_the_service_answers_queries_between_batches_and_names_what_is_wrong():
     assert np.abs(np.array(results[-1].embeddings) - service.engine.query(good[1]).embeddings
                   ).max() <= 1e-6
     assert len({r.event_id for r in results}) == len(results)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=30,
+          deadline=None)  # the fixture only patches
+@given(arch=st.sampled_from(sorted(ARCHS)), partitions=st.integers(1, 3),
+       seed=st.integers(0, 10_000), req=queries())
+def test_exact_queries_with_the_device_kernels(device_kernels, arch, partitions, seed, req):
+    """What a cuda executor runs (the torch twins of the CPU kernels), on CPU."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](2), seed).double()
+    engine = Engine.from_pyg(model, data, partitions=partitions)
+    res = engine.query(req)
+    assert np.abs(res.embeddings - reference(model, data, req)).max() <= 1e-9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_cuda_executor_answers_as_pyg(arch):
+    """An engine on CPU whose query batches run on cuda, and an engine on cuda."""
+    data = start_graph(3)
+    model = randomise(ARCHS[arch](2), 3).double()
+    req = sg.QueryRequest(vertices=[sg.QueryVertex(id=QUERY_IDS, x=[0.2] * F_IN)],
+                          edges=[sg.QueryEdge(src=QUERY_IDS, dst=1),
+                                 sg.QueryEdge(src=2, dst=QUERY_IDS)])
+    want = reference(model, data, req)
+    on_cpu = Engine.from_pyg(copy.deepcopy(model), data, partitions=2)
+    res = on_cpu.query(req, device="cuda")
+    assert res.device == "cuda:0" or res.device == "cuda"
+    assert np.abs(res.embeddings - want).max() <= 1e-9
+    on_cuda = Engine.from_pyg(copy.deepcopy(model), data, device="cuda")
+    assert np.abs(on_cuda.query(req).embeddings - want).max() <= 1e-9
+
+
+def test_the_dispatcher_picks_cuda_from_the_calibrated_work_on():
+    cal = Calibration.fit([(10, 1.0, 3.0), (1_000, 5.0, 4.0), (100_000, 50.0, 6.0)])
+    assert cal.cuda_from == 1_000
+    assert Calibration.fit([(10, 1.0, 3.0), (1_000, 5.0, None)]).cuda_from is None
+    data = start_graph(3)
+    engine = Engine.from_pyg(randomise(ARCHS["pyg-gcn"](2), 3).double(), data)
+    ex = engine.executors
+    assert ex.pick(10**9) == torch.device("cpu")  # one device here, or not calibrated
+    ex.devices, ex.calibration = [torch.device("cpu"), torch.device("cuda")], cal
+    assert ex.pick(999) == torch.device("cpu") and ex.pick(1_000) == torch.device("cuda")
+
+
+def test_a_calibration_file_round_trips(tmp_path):
+    cal = Calibration.fit([(10, 1.0, 3.0), (1_000, 5.0, 4.0)])
+    cal.save(tmp_path / "c.json")
+    assert Calibration.load(tmp_path / "c.json") == cal

@@ -30,6 +30,7 @@ from streamgnn.npz import prefixed, read_arrays, under, write_arrays
 from streamgnn.queries import QueryColumns, QueryRequest
 from streamgnn.updates import AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
+from streamgnn.workers.executors import Executors
 from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.query import QueryAnswer, QueryGraph, plan, run
 from streamgnn.workers.shard import ApplyResult, Shard
@@ -74,6 +75,7 @@ class Engine:
         self.layers = decompose(model.to(device))
         self.graph = graph
         self.device = torch.device(device)
+        self.executors = Executors(model, self.layers, self.device)
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         self._poisoned: str | None = None  # why the state can no longer be trusted
 
@@ -218,14 +220,17 @@ class Engine:
         return self.workers.summaries()
 
     # ---------------------------------------------------------------- queries
-    def query(self, req: QueryRequest, **overrides) -> QueryAnswer:
+    def query(self, req: QueryRequest, device: str | None = None, **overrides
+              ) -> QueryAnswer:
         """Answer a query (DESIGN.md "Query serving"): its vertices' output embeddings
         and labels, exactly as if inserted (``budget=None``) or by selective
         recomputation with ``budget`` gamma in [0, 1] and ``policy`` ("top-ratio",
         "random", "degree"); the engine is left as it was unless ``insert=True``, which
         applies the query as a batch of updates and answers from the result. Keyword
         arguments override the request's own fields (``budget``, ``policy``,
-        ``insert``). A bad request raises the `InvalidUpdateError` naming its problem."""
+        ``insert``). The dense work runs on ``device``, by default the one
+        `Executors.pick` chooses for its size. A bad request raises the
+        `InvalidUpdateError` naming its problem."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         try:
@@ -242,9 +247,11 @@ class Engine:
             return QueryAnswer(cols.ids, rows, rows.argmax(axis=1), None, req.policy,
                                changed_labels=result.changed_labels)
         recompute, candidates = plan(qg, self.layers, req.budget, req.policy)
+        work = int(sum(qg.in_degree(r).sum() for r in recompute))
+        device = torch.device(device) if device is not None else self.executors.pick(work)
         answer = QueryAnswer(cols.ids, np.zeros(0), np.zeros(0, np.int64), req.budget,
-                             req.policy, candidates)
-        rows = run(self, qg, recompute, answer).cpu().numpy()
+                             req.policy, candidates, work=work, device=str(device))
+        rows = run(self, qg, recompute, answer, self.executors.layers(device)).cpu().numpy()
         answer.embeddings, answer.labels = rows, rows.argmax(axis=1)
         return answer
 

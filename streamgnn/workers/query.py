@@ -44,7 +44,8 @@ class QueryAnswer:
     ``recomputed``; between the router and the partitions per layer, the bytes
     ``sent`` and ``received`` (edge lists out, partial aggregates and rows back) and
     ``pull_bytes``, what fetching the stored in-neighbour rows instead of partials would
-    have received. ``changed_labels``: with ``insert``, what inserting changed."""
+    have received; ``work``, the in-edges aggregated, and the ``device`` the dense work
+    ran on. ``changed_labels``: with ``insert``, what inserting changed."""
 
     ids: np.ndarray
     embeddings: np.ndarray
@@ -56,6 +57,8 @@ class QueryAnswer:
     sent_bytes: list[int] = field(default_factory=list)
     received_bytes: list[int] = field(default_factory=list)
     pull_bytes: list[int] = field(default_factory=list)
+    work: int = 0
+    device: str = "cpu"
     changed_labels: dict[int, tuple[int | None, int]] = field(default_factory=dict)
 
 
@@ -202,10 +205,12 @@ def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
 
 
 @torch.inference_mode()
-def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer) -> Tensor:
+def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer,
+        layers: list[Layer]) -> Tensor:
     """The query vertices' output rows [n, d_L] (request order), layer by layer as the
-    module says; fills ``answer``'s per-layer counts."""
-    layers, device, dtype = engine.layers, engine.device, engine.dtype
+    module says, with ``layers`` (on the executor's device: the partitions compute on
+    their own); fills ``answer``'s per-layer counts."""
+    device, dtype = torch.device(answer.device), engine.dtype
     here_ids = qg.q  # the vertices whose rows of the previous layer were computed here
     here = torch.from_numpy(qg.cols.x).to(device, dtype)
     for hop, (layer, targets) in enumerate(zip(layers, recompute, strict=True), start=1):

@@ -1,0 +1,837 @@
+"""Query-serving benchmark (issue 15): new vertices answered by the engine (exact mode and
+SRPE) against full k-hop recompute and neighbour sampling with PyG's layers, in the same run.
+
+    python benchmarks/queries.py                      # arxiv-like, 500 requests per batch size
+    python benchmarks/queries.py --quick              # 40 requests, shorter Poisson/mixed runs
+    python benchmarks/queries.py --dataset products-like --requests 100 --epochs 5
+    python benchmarks/queries.py --model gcn --batch-sizes 64 1024 --requests 200
+
+Workload (OMEGA section 8, "Workloads"): a seeded 25 % of the vertices is held out; the
+model (2 layers, hidden 128, `streamgnn.models.train`, best-validation weights) is trained
+on the 75 % snapshot (the graph without them) and the engine bootstrapped on it. A request
+of B vertices picks B held-out vertices at random (seeded; 500 requests per batch size,
+reused by every method) with all their edges to the snapshot, both directions. Edges
+between two held-out vertices are dropped, as in OMEGA (``--query-to-query`` keeps those
+whose ends are both in the same request). Edges have weight 1.
+
+Methods, one request at a time, each timed from the request in hand to the labels:
+- full k-hop: the request's k-hop in-neighbourhood in G plus the query, extracted from a
+  numpy CSR, features gathered, PyG's own convs run layer by layer (layer l only for the
+  vertices layer l+1 needs). GCN's normalisation uses the true in-degrees of G plus the
+  query (a sampler's subgraph lacks the in-edges of its outermost hop), so full k-hop
+  computes exactly the embeddings inserting the query would give.
+- NS: the same with at most ``--fanout`` in-edges sampled per vertex (uniform without
+  replacement, Floyd's algorithm; a vertex is sampled once per request), PyG's layers on
+  the sampled subgraph as they are (GCN normalised within it, as PyG's NeighborLoader).
+- exact: ``engine.query(req)``, the engine's mode that answers as if inserted.
+- SRPE: ``engine.query(req, budget=gamma, policy=...)`` for each gamma and policy.
+The request objects (pydantic) are built before the clock starts; ``engine.query``'s own
+validation of them is timed. Per method and batch size: p50/p99 latency per request,
+query vertices/s, accuracy against y of the held-out vertices, agreement with exact mode's
+labels, speed-up (full k-hop p50 / p50), and max |full k-hop - exact| (asserted <= 1e-4).
+
+Then: CGP, exact mode with ``partitions=4`` (in process, METIS) vs 1 on the same requests:
+bytes per request (sent + received, and the pull-rows alternative) and latency; Poisson
+arrivals at fractions of exact mode's capacity, served one at a time, latency measured
+from each request's intended arrival (no coordinated omission); a mixed run, LinkBench
+updates arriving at ``--update-rate`` in ``--update-ms`` micro-batches through
+``engine.apply`` while Poisson queries arrive, served FIFO. Writes
+``benchmarks/results/queries-<dataset>.json`` and the accuracy / latency vs gamma plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch_geometric.nn import GCNConv, GraphConv
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+from tqdm.auto import tqdm
+
+import streamgnn as sg
+from streamgnn.allocator import keep_freed_memory
+from streamgnn.models.gnn import GNN
+from streamgnn.models.train import train
+from streamgnn.models.zoo import MODELS, ModelSpec
+from streamgnn.queries import MAX_QUERY_VERTICES, POLICIES
+from streamgnn.replay import LinkBenchWorkload
+
+try:  # HdrHistogram for percentiles where installed, numpy otherwise
+    from hdrh.histogram import HdrHistogram
+except ImportError:
+    HdrHistogram = None
+
+console = Console(width=170)
+ALIASES = {"sage": "sage-mean", "graphconv": "graphconv-mean"}
+GAMMAS = [0.0, 0.01, 0.05, 0.2, 1.0]
+TOLERANCE = 1e-4  # max |full k-hop - exact| allowed
+
+
+# ---------------------------------------------------------------- workload
+@dataclass
+class Workload:
+    """The snapshot (75 %) and the held-out vertices with their edges to it."""
+
+    snapshot: sg.GraphData
+    held_ids: np.ndarray   # external ids of the held-out vertices
+    held_x: np.ndarray
+    held_y: np.ndarray
+    cross_ptr: np.ndarray  # CSR by held-out index: edges to / from the snapshot
+    cross_pos: np.ndarray  # the snapshot end, as a snapshot position
+    cross_out: np.ndarray  # True: held-out -> snapshot; False: snapshot -> held-out
+    inner_ptr: np.ndarray  # CSR by held-out source index: held-out -> held-out edges
+    inner_dst: np.ndarray  # held-out index of the destination
+
+
+def split(data: sg.GraphData, frac: float, seed: int) -> Workload:
+    """Hold out ``frac`` of the vertices (seeded); the snapshot is the graph without them."""
+    rng = np.random.default_rng(seed)
+    n = data.num_vertices
+    held = np.zeros(n, bool)
+    held[rng.permutation(n)[:round(frac * n)]] = True
+    s, d = data.positions(data.src), data.positions(data.dst)
+    keep = ~held[s] & ~held[d]
+    snapshot = sg.GraphData(ids=data.ids[~held], src=data.src[keep], dst=data.dst[keep],
+                            x=data.x[~held], y=data.y[~held], weight=data.weight[keep],
+                            name=f"{data.name}-snapshot")
+    pos = np.cumsum(~held) - 1     # snapshot position of a kept vertex
+    hidx = np.cumsum(held) - 1     # index among the held-out of a held-out vertex
+    cross = held[s] ^ held[d]
+    out = held[s[cross]]
+    h = np.where(out, hidx[s[cross]], hidx[d[cross]])
+    other = np.where(out, pos[d[cross]], pos[s[cross]])
+    order = np.argsort(h, kind="stable")
+    nh = int(held.sum())
+    inner = held[s] & held[d]
+    io = np.argsort(hidx[s[inner]], kind="stable")
+    return Workload(snapshot, data.ids[held], data.x[held], data.y[held],
+                    _ptr(h[order], nh), other[order], out[order],
+                    _ptr(hidx[s[inner]][io], nh), hidx[d[inner]][io])
+
+
+def _ptr(sorted_keys: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.bincount(sorted_keys, minlength=n))])
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, index) of every position of the ranges [starts[i], starts[i] + counts[i])."""
+    rows = np.repeat(np.arange(len(counts)), counts)
+    first = np.cumsum(counts) - counts
+    return rows, np.repeat(starts, counts) + np.arange(int(counts.sum())) - first[rows]
+
+
+@dataclass
+class Request:
+    """One request as arrays: ``held`` (indices of its held-out vertices), its query edges
+    in *virtual* positions (snapshot position, or N + i for the request's vertex i)."""
+
+    held: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    w: np.ndarray
+
+    def pydantic(self, wl: Workload, n0: int) -> sg.QueryRequest:
+        ids = wl.held_ids[self.held]
+        ext = np.concatenate([wl.snapshot.ids, ids])  # virtual position -> external id
+        x = wl.held_x[self.held].tolist()
+        return sg.QueryRequest(
+            vertices=[sg.QueryVertex(id=int(i), x=row) for i, row in zip(ids.tolist(), x)],
+            edges=[sg.QueryEdge(src=int(a), dst=int(b), weight=float(c)) for a, b, c in
+                   zip(ext[self.src].tolist(), ext[self.dst].tolist(), self.w.tolist())])
+
+
+def make_requests(wl: Workload, size: int, count: int, seed: int,
+                  query_to_query: bool) -> list[Request]:
+    n0 = wl.snapshot.num_vertices
+    rng = np.random.default_rng([seed, size])
+    nh = len(wl.held_ids)
+    local = np.full(nh, -1, np.int64)
+    out = []
+    for _ in range(count):
+        held = rng.choice(nh, size, replace=False)
+        rows, at = _ranges(wl.cross_ptr[held], np.diff(wl.cross_ptr)[held])
+        me, other, is_out = n0 + rows, wl.cross_pos[at], wl.cross_out[at]
+        src, dst = np.where(is_out, me, other), np.where(is_out, other, me)
+        if query_to_query:
+            local[held] = np.arange(size)
+            rows, at = _ranges(wl.inner_ptr[held], np.diff(wl.inner_ptr)[held])
+            mine = local[wl.inner_dst[at]] >= 0
+            src = np.concatenate([src, n0 + rows[mine]])
+            dst = np.concatenate([dst, n0 + local[wl.inner_dst[at][mine]]])
+            local[held] = -1
+        out.append(Request(held, src.astype(np.int64), dst.astype(np.int64),
+                           np.ones(len(src), np.float32)))
+    return out
+
+
+# ---------------------------------------------------------------- baselines
+class Baseline:
+    """Full k-hop recompute and neighbour sampling: subgraphs from a numpy CSR of the
+    snapshot's in-edges plus the request's edges, PyG's convs on them."""
+
+    def __init__(self, model: torch.nn.Module, wl: Workload, seed: int = 0) -> None:
+        snap = wl.snapshot
+        self.n0 = n0 = snap.num_vertices
+        s, d = snap.positions(snap.src), snap.positions(snap.dst)
+        order = np.argsort(d, kind="stable")
+        self.indptr = _ptr(d[order], n0)
+        self.indices, self.weight = s[order], snap.weight[order].astype(np.float32)
+        self.in_weight = np.bincount(d, snap.weight, minlength=n0)
+        self.x = torch.from_numpy(snap.x)
+        self.wl = wl
+        self.scratch = np.full(n0 + MAX_QUERY_VERTICES, -1, np.int64)
+        self.rng = np.random.default_rng(seed)
+        model.eval()
+        self.convs = list(model.convs)
+        self.posts = [self._post(model, i) for i in range(len(self.convs) - 1)] + [None]
+        # full k-hop: GCN with the true degrees, normalised here (normalize=False copies)
+        self.exact_convs = []
+        for conv in self.convs:
+            if isinstance(conv, GCNConv):
+                conv = copy.deepcopy(conv)
+                conv.normalize = False
+            self.exact_convs.append(conv)
+
+    @staticmethod
+    def _post(model: torch.nn.Module, i: int):
+        if isinstance(model, GNN):
+            return model.act
+        if isinstance(model, BasicGNN):
+            norm, act = model.norms[i], model.act
+
+            def post(x):
+                if act is not None and model.act_first:
+                    x = act(x)
+                x = norm(x)
+                return act(x) if act is not None and not model.act_first else x
+            return post
+        raise TypeError(f"{type(model).__name__}: no per-layer runner")
+
+    def in_edges(self, req: Request, qorder: np.ndarray, targets: np.ndarray,
+                 fanout: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """In-edges (src, dst, w; virtual positions) of sorted distinct ``targets`` in G
+        plus the request; at most ``fanout`` per target, uniformly without replacement."""
+        old = targets < self.n0
+        t = np.where(old, targets, 0)
+        c_csr = np.where(old, self.indptr[t + 1] - self.indptr[t], 0)
+        qdst = req.dst[qorder]
+        q0 = np.searchsorted(qdst, targets, "left")
+        count = c_csr + np.searchsorted(qdst, targets, "right") - q0
+        if fanout is None:
+            rows, off = _ranges(np.zeros(len(targets), np.int64), count)
+        else:
+            small = count <= fanout
+            rows, off = _ranges(np.zeros(int(small.sum()), np.int64), count[small])
+            rows = np.flatnonzero(small)[rows]
+            big = np.flatnonzero(~small)
+            if len(big):
+                picks = floyd(count[big], fanout, self.rng)
+                rows = np.concatenate([rows, np.repeat(big, fanout)])
+                off = np.concatenate([off, picks.ravel()])
+        from_csr = off < c_csr[rows]
+        src = np.empty(len(rows), np.int64)
+        w = np.empty(len(rows), np.float32)
+        at = self.indptr[t[rows[from_csr]]] + off[from_csr]
+        src[from_csr], w[from_csr] = self.indices[at], self.weight[at]
+        q = ~from_csr
+        at = qorder[q0[rows[q]] + off[q] - c_csr[rows[q]]]
+        src[q], w[q] = req.src[at], req.w[at]
+        return src, targets[rows], w
+
+    @torch.inference_mode()
+    def run(self, req: Request, fanout: int | None = None) -> tuple[np.ndarray, dict]:
+        """The request's output rows [B, d_L] in request order, and the subgraph's size."""
+        n0, num = self.n0, len(self.convs)
+        qorder = np.argsort(req.dst, kind="stable")
+        need = [None] * (num + 1)
+        need[num] = n0 + np.arange(len(req.held))
+        edges = [None] * (num + 1)
+        edges[num] = self.in_edges(req, qorder, need[num], fanout)
+        for hop in range(num - 1, 0, -1):  # layer hop needs in-edges of need[hop]
+            need[hop] = np.union1d(need[hop + 1], edges[hop + 1][0])
+            new = self.in_edges(req, qorder, np.setdiff1d(need[hop], need[hop + 1],
+                                                          assume_unique=True), fanout)
+            edges[hop] = tuple(np.concatenate([a, b]) for a, b in zip(edges[hop + 1], new))
+        need[0] = np.union1d(need[1], edges[1][0])
+        # local order: need[L] first, then need[L-1] \ need[L], ...: every need a prefix
+        parts = [need[num]] + [np.setdiff1d(need[h], need[h + 1], assume_unique=True)
+                               for h in range(num - 1, -1, -1)]
+        order = np.concatenate(parts)
+        scratch = self.scratch
+        scratch[order] = np.arange(len(order))
+        b = len(req.held)
+        x = torch.cat([torch.from_numpy(self.wl.held_x[req.held]),
+                       self.x.index_select(0, torch.from_numpy(order[b:]))])
+        convs = self.exact_convs if fanout is None else self.convs
+        if fanout is None and any(isinstance(c, GCNConv) for c in convs):
+            in_w = np.zeros(len(order))
+            in_w[b:] = self.in_weight[order[b:]]
+            into = scratch[req.dst]
+            np.add.at(in_w, into[into >= 0], req.w[into >= 0])
+        edge_count = 0
+        for hop, (conv, post) in enumerate(zip(convs, self.posts), start=1):
+            src, dst, w = edges[hop]
+            edge_count += len(src)
+            s, d = scratch[src], scratch[dst]
+            keep = len(need[hop])
+            if isinstance(conv, GCNConv) and fanout is None:  # s_u w s_v, self-loops
+                fill = (2.0 if conv.improved else 1.0) if conv.add_self_loops else 0.0
+                scale = (fill + in_w) ** -0.5
+                loops = np.arange(keep)
+                s, d = np.concatenate([s, loops]), np.concatenate([d, loops])
+                w = np.concatenate([w * scale[s[:len(w)]] * scale[d[:len(w)]],
+                                    fill * scale[loops] ** 2]).astype(np.float32)
+            ei = torch.from_numpy(np.stack([s, d]))
+            if isinstance(conv, (GCNConv, GraphConv)):
+                x = conv(x, ei, torch.from_numpy(w))
+            else:
+                x = conv(x, ei)
+            x = x[:keep]
+            if post is not None:
+                x = post(x)
+        scratch[order] = -1
+        return x.numpy(), {"vertices": len(order), "edges": edge_count}
+
+
+def floyd(count: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """[len(count), k] distinct offsets in [0, count[i]) per row, uniform (Floyd's
+    algorithm, vectorised over rows; every count > k)."""
+    out = np.empty((len(count), k), np.int64)
+    for i in range(k):
+        j = count - k + i
+        t = (rng.random(len(count)) * (j + 1)).astype(np.int64)
+        taken = (out[:, :i] == t[:, None]).any(axis=1)
+        out[:, i] = np.where(taken, j, t)
+    return out
+
+
+# ---------------------------------------------------------------- measurement
+def percentiles(seconds: list[float]) -> dict:
+    ms = np.asarray(seconds) * 1e3
+    if HdrHistogram is not None:
+        hist = HdrHistogram(1, 3_600_000_000, 3)  # microseconds
+        for v in ms:
+            hist.record_value(max(1, int(v * 1e3)))
+        p50, p99 = hist.get_value_at_percentile(50) / 1e3, hist.get_value_at_percentile(99) / 1e3
+    else:
+        p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+    return {"p50_ms": float(p50), "p99_ms": float(p99), "mean_ms": float(ms.mean())}
+
+
+@dataclass
+class Method:
+    key: str
+    kind: str            # full, ns, exact, srpe
+    gamma: float | None = None
+    policy: str | None = None
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.labels: list[np.ndarray] = []
+        self.max_diff = 0.0
+        self.extra: list[dict] = []
+
+
+def methods(fanout: int, gammas: list[float], policies: list[str]) -> list[Method]:
+    out = [Method("full k-hop", "full"), Method(f"NS fan-out {fanout}", "ns"),
+           Method("exact", "exact")]
+    out += [Method(f"SRPE {p} {g:g}", "srpe", g, p) for p in policies for g in gammas]
+    return out
+
+
+def serve(method: Method, engine: sg.Engine, base: Baseline, req: Request,
+          pyd: sg.QueryRequest, fanout: int) -> tuple[float, np.ndarray, dict]:
+    t = time.perf_counter()
+    if method.kind == "full":
+        rows, info = base.run(req)
+    elif method.kind == "ns":
+        rows, info = base.run(req, fanout)
+    else:
+        kw = {} if method.kind == "exact" else {"budget": method.gamma, "policy": method.policy}
+        res = engine.query(pyd, **kw)
+        rows = res.embeddings
+        info = {"recomputed": [len(r) for r in res.recomputed], "candidates": res.candidates}
+    return time.perf_counter() - t, rows, info
+
+
+def run_batch(size: int, reqs: list[Request], warm: list[Request], ms: list[Method],
+              engine: sg.Engine, base: Baseline, wl: Workload, fanout: int,
+              chunk: int) -> list[dict]:
+    n0 = wl.snapshot.num_vertices
+    tallies = {m.key: Tally() for m in ms}
+    for req in warm:  # untimed: JIT, caches
+        pyd = req.pydantic(wl, n0)
+        for m in ms:
+            serve(m, engine, base, req, pyd, fanout)
+    bar = tqdm(total=len(reqs) * len(ms), desc=f"batch {size}", leave=False)
+    for lo in range(0, len(reqs), chunk):  # blocks of requests per method (warm caches)
+        block = reqs[lo:lo + chunk]
+        pyds = [r.pydantic(wl, n0) for r in block]
+        exact_rows = [None] * len(block)
+        full_rows = [None] * len(block)
+        for m in ms:
+            tally = tallies[m.key]
+            for i, (req, pyd) in enumerate(zip(block, pyds)):
+                seconds, rows, info = serve(m, engine, base, req, pyd, fanout)
+                tally.seconds.append(seconds)
+                tally.labels.append(rows.argmax(axis=1))
+                tally.extra.append(info)
+                if m.kind == "exact":
+                    exact_rows[i] = rows
+                elif m.kind == "full":
+                    full_rows[i] = rows
+                bar.update()
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(exact_rows, full_rows))
+        tallies["exact"].max_diff = max(tallies["exact"].max_diff, diff)
+    bar.close()
+    y = np.concatenate([wl.held_y[r.held] for r in reqs])
+    exact = np.concatenate(tallies["exact"].labels)
+    full_p50 = percentiles(tallies["full k-hop"].seconds)["p50_ms"]
+    out = []
+    for m in ms:
+        tally = tallies[m.key]
+        labels = np.concatenate(tally.labels)
+        row = {"batch": size, "method": m.key, "kind": m.kind, "gamma": m.gamma,
+               "policy": m.policy, "requests": len(reqs),
+               **percentiles(tally.seconds)}
+        row["queries_per_s"] = size * len(reqs) / float(np.sum(tally.seconds))
+        row["accuracy"] = float((labels == y).mean())
+        row["agreement"] = float((labels == exact).mean())
+        row["speedup"] = full_p50 / row["p50_ms"]
+        if m.kind in ("full", "ns"):
+            row["subgraph_vertices"] = float(np.mean([e["vertices"] for e in tally.extra]))
+            row["subgraph_edges"] = float(np.mean([e["edges"] for e in tally.extra]))
+        else:
+            row["recomputed_per_layer"] = np.mean(
+                [e["recomputed"] for e in tally.extra], axis=0).round(1).tolist()
+            row["candidates"] = float(np.mean([e["candidates"] for e in tally.extra]))
+        if m.kind == "exact":
+            row["max_abs_vs_full"] = tally.max_diff
+        out.append(row)
+    return out
+
+
+def print_batch(rows: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for col in ("method", "p50 ms", "p99 ms", "queries/s", "accuracy", "agree w/ exact",
+                "speed-up vs full (p50)", "computation graph / recomputed"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in rows:
+        if "subgraph_vertices" in r:
+            work = f"{r['subgraph_vertices']:,.0f} v, {r['subgraph_edges']:,.0f} e"
+        else:
+            work = (f"{' / '.join(f'{v:,.0f}' for v in r['recomputed_per_layer'])} "
+                    f"(cand {r['candidates']:,.0f})")
+        table.add_row(r["method"], f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+                      f"{r['queries_per_s']:,.0f}", f"{r['accuracy']:.4f}",
+                      f"{r['agreement']:.4f}", f"{r['speedup']:.1f}x", work)
+    console.print(table)
+
+
+# ---------------------------------------------------------------- CGP, Poisson, mixed
+def cgp(model, wl: Workload, engine1: sg.Engine, reqs: dict[int, list[Request]],
+        count: int, parts: int) -> list[dict]:
+    engine_p = sg.Engine.from_pyg(model, wl.snapshot, partitions=parts)
+    n0 = wl.snapshot.num_vertices
+    rows = []
+    for size, all_reqs in reqs.items():
+        block = all_reqs[:count]
+        stats = {1: [], parts: []}
+        diff = 0.0
+        for req in tqdm(block, desc=f"CGP batch {size}", leave=False):
+            pyd = req.pydantic(wl, n0)
+            answers = {}
+            for p, engine in ((1, engine1), (parts, engine_p)):
+                t = time.perf_counter()
+                res = engine.query(pyd)
+                stats[p].append((time.perf_counter() - t, sum(res.sent_bytes)
+                                 + sum(res.received_bytes), sum(res.pull_bytes)))
+                answers[p] = res.embeddings
+            diff = max(diff, float(np.abs(answers[1] - answers[parts]).max()))
+        for p in (1, parts):
+            s = np.array(stats[p])
+            rows.append({"batch": size, "partitions": p, "requests": len(block),
+                         **percentiles(s[:, 0].tolist()),
+                         "bytes_per_request": float(s[:, 1].mean()),
+                         "pull_bytes_per_request": float(s[:, 2].mean()),
+                         "max_abs_vs_p1": diff})
+    del engine_p
+    table = Table(title=f"CGP: exact mode, P={parts} (in process, METIS) vs P=1, same requests")
+    for col in ("batch", "P", "p50 ms", "p99 ms", "partials: sent+received / request",
+                "pull rows instead / request", "pull / partials", "max |P - P1|"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["batch"]), str(r["partitions"]), f"{r['p50_ms']:.2f}",
+                      f"{r['p99_ms']:.2f}", _kb(r["bytes_per_request"]),
+                      _kb(r["pull_bytes_per_request"]),
+                      f"{r['pull_bytes_per_request'] / max(r['bytes_per_request'], 1):.1f}x",
+                      f"{r['max_abs_vs_p1']:.1e}")
+    console.print(table)
+    return rows
+
+
+def arrivals(rate: float, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """Poisson arrival times in [0, seconds)."""
+    gaps = rng.exponential(1.0 / rate, int(rate * seconds * 1.5) + 10)
+    times = np.cumsum(gaps)
+    return times[times < seconds]
+
+
+def _wait_until(t: float) -> None:
+    delay = t - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def poisson(engine: sg.Engine, pool: list[sg.QueryRequest], size: int, rates: list[float],
+            seconds: float, seed: int) -> list[dict]:
+    rows = []
+    for k, rate in enumerate(rates):
+        times = arrivals(rate, seconds, np.random.default_rng([seed, k]))
+        latency, service = [], []
+        start = time.perf_counter() + 0.05
+        for i, t in enumerate(tqdm(times, desc=f"Poisson {rate:.1f}/s", leave=False)):
+            _wait_until(start + t)
+            began = time.perf_counter()
+            engine.query(pool[i % len(pool)])
+            done = time.perf_counter()
+            latency.append(done - (start + t))
+            service.append(done - began)
+        elapsed = done - start
+        rows.append({"batch": size, "offered_rps": rate, "requests": len(times),
+                     "achieved_rps": len(times) / elapsed,
+                     "achieved_queries_per_s": len(times) * size / elapsed,
+                     **percentiles(latency),
+                     "service_p50_ms": percentiles(service)["p50_ms"]})
+    table = Table(title=f"Poisson arrivals, exact mode, {size} vertices a request, served one "
+                        f"at a time, {seconds:g} s each; latency from intended arrival")
+    for col in ("offered req/s", "achieved req/s", "achieved queries/s", "p50 ms", "p99 ms",
+                "service p50 ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r['offered_rps']:.1f}", f"{r['achieved_rps']:.1f}",
+                      f"{r['achieved_queries_per_s']:,.0f}", f"{r['p50_ms']:.2f}",
+                      f"{r['p99_ms']:.2f}", f"{r['service_p50_ms']:.2f}")
+    console.print(table)
+    return rows
+
+
+def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate: float,
+          update_rate: float, update_ms: float, seconds: float, seed: int) -> dict:
+    """Updates arriving at ``update_rate`` in micro-batches every ``update_ms`` and Poisson
+    queries at ``qrate``, served FIFO by arrival time, one at a time."""
+    snap = wl.snapshot
+    per = max(1, round(update_rate * update_ms / 1000))
+    nb = int(seconds * 1000 / update_ms)
+    graph = sg.DynamicGraph.from_data(snap)
+    gen = LinkBenchWorkload(graph, seed=seed, unit_weights=True)
+    gen.next_id = int(max(snap.ids.max(), wl.held_ids.max())) + 1  # never a held-out id
+    batches = []
+    for _ in tqdm(range(nb), desc="LinkBench batches", leave=False):
+        batch = sg.UpdateBatch.from_updates(gen.batch(per), snap.num_features)
+        graph.apply(batch)
+        batches.append(batch)
+    del graph, gen
+    n0 = snap.num_vertices
+    queries = [(r, r.pydantic(wl, n0)) for r in pool]
+    q_times = arrivals(qrate, seconds, np.random.default_rng([seed, 99]))
+    u_times = np.arange(nb) * update_ms / 1000
+    events = sorted([(t, 0, i) for i, t in enumerate(u_times)]
+                    + [(t, 1, i) for i, t in enumerate(q_times)])
+    q_lat, u_lat, applied, dropped_edges = [], [], 0, 0
+    gc.collect()
+    start = time.perf_counter() + 0.05
+    last_update = start
+    for t, kind, i in tqdm(events, desc="mixed", leave=False):
+        _wait_until(start + t)
+        if kind == 0:
+            engine.apply(batches[i])
+            last_update = time.perf_counter()
+            applied += len(batches[i])
+            u_lat.append(last_update - (start + t))
+            continue
+        req, pyd = queries[i % len(queries)]
+        other = np.where(req.src >= n0, req.dst, req.src)  # the existing end (or a query)
+        gone = (other < n0) & ~engine.graph.contains(snap.ids[np.minimum(other, n0 - 1)])
+        if gone.any():  # LinkBench deleted some of the request's neighbours since
+            pyd = pyd.model_copy(update={"edges": [e for e, g in zip(pyd.edges, gone)
+                                                   if not g]})
+            dropped_edges += int(gone.sum())
+        engine.query(pyd)
+        q_lat.append(time.perf_counter() - (start + t))
+    row = {"batch": size, "query_rps": qrate, "queries": len(q_lat),
+           "offered_updates_per_s": per * 1000 / update_ms, "update_batch": per,
+           "achieved_updates_per_s": applied / (last_update - start),
+           "query": percentiles(q_lat), "update_batch_latency": percentiles(u_lat),
+           "query_edges_to_deleted_vertices_dropped": dropped_edges}
+    table = Table(title=f"Mixed: LinkBench updates at {row['offered_updates_per_s']:,.0f}/s "
+                        f"(batches of {per} every {update_ms:g} ms) + Poisson queries "
+                        f"({size} vertices, {qrate:.1f}/s), FIFO, {seconds:g} s")
+    for col in ("achieved updates/s", "update batch p50/p99 ms", "queries", "query p50 ms",
+                "query p99 ms"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{row['achieved_updates_per_s']:,.0f}",
+                  f"{row['update_batch_latency']['p50_ms']:.2f} / "
+                  f"{row['update_batch_latency']['p99_ms']:.2f}", str(len(q_lat)),
+                  f"{row['query']['p50_ms']:.2f}", f"{row['query']['p99_ms']:.2f}")
+    console.print(table)
+    return row
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1024:,.1f} KB"
+
+
+# ---------------------------------------------------------------- goals, plots
+def goals(rows: list[dict], big: int, policies: list[str]) -> dict:
+    out: dict = {"srpe": {}, "exact": {}}
+    at = [r for r in rows if r["batch"] == big]
+    if at:
+        exact = next(r for r in at if r["kind"] == "exact")
+        for p in policies:
+            ok = sorted((r for r in at if r["policy"] == p
+                         and r["accuracy"] >= exact["accuracy"] - 0.01),
+                        key=lambda r: r["gamma"])
+            if ok:
+                r = ok[0]
+                out["srpe"][p] = {"gamma": r["gamma"], "accuracy": r["accuracy"],
+                                  "speedup": r["speedup"], "met": r["speedup"] >= 10}
+            else:
+                out["srpe"][p] = {"gamma": None, "met": False}
+    for size in sorted({r["batch"] for r in rows}):
+        exact = next(r for r in rows if r["batch"] == size and r["kind"] == "exact")
+        out["exact"][size] = {"speedup": exact["speedup"],
+                              "max_abs_vs_full": exact["max_abs_vs_full"],
+                              "met": exact["speedup"] >= 3
+                              and exact["max_abs_vs_full"] <= TOLERANCE}
+    return out
+
+
+def print_goals(g: dict, big: int) -> None:
+    for p, r in g["srpe"].items():
+        if r["gamma"] is None:
+            console.print(f"SRPE {p}: no gamma within 1 point of exact at batch {big}: NOT MET")
+        else:
+            console.print(f"SRPE {p}: smallest gamma within 1 point of exact at batch {big} is "
+                          f"{r['gamma']:g} (accuracy {r['accuracy']:.4f}), {r['speedup']:.1f}x "
+                          f"faster than full k-hop (goal 10x): "
+                          f"{'MET' if r['met'] else 'NOT MET'}")
+    for size, r in g["exact"].items():
+        console.print(f"exact, batch {size}: {r['speedup']:.1f}x faster than full k-hop (goal "
+                      f"3x), max |full - exact| {r['max_abs_vs_full']:.1e}: "
+                      f"{'MET' if r['met'] else 'NOT MET'}")
+
+
+def plot(rows: list[dict], gammas: list[float], policies: list[str], out: Path,
+         title: str) -> list[Path]:
+    sizes = sorted({r["batch"] for r in rows})
+    written = []
+    for metric, label, name in (("accuracy", "accuracy (held-out y)", "accuracy"),
+                                ("p50_ms", "p50 latency, ms per request", "latency")):
+        fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
+        for ax, size in zip(axes[0], sizes):
+            at = [r for r in rows if r["batch"] == size]
+            xs = np.arange(len(gammas))
+            for p in policies:
+                ys = [next(r[metric] for r in at if r["policy"] == p and r["gamma"] == g)
+                      for g in gammas]
+                ax.plot(xs, ys, marker="o", label=f"SRPE {p}")
+            for kind, style in (("exact", "k-"), ("full", "r--"), ("ns", "g:")):
+                if metric == "accuracy" and kind == "full":
+                    continue  # identical to exact
+                r = next(r for r in at if r["kind"] == kind)
+                ax.axhline(r[metric], color=style[0], linestyle=style[1:], label=r["method"])
+            ax.set_xticks(xs, [f"{g:g}" for g in gammas])
+            ax.set_xlabel("recomputation budget gamma")
+            ax.set_ylabel(label)
+            if metric == "p50_ms":
+                ax.set_yscale("log")
+            ax.set_title(f"batch {size}")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.suptitle(title)
+        fig.tight_layout()
+        path = out / f"queries-{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ---------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--dataset", default="arxiv-like", choices=sorted(sg.datasets.PRESETS),
+                        help="synthetic preset (streamgnn.datasets.PRESETS)")
+    parser.add_argument("--model", default="sage",
+                        help="architecture: gcn, sage (= sage-mean), gat, graphconv "
+                             f"(= graphconv-mean) or any of {', '.join(MODELS)}")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden width")
+    parser.add_argument("--epochs", type=int, default=30,
+                        help="full-batch training epochs (best validation kept)")
+    parser.add_argument("--holdout", type=float, default=0.25,
+                        help="fraction of vertices held out as queries")
+    parser.add_argument("--seed", type=int, default=0, help="split, request and sampler seed")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 1024],
+                        help="query vertices per request")
+    parser.add_argument("--requests", type=int, default=500,
+                        help="requests per batch size (reused by every method)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed requests per batch size and method first")
+    parser.add_argument("--chunk", type=int, default=20,
+                        help="requests each method serves in a row before the next method")
+    parser.add_argument("--gammas", type=float, nargs="+", default=GAMMAS,
+                        help="SRPE recomputation budgets")
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES,
+                        help="SRPE candidate policies")
+    parser.add_argument("--fanout", type=int, default=10,
+                        help="neighbour sampling: in-edges sampled per vertex and layer")
+    parser.add_argument("--query-to-query", action="store_true",
+                        help="keep held-out -> held-out edges whose ends are in the same "
+                             "request (default: dropped, as OMEGA)")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="CGP: partitions compared with 1 (0: skip)")
+    parser.add_argument("--cgp-requests", type=int, default=100,
+                        help="CGP: requests per batch size (the first of the main ones)")
+    parser.add_argument("--poisson-batch", type=int, default=64,
+                        help="Poisson and mixed runs: vertices per request")
+    parser.add_argument("--rates", type=float, nargs="+", default=None,
+                        help="Poisson arrival rates, requests/s (default: 0.5, 0.8 and 1.1 x "
+                             "exact mode's measured capacity at --poisson-batch)")
+    parser.add_argument("--poisson-seconds", type=float, default=10.0,
+                        help="length of each Poisson run")
+    parser.add_argument("--update-rate", type=float, default=10_000,
+                        help="mixed run: LinkBench updates per second (0: skip the run)")
+    parser.add_argument("--update-ms", type=float, default=10.0,
+                        help="mixed run: updates are applied in micro-batches this often")
+    parser.add_argument("--mixed-rate", type=float, default=None,
+                        help="mixed run: query requests/s (default: the first Poisson rate)")
+    parser.add_argument("--mixed-seconds", type=float, default=10.0, help="mixed run length")
+    parser.add_argument("--quick", action="store_true",
+                        help="40 requests per batch size, 20 for CGP, 3 s Poisson and mixed")
+    parser.add_argument("--out", type=Path, default=Path("docs"),
+                        help="folder for queries-accuracy.png and queries-latency.png")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="results file (default benchmarks/results/queries-<dataset>.json)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.cgp_requests = min(args.requests, 40), min(args.cgp_requests, 20)
+        args.poisson_seconds, args.mixed_seconds = 3.0, 3.0
+    args.json = args.json or Path(f"benchmarks/results/queries-{args.dataset}.json")
+    name = ALIASES.get(args.model, args.model)
+    if name not in MODELS:
+        parser.error(f"--model {args.model}: choose gcn, sage, gat, graphconv or one of {MODELS}")
+    matplotlib.use("Agg")
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+
+    t0 = time.perf_counter()
+    data = sg.datasets.synthetic(args.dataset, seed=0)
+    data.weight[:] = 1.0
+    wl = split(data, args.holdout, args.seed)
+    del data
+    snap = wl.snapshot
+    inner = "kept within a request" if args.query_to_query else "dropped"
+    console.print(f"{args.dataset}: snapshot {snap.num_vertices:,} vertices, "
+                  f"{snap.num_edges:,} edges; {len(wl.held_ids):,} held out with "
+                  f"{len(wl.cross_pos):,} edges to the snapshot ({len(wl.inner_dst):,} "
+                  f"held-out -> held-out, {inner}) "
+                  f"[{time.perf_counter() - t0:.0f} s]")
+    spec = ModelSpec(name, snap.num_features, snap.num_classes, hidden=args.hidden,
+                     num_layers=2)
+    trained = train(snap, spec, epochs=args.epochs, seed=args.seed)
+    model = trained.checkpoint.model()
+    console.print(f"trained {name} ({args.epochs} epochs, {trained.seconds:.0f} s): snapshot "
+                  f"test accuracy {trained.gnn.test:.4f} (MLP {trained.mlp.test:.4f})")
+    engine = sg.Engine.from_pyg(model, snap)
+    base = Baseline(model, wl, args.seed)
+    console.print(f"engine ready [{time.perf_counter() - t0:.0f} s]")
+
+    ms = methods(args.fanout, args.gammas, args.policies)
+    requests = {size: make_requests(wl, size, args.requests + args.warmup, args.seed,
+                                    args.query_to_query) for size in args.batch_sizes}
+    gc.collect()
+    gc.freeze()
+    results: dict = {"dataset": args.dataset, "model": name, "hidden": args.hidden,
+                     "epochs": args.epochs, "holdout": args.holdout,
+                     "query_to_query": args.query_to_query, "fanout": args.fanout,
+                     "training": {"gnn_test": trained.gnn.test, "mlp_test": trained.mlp.test,
+                                  "seconds": trained.seconds},
+                     "percentiles": "hdrhistogram" if HdrHistogram else "numpy",
+                     "rows": []}
+    failures = []
+
+    def save() -> None:
+        results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+    for size in args.batch_sizes:
+        reqs = requests[size]
+        rows = run_batch(size, reqs[args.warmup:], reqs[:args.warmup], ms, engine, base, wl,
+                         args.fanout, args.chunk)
+        results["rows"] += rows
+        diff = next(r for r in rows if r["kind"] == "exact")["max_abs_vs_full"]
+        print_batch(rows, f"{args.dataset}, {name}, batch {size}: {len(reqs) - args.warmup} "
+                          f"requests; max |full k-hop - exact| = {diff:.2e}")
+        if diff > TOLERANCE:
+            failures.append(f"batch {size}: max |full k-hop - exact| {diff:.2e} > {TOLERANCE}")
+        save()
+    big = max(args.batch_sizes)
+    results["goals"] = goals(results["rows"], big, args.policies)
+    print_goals(results["goals"], big)
+    results["plots"] = [str(p) for p in plot(
+        results["rows"], args.gammas, args.policies, args.out,
+        f"{args.dataset}, {name}: SRPE vs gamma ({args.requests} requests per batch size)")]
+    save()
+
+    main_reqs = {s: requests[s][args.warmup:] for s in args.batch_sizes}
+    if args.partitions > 1:
+        results["cgp"] = cgp(model, wl, engine, main_reqs, args.cgp_requests, args.partitions)
+        save()
+    size = args.poisson_batch
+    pool_reqs = (main_reqs[size] if size in main_reqs else
+                 make_requests(wl, size, 100, args.seed + 1, args.query_to_query))[:100]
+    exact_ms = next((r["mean_ms"] for r in results["rows"]
+                     if r["batch"] == size and r["kind"] == "exact"), None)
+    pool = [r.pydantic(wl, snap.num_vertices) for r in pool_reqs]
+    if exact_ms is None:
+        seconds = [time.perf_counter()]
+        for p in pool[:20]:
+            engine.query(p)
+            seconds.append(time.perf_counter())
+        exact_ms = float(np.diff(seconds).mean() * 1e3)
+    capacity = 1000 / exact_ms
+    rates = args.rates or [round(f * capacity, 1) for f in (0.5, 0.8, 1.1)]
+    results["poisson"] = poisson(engine, pool, size, rates, args.poisson_seconds, args.seed)
+    save()
+    if args.update_rate > 0:
+        results["mixed"] = mixed(engine, wl, pool_reqs, size, args.mixed_rate or rates[0],
+                                 args.update_rate, args.update_ms, args.mixed_seconds,
+                                 args.seed)
+    save()
+    console.print(f"peak RSS {results['peak_rss_mb']:,.0f} MB, {time.perf_counter() - t0:.0f} s"
+                  f" -> {args.json}, {', '.join(results['plots'])}")
+    assert not failures, "; ".join(failures)
+
+
+if __name__ == "__main__":
+    main()
