@@ -597,7 +597,9 @@ def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
             ("events/s (wall clock)", f"{stats.applied / max(wall, 1e-9):,.0f}"),
             ("label changes published", f"{stats.label_changes:,}"),
             ("dead letters", ", ".join(f"{k}: {v}" for k, v in
-                                       sorted(stats.dead_letters.items())) or "0")]
+                                       sorted(stats.dead_letters.items())) or "0"),
+            ("queries answered / refused", f"{stats.queries['answered']:,} / "
+             f"{sum(stats.queries.values()) - stats.queries['answered']:,}")]
     if len(lat):
         rows.append(("latency produce -> publish p50 / p99",
                      f"{np.median(lat):.1f} / {np.percentile(lat, 99):.1f} ms"))
