@@ -54,7 +54,9 @@ def test_demo_streams_the_held_out_updates_through_kafka_exactly(tmp_path):
     assert err < 1e-4
 
 
-def test_docker_compose_runs_the_service_against_kafka(tmp_path):
+def test_docker_compose_points_the_service_at_its_kafka_with_variables_serve_reads(tmp_path):
+    """Parsed, not run (no Docker engine here): the service talks to the compose file's
+    Kafka and every STREAMGNN_ variable it sets is one `serve` reads."""
     import typer
     import yaml
 
