@@ -45,7 +45,9 @@ import argparse
 import copy
 import gc
 import json
+import os
 import resource
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +121,16 @@ def split(data: sg.GraphData, frac: float, seed: int) -> Workload:
     return Workload(snapshot, data.ids[held], data.x[held], data.y[held],
                     _ptr(h[order], nh), other[order], out[order],
                     _ptr(hidx[s[inner]][io], nh), hidx[d[inner]][io])
+
+
+def undirected(data: sg.GraphData) -> sg.GraphData:
+    """``data`` with every edge in both directions (unit weights), as OMEGA's datasets."""
+    n = data.num_vertices
+    s, d = data.positions(data.src), data.positions(data.dst)
+    key = np.unique(np.concatenate([s * n + d, d * n + s]))
+    s, d = key // n, key % n
+    return sg.GraphData(ids=data.ids, src=data.ids[s], dst=data.ids[d], x=data.x, y=data.y,
+                        name=f"{data.name}-undirected")
 
 
 def _ptr(sorted_keys: np.ndarray, n: int) -> np.ndarray:
@@ -318,6 +330,43 @@ def floyd(count: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- measurement
+class Contention:
+    """CPU time other processes took while a section ran (from /proc/stat, less this
+    process's own): the machine is shared, and a busy neighbour shows up in the p99s."""
+
+    def __init__(self) -> None:
+        self.last = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float, float] | None:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # not idle, iowait
+        mine = os.times()
+        return busy / os.sysconf("SC_CLK_TCK"), mine.user + mine.system, time.perf_counter()
+
+    def section(self, name: str) -> dict:
+        now, last = self._now(), self.last
+        self.last = now
+        if now is None or last is None:
+            return {"section": name}
+        other = max(0.0, (now[0] - last[0]) - (now[1] - last[1]))
+        return {"section": name, "seconds": round(now[2] - last[2], 1),
+                "other_cpu_s": round(other, 1), "own_cpu_s": round(now[1] - last[1], 1),
+                "loadavg_1min": os.getloadavg()[0]}
+
+
+def frozen(objects: list) -> list:
+    """``objects`` (request objects built ahead) moved out of the collector's view, as
+    `Service.run` freezes its heap: a server does not hold a block of requests ahead, and
+    full collections scanning them would add ~250 ms pauses at 1,024 vertices a request."""
+    gc.collect()
+    gc.freeze()
+    return objects
+
+
 def percentiles(seconds: list[float]) -> dict:
     ms = np.asarray(seconds) * 1e3
     if HdrHistogram is not None:
@@ -380,7 +429,7 @@ def run_batch(size: int, reqs: list[Request], warm: list[Request], ms: list[Meth
     bar = tqdm(total=len(reqs) * len(ms), desc=f"batch {size}", leave=False)
     for lo in range(0, len(reqs), chunk):  # blocks of requests per method (warm caches)
         block = reqs[lo:lo + chunk]
-        pyds = [r.pydantic(wl, n0) for r in block]
+        pyds = frozen([r.pydantic(wl, n0) for r in block])
         exact_rows = [None] * len(block)
         full_rows = [None] * len(block)
         for m in ms:
@@ -444,7 +493,7 @@ def print_batch(rows: list[dict], title: str) -> None:
 
 # ---------------------------------------------------------------- CGP, Poisson, mixed
 def cgp(model, wl: Workload, engine1: sg.Engine, reqs: dict[int, list[Request]],
-        count: int, parts: int) -> list[dict]:
+        count: int, parts: int, chunk: int) -> list[dict]:
     engine_p = sg.Engine.from_pyg(model, wl.snapshot, partitions=parts)
     n0 = wl.snapshot.num_vertices
     rows = []
@@ -452,8 +501,11 @@ def cgp(model, wl: Workload, engine1: sg.Engine, reqs: dict[int, list[Request]],
         block = all_reqs[:count]
         stats = {1: [], parts: []}
         diff = 0.0
-        for req in tqdm(block, desc=f"CGP batch {size}", leave=False):
-            pyd = req.pydantic(wl, n0)
+        pyds: list = []
+        for i in tqdm(range(len(block)), desc=f"CGP batch {size}", leave=False):
+            if i % chunk == 0:
+                pyds = frozen([r.pydantic(wl, n0) for r in block[i:i + chunk]])
+            pyd = pyds[i % chunk]
             answers = {}
             for p, engine in ((1, engine1), (parts, engine_p)):
                 t = time.perf_counter()
@@ -540,29 +592,34 @@ def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate
     graph = sg.DynamicGraph.from_data(snap)
     gen = LinkBenchWorkload(graph, seed=seed, unit_weights=True)
     gen.next_id = int(max(snap.ids.max(), wl.held_ids.max())) + 1  # never a held-out id
-    batches = []
-    for _ in tqdm(range(nb), desc="LinkBench batches", leave=False):
+    batches, warm = [], 5
+    for _ in tqdm(range(nb + warm), desc="LinkBench batches", leave=False):
         batch = sg.UpdateBatch.from_updates(gen.batch(per), snap.num_features)
         graph.apply(batch)
         batches.append(batch)
     del graph, gen
+    for batch in batches[:warm]:  # untimed: the update path's JIT
+        engine.apply(batch)
+    batches = batches[warm:]
     n0 = snap.num_vertices
-    queries = [(r, r.pydantic(wl, n0)) for r in pool]
+    queries = frozen([(r, r.pydantic(wl, n0)) for r in pool])
     q_times = arrivals(qrate, seconds, np.random.default_rng([seed, 99]))
     u_times = np.arange(nb) * update_ms / 1000
     events = sorted([(t, 0, i) for i, t in enumerate(u_times)]
                     + [(t, 1, i) for i, t in enumerate(q_times)])
-    q_lat, u_lat, applied, dropped_edges = [], [], 0, 0
-    gc.collect()
+    q_lat, u_lat, q_service, u_service, applied, dropped_edges = [], [], [], [], 0, 0
+    frozen(batches)
     start = time.perf_counter() + 0.05
     last_update = start
     for t, kind, i in tqdm(events, desc="mixed", leave=False):
         _wait_until(start + t)
+        began = time.perf_counter()
         if kind == 0:
             engine.apply(batches[i])
             last_update = time.perf_counter()
             applied += len(batches[i])
             u_lat.append(last_update - (start + t))
+            u_service.append(last_update - began)
             continue
         req, pyd = queries[i % len(queries)]
         other = np.where(req.src >= n0, req.dst, req.src)  # the existing end (or a query)
@@ -572,24 +629,42 @@ def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate
                                                    if not g]})
             dropped_edges += int(gone.sum())
         engine.query(pyd)
-        q_lat.append(time.perf_counter() - (start + t))
+        done = time.perf_counter()
+        q_lat.append(done - (start + t))
+        q_service.append(done - began)
     row = {"batch": size, "query_rps": qrate, "queries": len(q_lat),
            "offered_updates_per_s": per * 1000 / update_ms, "update_batch": per,
            "achieved_updates_per_s": applied / (last_update - start),
            "query": percentiles(q_lat), "update_batch_latency": percentiles(u_lat),
+           "query_service": percentiles(q_service), "update_service": percentiles(u_service),
+           "busy_fraction": (sum(q_service) + sum(u_service)) / (time.perf_counter() - start),
            "query_edges_to_deleted_vertices_dropped": dropped_edges}
     table = Table(title=f"Mixed: LinkBench updates at {row['offered_updates_per_s']:,.0f}/s "
                         f"(batches of {per} every {update_ms:g} ms) + Poisson queries "
                         f"({size} vertices, {qrate:.1f}/s), FIFO, {seconds:g} s")
-    for col in ("achieved updates/s", "update batch p50/p99 ms", "queries", "query p50 ms",
-                "query p99 ms"):
+    for col in ("achieved updates/s", "update batch p50/p99 ms (apply p50)", "queries",
+                "query p50 ms", "query p99 ms", "query service p50 ms", "server busy"):
         table.add_column(col, justify="right")
     table.add_row(f"{row['achieved_updates_per_s']:,.0f}",
                   f"{row['update_batch_latency']['p50_ms']:.2f} / "
-                  f"{row['update_batch_latency']['p99_ms']:.2f}", str(len(q_lat)),
-                  f"{row['query']['p50_ms']:.2f}", f"{row['query']['p99_ms']:.2f}")
+                  f"{row['update_batch_latency']['p99_ms']:.2f} "
+                  f"({row['update_service']['p50_ms']:.2f})", str(len(q_lat)),
+                  f"{row['query']['p50_ms']:.2f}", f"{row['query']['p99_ms']:.2f}",
+                  f"{row['query_service']['p50_ms']:.2f}", f"{row['busy_fraction']:.0%}")
     console.print(table)
     return row
+
+
+def revision() -> dict:
+    """The commit measured, and whether streamgnn/ had changes not in it."""
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "?"
+    return {"commit": git("rev-parse", "HEAD"),
+            "streamgnn_dirty": bool(git("status", "--porcelain", "streamgnn"))}
 
 
 def _kb(n: float) -> str:
@@ -655,6 +730,12 @@ def plot(rows: list[dict], gammas: list[float], policies: list[str], out: Path,
                     continue  # identical to exact
                 r = next(r for r in at if r["kind"] == kind)
                 ax.axhline(r[metric], color=style[0], linestyle=style[1:], label=r["method"])
+            if metric == "accuracy":  # the goal's band: within 1 point of exact mode
+                exact = next(r[metric] for r in at if r["kind"] == "exact")
+                ax.axhspan(exact - 0.01, exact, color="k", alpha=0.06,
+                           label="within 1 point of exact")
+                lo, hi = ax.get_ylim()
+                ax.set_ylim(min(lo, exact - 0.015), max(hi, exact + 0.005))
             ax.set_xticks(xs, [f"{g:g}" for g in gammas])
             ax.set_xlabel("recomputation budget gamma")
             ax.set_ylabel(label)
@@ -703,6 +784,10 @@ def main() -> None:
                         help="SRPE candidate policies")
     parser.add_argument("--fanout", type=int, default=10,
                         help="neighbour sampling: in-edges sampled per vertex and layer")
+    parser.add_argument("--undirected", action="store_true",
+                        help="add every edge's reverse before the split (OMEGA's datasets "
+                             "are undirected: every neighbour of a query is then an SRPE "
+                             "candidate)")
     parser.add_argument("--query-to-query", action="store_true",
                         help="keep held-out -> held-out edges whose ends are in the same "
                              "request (default: dropped, as OMEGA)")
@@ -729,13 +814,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs"),
                         help="folder for queries-accuracy.png and queries-latency.png")
     parser.add_argument("--json", type=Path, default=None,
-                        help="results file (default benchmarks/results/queries-<dataset>.json)")
+                        help="results file (default benchmarks/results/queries-<dataset>"
+                             "[-undirected].json)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="only redraw the plots from the results file (--json)")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.cgp_requests = min(args.requests, 40), min(args.cgp_requests, 20)
         args.poisson_seconds, args.mixed_seconds = 3.0, 3.0
-    args.json = args.json or Path(f"benchmarks/results/queries-{args.dataset}.json")
+    suffix = "-undirected" if args.undirected else ""
+    args.json = args.json or Path(f"benchmarks/results/queries-{args.dataset}{suffix}.json")
+    if args.plot_only:
+        matplotlib.use("Agg")
+        res = json.loads(args.json.read_text())
+        gammas = sorted({r["gamma"] for r in res["rows"] if r["kind"] == "srpe"})
+        policies = [p for p in POLICIES if any(r["policy"] == p for r in res["rows"])]
+        for path in plot(res["rows"], gammas, policies, args.out,
+                         f"{res['dataset']}{' (undirected)' if res.get('undirected') else ''}, "
+                         f"{res['model']}: SRPE vs gamma ({res.get('requests', '?')} requests "
+                         "per batch size)"):
+            console.print(f"-> {path}")
+        return
     name = ALIASES.get(args.model, args.model)
     if name not in MODELS:
         parser.error(f"--model {args.model}: choose gcn, sage, gat, graphconv or one of {MODELS}")
@@ -744,8 +844,11 @@ def main() -> None:
     keep_freed_memory()
 
     t0 = time.perf_counter()
+    contention = Contention()
     data = sg.datasets.synthetic(args.dataset, seed=0)
     data.weight[:] = 1.0
+    if args.undirected:
+        data = undirected(data)
     wl = split(data, args.holdout, args.seed)
     del data
     snap = wl.snapshot
@@ -768,16 +871,18 @@ def main() -> None:
     ms = methods(args.fanout, args.gammas, args.policies)
     requests = {size: make_requests(wl, size, args.requests + args.warmup, args.seed,
                                     args.query_to_query) for size in args.batch_sizes}
-    gc.collect()
-    gc.freeze()
-    results: dict = {"dataset": args.dataset, "model": name, "hidden": args.hidden,
+    frozen([])
+    results: dict = {"dataset": args.dataset, "undirected": args.undirected,
+                     "model": name, "hidden": args.hidden, "requests": args.requests,
                      "epochs": args.epochs, "holdout": args.holdout,
                      "query_to_query": args.query_to_query, "fanout": args.fanout,
                      "training": {"gnn_test": trained.gnn.test, "mlp_test": trained.mlp.test,
                                   "seconds": trained.seconds},
                      "percentiles": "hdrhistogram" if HdrHistogram else "numpy",
+                     "code": revision(),
                      "rows": []}
     failures = []
+    results["contention"] = [contention.section("setup")]
 
     def save() -> None:
         results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -792,6 +897,7 @@ def main() -> None:
         diff = next(r for r in rows if r["kind"] == "exact")["max_abs_vs_full"]
         print_batch(rows, f"{args.dataset}, {name}, batch {size}: {len(reqs) - args.warmup} "
                           f"requests; max |full k-hop - exact| = {diff:.2e}")
+        results["contention"].append(contention.section(f"batch {size}"))
         if diff > TOLERANCE:
             failures.append(f"batch {size}: max |full k-hop - exact| {diff:.2e} > {TOLERANCE}")
         save()
@@ -800,19 +906,22 @@ def main() -> None:
     print_goals(results["goals"], big)
     results["plots"] = [str(p) for p in plot(
         results["rows"], args.gammas, args.policies, args.out,
-        f"{args.dataset}, {name}: SRPE vs gamma ({args.requests} requests per batch size)")]
+        f"{args.dataset}{' (undirected)' if args.undirected else ''}, {name}: SRPE vs gamma "
+        f"({args.requests} requests per batch size)")]
     save()
 
     main_reqs = {s: requests[s][args.warmup:] for s in args.batch_sizes}
     if args.partitions > 1:
-        results["cgp"] = cgp(model, wl, engine, main_reqs, args.cgp_requests, args.partitions)
+        results["cgp"] = cgp(model, wl, engine, main_reqs, args.cgp_requests, args.partitions,
+                             args.chunk)
+        results["contention"].append(contention.section("cgp"))
         save()
     size = args.poisson_batch
     pool_reqs = (main_reqs[size] if size in main_reqs else
                  make_requests(wl, size, 100, args.seed + 1, args.query_to_query))[:100]
     exact_ms = next((r["mean_ms"] for r in results["rows"]
                      if r["batch"] == size and r["kind"] == "exact"), None)
-    pool = [r.pydantic(wl, snap.num_vertices) for r in pool_reqs]
+    pool = frozen([r.pydantic(wl, snap.num_vertices) for r in pool_reqs])
     if exact_ms is None:
         seconds = [time.perf_counter()]
         for p in pool[:20]:
@@ -822,12 +931,23 @@ def main() -> None:
     capacity = 1000 / exact_ms
     rates = args.rates or [round(f * capacity, 1) for f in (0.5, 0.8, 1.1)]
     results["poisson"] = poisson(engine, pool, size, rates, args.poisson_seconds, args.seed)
+    results["contention"].append(contention.section("poisson"))
     save()
     if args.update_rate > 0:
         results["mixed"] = mixed(engine, wl, pool_reqs, size, args.mixed_rate or rates[0],
                                  args.update_rate, args.update_ms, args.mixed_seconds,
                                  args.seed)
+        results["contention"].append(contention.section("mixed"))
     save()
+    table = Table(title="Other processes' CPU time per section (2 cores shared)")
+    for col in ("section", "wall s", "own CPU s", "other processes' CPU s",
+                "load avg (1 min) at the end"):
+        table.add_column(col, justify="right")
+    for c in results["contention"]:
+        table.add_row(c["section"], *(str(c.get(k, "?")) for k in
+                                      ("seconds", "own_cpu_s", "other_cpu_s")),
+                      f"{c.get('loadavg_1min', float('nan')):.2f}")
+    console.print(table)
     console.print(f"peak RSS {results['peak_rss_mb']:,.0f} MB, {time.perf_counter() - t0:.0f} s"
                   f" -> {args.json}, {', '.join(results['plots'])}")
     assert not failures, "; ".join(failures)

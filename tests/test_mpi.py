@@ -129,12 +129,18 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     job = subprocess.Popen(serve_command(tmp_path, broker, topics, state, "--until-idle", "4"),
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
+    old_job: set[int] = set()
     for victim in (2, 0):  # a worker, then the router
         deadline = time.monotonic() + 60
-        while victim not in rank_pids(state) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # a rank of the running job, registered
+            pid = rank_pids(state).get(victim)
+            if (pid is not None and pid not in old_job
+                    and (state / "ranks" / f"{pid}.rank").exists()):
+                break
             time.sleep(0.2)
         time.sleep(6)  # bootstrap done, batches flowing
-        os.kill(rank_pids(state)[victim], signal.SIGKILL)
+        old_job = set(rank_pids(state).values())
+        os.kill(pid, signal.SIGKILL)
     producer.join()
     log = job.communicate(timeout=300)[0]
     assert job.returncode == 0, log[-4000:]
