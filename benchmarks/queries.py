@@ -3,8 +3,15 @@ SRPE) against full k-hop recompute and neighbour sampling with PyG's layers, in 
 
     python benchmarks/queries.py                      # arxiv-like, 500 requests per batch size
     python benchmarks/queries.py --quick              # 40 requests, shorter Poisson/mixed runs
-    python benchmarks/queries.py --dataset products-like --requests 100 --epochs 5
+    python benchmarks/queries.py --undirected --requests 100 --out docs/undirected
+    python benchmarks/queries.py --dataset products-like --requests 20 --epochs 3 \
+        --partitions 0 --poisson-seconds 5 --mixed-seconds 5 --out docs/products-like
     python benchmarks/queries.py --model gcn --batch-sizes 64 1024 --requests 200
+    python benchmarks/queries.py --parts main --batch-sizes 1 64 --merge   # re-measure some
+
+products-like (2.45M vertices) peaks at ~20 GB (training); its CGP part does not fit in
+24 GiB (the partitioned engine holds the router's graph, four shard graphs and their
+states beside the first engine, even with ``--cgp-sequential``): leave it out there.
 
 Workload (OMEGA section 8, "Workloads"): a seeded 25 % of the vertices is held out; the
 model (2 layers, hidden 128, `streamgnn.models.train`, best-validation weights) is trained
@@ -56,6 +63,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib import ticker
 from rich.console import Console
 from rich.table import Table
 from torch_geometric.nn import GCNConv, GraphConv
@@ -413,7 +421,8 @@ def serve(method: Method, engine: sg.Engine, base: Baseline, req: Request,
         kw = {} if method.kind == "exact" else {"budget": method.gamma, "policy": method.policy}
         res = engine.query(pyd, **kw)
         rows = res.embeddings
-        info = {"recomputed": [len(r) for r in res.recomputed], "candidates": res.candidates}
+        info = {"recomputed": [len(r) for r in res.recomputed], "candidates": res.candidates,
+                "work": getattr(res, "work", 0)}
     return time.perf_counter() - t, rows, info
 
 
@@ -468,6 +477,7 @@ def run_batch(size: int, reqs: list[Request], warm: list[Request], ms: list[Meth
             row["recomputed_per_layer"] = np.mean(
                 [e["recomputed"] for e in tally.extra], axis=0).round(1).tolist()
             row["candidates"] = float(np.mean([e["candidates"] for e in tally.extra]))
+            row["in_edges_aggregated"] = float(np.mean([e["work"] for e in tally.extra]))
         if m.kind == "exact":
             row["max_abs_vs_full"] = tally.max_diff
         out.append(row)
@@ -492,36 +502,54 @@ def print_batch(rows: list[dict], title: str) -> None:
 
 
 # ---------------------------------------------------------------- CGP, Poisson, mixed
-def cgp(model, wl: Workload, engine1: sg.Engine, reqs: dict[int, list[Request]],
-        count: int, parts: int, chunk: int) -> list[dict]:
-    engine_p = sg.Engine.from_pyg(model, wl.snapshot, partitions=parts)
+def cgp(model, wl: Workload, holder: list[sg.Engine], reqs: dict[int, list[Request]],
+        count: int, parts: int, chunk: int, sequential: bool) -> list[dict]:
+    """Exact mode on ``holder[0]`` (P=1) and on a ``parts``-partition engine, the same
+    requests, one engine after the other; ``sequential``: the P=1 engine is dropped while
+    the other exists and rebuilt after (into ``holder``), for graphs where two do not fit."""
     n0 = wl.snapshot.num_vertices
-    rows = []
-    for size, all_reqs in reqs.items():
-        block = all_reqs[:count]
-        stats = {1: [], parts: []}
-        diff = 0.0
-        pyds: list = []
-        for i in tqdm(range(len(block)), desc=f"CGP batch {size}", leave=False):
-            if i % chunk == 0:
-                pyds = frozen([r.pydantic(wl, n0) for r in block[i:i + chunk]])
-            pyd = pyds[i % chunk]
-            answers = {}
-            for p, engine in ((1, engine1), (parts, engine_p)):
+    blocks = {size: all_reqs[:count] for size, all_reqs in reqs.items()}
+
+    def measure(engine: sg.Engine, p: int) -> dict:
+        out = {}
+        for size, block in blocks.items():
+            stats, answers, pyds = [], [], []
+            for i in tqdm(range(len(block)), desc=f"CGP P={p} batch {size}", leave=False):
+                if i % chunk == 0:
+                    pyds = frozen([r.pydantic(wl, n0) for r in block[i:i + chunk]])
                 t = time.perf_counter()
-                res = engine.query(pyd)
-                stats[p].append((time.perf_counter() - t, sum(res.sent_bytes)
-                                 + sum(res.received_bytes), sum(res.pull_bytes)))
-                answers[p] = res.embeddings
-            diff = max(diff, float(np.abs(answers[1] - answers[parts]).max()))
+                res = engine.query(pyds[i % chunk])
+                stats.append((time.perf_counter() - t,
+                              sum(res.sent_bytes) + sum(res.received_bytes),
+                              sum(res.pull_bytes)))
+                answers.append(res.embeddings)
+            out[size] = (np.array(stats), answers)
+        return out
+
+    def drop(engines: list) -> None:
+        gc.unfreeze()  # frozen objects in cycles are never collected
+        engines.clear()
+        gc.collect()
+
+    measured = {1: measure(holder[0], 1)}
+    if sequential:
+        drop(holder)
+    other = [sg.Engine.from_pyg(model, wl.snapshot, partitions=parts)]
+    measured[parts] = measure(other[0], parts)
+    drop(other)
+    if sequential:
+        holder.append(sg.Engine.from_pyg(model, wl.snapshot))
+    rows = []
+    for size in blocks:
+        diff = max(float(np.abs(a - b).max()) for a, b in
+                   zip(measured[1][size][1], measured[parts][size][1]))
         for p in (1, parts):
-            s = np.array(stats[p])
-            rows.append({"batch": size, "partitions": p, "requests": len(block),
-                         **percentiles(s[:, 0].tolist()),
-                         "bytes_per_request": float(s[:, 1].mean()),
-                         "pull_bytes_per_request": float(s[:, 2].mean()),
+            st = measured[p][size][0]
+            rows.append({"batch": size, "partitions": p, "requests": len(st),
+                         **percentiles(st[:, 0].tolist()),
+                         "bytes_per_request": float(st[:, 1].mean()),
+                         "pull_bytes_per_request": float(st[:, 2].mean()),
                          "max_abs_vs_p1": diff})
-    del engine_p
     table = Table(title=f"CGP: exact mode, P={parts} (in process, METIS) vs P=1, same requests")
     for col in ("batch", "P", "p50 ms", "p99 ms", "partials: sent+received / request",
                 "pull rows instead / request", "pull / partials", "max |P - P1|"):
@@ -689,9 +717,11 @@ def goals(rows: list[dict], big: int, policies: list[str]) -> dict:
                 out["srpe"][p] = {"gamma": None, "met": False}
     for size in sorted({r["batch"] for r in rows}):
         exact = next(r for r in rows if r["batch"] == size and r["kind"] == "exact")
+        full = next(r for r in rows if r["batch"] == size and r["kind"] == "full")
         out["exact"][size] = {"speedup": exact["speedup"],
                               "max_abs_vs_full": exact["max_abs_vs_full"],
-                              "met": exact["speedup"] >= 3
+                              "labels_identical": full["agreement"] == 1.0,
+                              "met": exact["speedup"] >= 3 and full["agreement"] == 1.0
                               and exact["max_abs_vs_full"] <= TOLERANCE}
     return out
 
@@ -707,7 +737,8 @@ def print_goals(g: dict, big: int) -> None:
                           f"{'MET' if r['met'] else 'NOT MET'}")
     for size, r in g["exact"].items():
         console.print(f"exact, batch {size}: {r['speedup']:.1f}x faster than full k-hop (goal "
-                      f"3x), max |full - exact| {r['max_abs_vs_full']:.1e}: "
+                      f"3x), max |full - exact| {r['max_abs_vs_full']:.1e}, labels "
+                      f"{'identical' if r['labels_identical'] else 'DIFFER'}: "
                       f"{'MET' if r['met'] else 'NOT MET'}")
 
 
@@ -741,6 +772,8 @@ def plot(rows: list[dict], gammas: list[float], policies: list[str], out: Path,
             ax.set_ylabel(label)
             if metric == "p50_ms":
                 ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+                ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%g"))
             ax.set_title(f"batch {size}")
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
@@ -809,6 +842,16 @@ def main() -> None:
     parser.add_argument("--mixed-rate", type=float, default=None,
                         help="mixed run: query requests/s (default: the first Poisson rate)")
     parser.add_argument("--mixed-seconds", type=float, default=10.0, help="mixed run length")
+    parser.add_argument("--cgp-sequential", action="store_true",
+                        help="CGP: drop the P=1 engine while the partitioned one exists "
+                             "(products-like: two engines do not fit in 24 GiB)")
+    parser.add_argument("--parts", nargs="+", default=["main", "cgp", "poisson", "mixed"],
+                        choices=["main", "cgp", "poisson", "mixed"],
+                        help="what to run: the methods table, CGP, Poisson, mixed")
+    parser.add_argument("--merge", action="store_true",
+                        help="start from the results file (--json) of an earlier run with "
+                             "the same settings: the batch sizes and parts run now replace "
+                             "theirs, the rest is kept")
     parser.add_argument("--quick", action="store_true",
                         help="40 requests per batch size, 20 for CGP, 3 s Poisson and mixed")
     parser.add_argument("--out", type=Path, default=Path("docs"),
@@ -865,7 +908,7 @@ def main() -> None:
     console.print(f"trained {name} ({args.epochs} epochs, {trained.seconds:.0f} s): snapshot "
                   f"test accuracy {trained.gnn.test:.4f} (MLP {trained.mlp.test:.4f})")
     engine = sg.Engine.from_pyg(model, snap)
-    base = Baseline(model, wl, args.seed)
+    base = Baseline(model, wl, args.seed) if "main" in args.parts else None
     console.print(f"engine ready [{time.perf_counter() - t0:.0f} s]")
 
     ms = methods(args.fanout, args.gammas, args.policies)
@@ -883,13 +926,26 @@ def main() -> None:
                      "rows": []}
     failures = []
     results["contention"] = [contention.section("setup")]
+    if args.merge and args.json.exists():
+        old = json.loads(args.json.read_text())
+        same = ("dataset", "undirected", "model", "hidden", "epochs", "holdout",
+                "query_to_query", "fanout")
+        if any(old.get(k) != results[k] for k in same):
+            parser.error(f"--merge: {args.json} was run with other settings")
+        rerun = set(args.batch_sizes) if "main" in args.parts else set()
+        results["rows"] = [r for r in old["rows"] if r["batch"] not in rerun]
+        for key in ("cgp", "poisson", "mixed"):
+            if key in old and key not in args.parts:
+                results[key] = old[key]
+        results["earlier"] = {"code": old.get("code"), "contention": old.get("contention"),
+                              "requests": old.get("requests")}
 
     def save() -> None:
         results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
 
-    for size in args.batch_sizes:
+    for size in args.batch_sizes if "main" in args.parts else []:
         reqs = requests[size]
         rows = run_batch(size, reqs[args.warmup:], reqs[:args.warmup], ms, engine, base, wl,
                          args.fanout, args.chunk)
@@ -901,21 +957,27 @@ def main() -> None:
         if diff > TOLERANCE:
             failures.append(f"batch {size}: max |full k-hop - exact| {diff:.2e} > {TOLERANCE}")
         save()
-    big = max(args.batch_sizes)
+    results["rows"].sort(key=lambda r: r["batch"])
+    big = max([r["batch"] for r in results["rows"]], default=0)
     results["goals"] = goals(results["rows"], big, args.policies)
     print_goals(results["goals"], big)
-    results["plots"] = [str(p) for p in plot(
+    results["plots"] = [] if not results["rows"] else [str(p) for p in plot(
         results["rows"], args.gammas, args.policies, args.out,
         f"{args.dataset}{' (undirected)' if args.undirected else ''}, {name}: SRPE vs gamma "
         f"({args.requests} requests per batch size)")]
     save()
 
     main_reqs = {s: requests[s][args.warmup:] for s in args.batch_sizes}
-    if args.partitions > 1:
-        results["cgp"] = cgp(model, wl, engine, main_reqs, args.cgp_requests, args.partitions,
-                             args.chunk)
+    if "cgp" in args.parts and args.partitions > 1:
+        holder = [engine]
+        del engine
+        results["cgp"] = cgp(model, wl, holder, main_reqs, args.cgp_requests, args.partitions,
+                             args.chunk, args.cgp_sequential)
+        engine = holder[0]
         results["contention"].append(contention.section("cgp"))
         save()
+    if "poisson" not in args.parts and "mixed" not in args.parts:
+        args.update_rate = 0
     size = args.poisson_batch
     pool_reqs = (main_reqs[size] if size in main_reqs else
                  make_requests(wl, size, 100, args.seed + 1, args.query_to_query))[:100]
@@ -930,10 +992,12 @@ def main() -> None:
         exact_ms = float(np.diff(seconds).mean() * 1e3)
     capacity = 1000 / exact_ms
     rates = args.rates or [round(f * capacity, 1) for f in (0.5, 0.8, 1.1)]
-    results["poisson"] = poisson(engine, pool, size, rates, args.poisson_seconds, args.seed)
-    results["contention"].append(contention.section("poisson"))
-    save()
-    if args.update_rate > 0:
+    if "poisson" in args.parts:
+        results["poisson"] = poisson(engine, pool, size, rates, args.poisson_seconds,
+                                     args.seed)
+        results["contention"].append(contention.section("poisson"))
+        save()
+    if args.update_rate > 0 and "mixed" in args.parts:
         results["mixed"] = mixed(engine, wl, pool_reqs, size, args.mixed_rate or rates[0],
                                  args.update_rate, args.update_ms, args.mixed_seconds,
                                  args.seed)
