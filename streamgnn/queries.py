@@ -8,7 +8,6 @@ Pydantic and numpy; must not import torch, kafka or mpi4py.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -97,44 +96,52 @@ class QueryColumns:
         if m > MAX_QUERY_EDGES:
             raise InvalidQueryError(f"a query has at most {MAX_QUERY_EDGES} edges, "
                                     f"this one {m}")
-        for i, v in enumerate(req.vertices):
-            if len(v.x) != num_features:
-                raise FeatureDimensionError(
-                    f"query vertex {v.id} has {len(v.x)} features, the graph "
-                    f"{num_features}", index=i)
-            if not all(map(math.isfinite, v.x)):
+        lengths = np.fromiter((len(v.x) for v in req.vertices), np.int64, n)
+        wrong = lengths != num_features
+        rows = np.zeros((n, num_features))  # float64: a float32 cast would turn 1e39 to inf
+        if not wrong.all():
+            rows[~wrong] = [v.x for v, bad in zip(req.vertices, wrong, strict=True) if not bad]
+        non_finite = ~np.isfinite(rows).all(axis=1)
+        over = ~non_finite & (np.abs(rows).max(axis=1, initial=0.0) > limits.features)
+        if (bad := np.flatnonzero(wrong | non_finite | over)).size:
+            i = int(bad[0])
+            v = req.vertices[i]
+            if wrong[i]:
+                raise FeatureDimensionError(f"query vertex {v.id} has {len(v.x)} features, "
+                                            f"the graph {num_features}", index=i)
+            if non_finite[i]:
                 raise NonFiniteValueError(f"query vertex {v.id}: NaN or inf in the "
                                           "features", index=i)
-            if max(map(abs, v.x), default=0.0) > limits.features:
-                raise OutOfRangeError(f"query vertex {v.id}: a feature value beyond "
-                                      f"{limits.features:g}", index=i)
+            raise OutOfRangeError(f"query vertex {v.id}: a feature value beyond "
+                                  f"{limits.features:g}", index=i)
         ids = np.array([v.id for v in req.vertices], np.int64)
-        _first_repeat(ids, lambda i: DuplicateVertexError(
+        _first_repeat([ids], lambda i: DuplicateVertexError(
             f"query vertex {ids[i]} appears twice", index=i))
-        for j, e in enumerate(req.edges):
-            if e.src == e.dst:
-                raise SelfLoopError(f"query edge {e.src} -> {e.dst} is a self-loop", index=j)
-            if not math.isfinite(e.weight):
-                raise NonFiniteValueError(f"query edge {e.src} -> {e.dst}: the weight is "
-                                          "NaN or inf", index=j)
-            if abs(e.weight) > limits.weights:
-                raise OutOfRangeError(f"query edge {e.src} -> {e.dst}: weight beyond "
-                                      f"{limits.weights:g}", index=j)
         src = np.array([e.src for e in req.edges], np.int64)
         dst = np.array([e.dst for e in req.edges], np.int64)
-        pairs = np.stack([src, dst], axis=1) if m else np.zeros((0, 2), np.int64)
-        _first_repeat(pairs, lambda j: DuplicateEdgeError(
+        weight = np.array([e.weight for e in req.edges], np.float64)
+        loop, non_finite = src == dst, ~np.isfinite(weight)
+        over = ~non_finite & (np.abs(weight) > limits.weights)
+        if (bad := np.flatnonzero(loop | non_finite | over)).size:
+            j = int(bad[0])
+            edge = f"query edge {src[j]} -> {dst[j]}"
+            if loop[j]:
+                raise SelfLoopError(f"{edge} is a self-loop", index=j)
+            if non_finite[j]:
+                raise NonFiniteValueError(f"{edge}: the weight is NaN or inf", index=j)
+            raise OutOfRangeError(f"{edge}: weight beyond {limits.weights:g}", index=j)
+        _first_repeat([src, dst], lambda j: DuplicateEdgeError(
             f"query edge {src[j]} -> {dst[j]} appears twice", index=j))
-        x = np.array([v.x for v in req.vertices], np.float32).reshape(n, num_features)
-        return cls(ids, x, src, dst, np.array([e.weight for e in req.edges], np.float32))
+        return cls(ids, rows.astype(np.float32), src, dst, weight.astype(np.float32))
 
 
-def _first_repeat(keys: np.ndarray, error) -> None:
-    """Raise ``error(i)`` for the first position ``i`` whose key (row) came before."""
-    if len(keys) < 2:
+def _first_repeat(columns: list[np.ndarray], error) -> None:
+    """Raise ``error(i)`` for the first position ``i`` whose key (the tuple of
+    ``columns`` there) came before."""
+    if len(columns[0]) < 2:
         return
-    _, first = np.unique(keys, axis=0, return_index=True)
-    if len(first) < len(keys):
-        seen = np.zeros(len(keys), bool)
-        seen[first] = True
-        raise error(int(np.flatnonzero(~seen)[0]))
+    order = np.lexsort(columns[::-1])  # stable: equal keys stay in position order
+    keys = [c[order] for c in columns]
+    repeat = np.logical_and.reduce([k[1:] == k[:-1] for k in keys])
+    if repeat.any():
+        raise error(int(order[1:][repeat].min()))

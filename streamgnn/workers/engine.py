@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Annotated, Protocol, TypeVar
 
 import numpy as np
 import torch
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from streamgnn.datasets import GraphData
 from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
@@ -233,10 +233,7 @@ class Engine:
         `InvalidUpdateError` naming its problem."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
-        try:
-            req = QueryRequest.model_validate({**req.model_dump(), **overrides})
-        except ValidationError as e:
-            raise InvalidQueryError(str(e.errors(include_url=False)[0]["msg"])) from None
+        req = _overridden(req, overrides)
         cols = QueryColumns.from_request(req, self.graph.num_features, self.graph.limits)
         qg = QueryGraph(self.graph, cols)
         if req.insert:
@@ -282,6 +279,23 @@ class Engine:
         for name in ("recomputed", "pulled", "remote_reads", "combined_messages"):
             setattr(merged, name, np.sum([getattr(r, name) for r in results], axis=0).tolist())
         return merged
+
+
+def _overridden(req: QueryRequest, overrides: dict) -> QueryRequest:
+    """``req`` with ``overrides`` of its fields, each validated by the field's own rules
+    (the request itself was validated when it was made)."""
+    for name, value in overrides.items():
+        field = QueryRequest.model_fields.get(name)
+        if field is None:
+            raise InvalidQueryError(f"{name!r} is not a field of a query request")
+        kind = (Annotated[field.annotation, *field.metadata] if field.metadata
+                else field.annotation)
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as e:
+            raise InvalidQueryError(f"{name}: {e.errors(include_url=False)[0]['msg']}"
+                                    ) from None
+    return req.model_copy(update=overrides)
 
 
 class Workers(Protocol):

@@ -94,15 +94,17 @@ class QueryGraph:
             known = self.graph.contains(ends[~mine])
             slots[np.flatnonzero(~mine)[known]] = self.graph.slots(ends[~mine][known])
             out.append(slots)
-        for j in range(len(src)):  # errors only: find the first bad edge
-            if out[0][j] < 0 or out[1][j] < 0:
+        unknown = (out[0] < 0) | (out[1] < 0)
+        existing = (out[0] < self.n0) & (out[1] < self.n0) & ~unknown
+        if (bad := np.flatnonzero(unknown | existing)).size:
+            j = int(bad[0])
+            if unknown[j]:
                 v = src[j] if out[0][j] < 0 else dst[j]
                 raise UnknownVertexError(f"query edge {src[j]} -> {dst[j]}: vertex {v} is "
                                          "neither in the graph nor in the query", index=j)
-            if out[0][j] < self.n0 and out[1][j] < self.n0:
-                raise InvalidQueryError(f"query edge {src[j]} -> {dst[j]} joins two existing "
-                                        "vertices: that is an update (add_edge), not a "
-                                        "query", index=j)
+            raise InvalidQueryError(f"query edge {src[j]} -> {dst[j]} joins two existing "
+                                    "vertices: that is an update (add_edge), not a query",
+                                    index=j)
         return out[0], out[1]
 
     def ext(self, slots: np.ndarray) -> np.ndarray:
@@ -134,20 +136,22 @@ class QueryGraph:
 
     def in_weight(self, vertices: np.ndarray) -> np.ndarray:
         """Weighted in-degree of sorted distinct ``vertices`` (float64)."""
-        out = np.zeros(len(vertices))
-        old = vertices < self.n0
-        out[old] = self.graph.in_weight[vertices[old]]
-        into = np.isin(self.dst, vertices)
-        np.add.at(out, np.searchsorted(vertices, self.dst[into]), self.w[into])
-        return out
+        return self._with_query_edges(vertices, self.graph.in_weight, self.w)
 
     def in_degree(self, vertices: np.ndarray) -> np.ndarray:
         """In-degree of sorted distinct ``vertices``."""
-        out = np.zeros(len(vertices), np.int64)
+        return self._with_query_edges(vertices, self.graph.in_degree,
+                                      np.ones(len(self.w), np.int64))
+
+    def _with_query_edges(self, vertices: np.ndarray, graph_values: np.ndarray,
+                          per_edge: np.ndarray) -> np.ndarray:
+        """Per sorted distinct ``vertices``: its ``graph_values`` entry (query vertices:
+        0) plus ``per_edge`` of each query edge into it."""
+        out = np.zeros(len(vertices), per_edge.dtype)
         old = vertices < self.n0
-        out[old] = self.graph.in_degree[vertices[old]]
+        out[old] = graph_values[vertices[old]]
         into = np.isin(self.dst, vertices)
-        np.add.at(out, np.searchsorted(vertices, self.dst[into]), 1)
+        np.add.at(out, np.searchsorted(vertices, self.dst[into]), per_edge[into])
         return out
 
 
