@@ -381,6 +381,10 @@ def serve(
             import traceback
 
             traceback.print_exc()
+            # MPI_Abort may kill the output relay before it forwards the traceback: the
+            # supervisor reads the reason from here
+            (_rank_files(state_dir) / f"{os.getpid()}.error").write_text(
+                f"{type(e).__name__}: {e}")
             comm.Abort(_NO_RETRY if isinstance(e, ValueError) else 1)
         raise
     if mpi_workers is not None:
@@ -432,8 +436,9 @@ def _supervise(workers: int, max_restarts: int, ranks: Path) -> int:
         if code == 0 or stopping:
             return code
         if code == _NO_RETRY:
-            console.print("[red]the MPI job stopped on a configuration error (above); not "
-                          "restarting[/red]")
+            reasons = "; ".join(f.read_text() for f in ranks.glob("*.error")) or "above"
+            console.print(f"[red]the MPI job stopped on a configuration error ({reasons}); "
+                          "not restarting[/red]", highlight=False, soft_wrap=True)
             return code
         console.print(f"[yellow]the MPI job exited with code {code}; "
                       f"{died or 'no rank'} stopped first[/yellow]")
