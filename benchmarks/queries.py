@@ -30,12 +30,14 @@ Methods, one request at a time, each timed from the request in hand to the label
 - NS: the same with at most ``--fanout`` in-edges sampled per vertex (uniform without
   replacement, Floyd's algorithm; a vertex is sampled once per request), PyG's layers on
   the sampled subgraph as they are (GCN normalised within it, as PyG's NeighborLoader).
-- exact: ``engine.query(req)``, the engine's mode that answers as if inserted.
+- exact: ``engine.query(req)``, the engine's mode that answers as if inserted, ``req``
+  the request's arrays (`sg.QueryColumns`, as the baselines get them); "exact (objects)"
+  the same from a `sg.QueryRequest` of pydantic objects (what a decoded JSON request is).
 - SRPE: ``engine.query(req, budget=gamma, policy=...)`` for each gamma and policy.
-The request objects (pydantic) are built before the clock starts; ``engine.query``'s own
-validation of them is timed. Per method and batch size: p50/p99 latency per request,
-query vertices/s, accuracy against y of the held-out vertices, agreement with exact mode's
-labels, speed-up (full k-hop p50 / p50), and max |full k-hop - exact| (asserted <= 1e-4).
+Requests are built before the clock starts; ``engine.query``'s own validation is timed.
+Per method and batch size: p50/p99 latency per request, query vertices/s, accuracy
+against y of the held-out vertices, agreement with exact mode's labels, speed-up (full
+k-hop p50 / p50), and max |full k-hop - exact| (asserted <= 1e-4).
 
 Then: CGP, exact mode with ``partitions=4`` (in process, METIS) vs 1 on the same requests:
 bytes per request (sent + received, and the pull-rows alternative) and latency; Poisson
@@ -162,7 +164,12 @@ class Request:
     dst: np.ndarray
     w: np.ndarray
 
-    def pydantic(self, wl: Workload, n0: int) -> sg.QueryRequest:
+    def columns(self, wl: Workload) -> sg.QueryColumns:
+        ids = wl.held_ids[self.held]
+        ext = np.concatenate([wl.snapshot.ids, ids])  # virtual position -> external id
+        return sg.QueryColumns(ids, wl.held_x[self.held], ext[self.src], ext[self.dst], self.w)
+
+    def pydantic(self, wl: Workload) -> sg.QueryRequest:
         ids = wl.held_ids[self.held]
         ext = np.concatenate([wl.snapshot.ids, ids])  # virtual position -> external id
         x = wl.held_x[self.held].tolist()
@@ -405,21 +412,22 @@ class Tally:
 
 def methods(fanout: int, gammas: list[float], policies: list[str]) -> list[Method]:
     out = [Method("full k-hop", "full"), Method(f"NS fan-out {fanout}", "ns"),
-           Method("exact", "exact")]
+           Method("exact", "exact"), Method("exact (objects)", "objects")]
     out += [Method(f"SRPE {p} {g:g}", "srpe", g, p) for p in policies for g in gammas]
     return out
 
 
 def serve(method: Method, engine: sg.Engine, base: Baseline, req: Request,
-          pyd: sg.QueryRequest, fanout: int) -> tuple[float, np.ndarray, dict]:
+          asked: tuple[sg.QueryColumns, sg.QueryRequest], fanout: int
+          ) -> tuple[float, np.ndarray, dict]:
     t = time.perf_counter()
     if method.kind == "full":
         rows, info = base.run(req)
     elif method.kind == "ns":
         rows, info = base.run(req, fanout)
     else:
-        kw = {} if method.kind == "exact" else {"budget": method.gamma, "policy": method.policy}
-        res = engine.query(pyd, **kw)
+        kw = {} if method.kind != "srpe" else {"budget": method.gamma, "policy": method.policy}
+        res = engine.query(asked[method.kind == "objects"], **kw)
         rows = res.embeddings
         info = {"recomputed": [len(r) for r in res.recomputed], "candidates": res.candidates,
                 "work": getattr(res, "work", 0)}
@@ -429,16 +437,15 @@ def serve(method: Method, engine: sg.Engine, base: Baseline, req: Request,
 def run_batch(size: int, reqs: list[Request], warm: list[Request], ms: list[Method],
               engine: sg.Engine, base: Baseline, wl: Workload, fanout: int,
               chunk: int) -> list[dict]:
-    n0 = wl.snapshot.num_vertices
     tallies = {m.key: Tally() for m in ms}
     for req in warm:  # untimed: JIT, caches
-        pyd = req.pydantic(wl, n0)
+        asked = (req.columns(wl), req.pydantic(wl))
         for m in ms:
-            serve(m, engine, base, req, pyd, fanout)
+            serve(m, engine, base, req, asked, fanout)
     bar = tqdm(total=len(reqs) * len(ms), desc=f"batch {size}", leave=False)
     for lo in range(0, len(reqs), chunk):  # blocks of requests per method (warm caches)
         block = reqs[lo:lo + chunk]
-        pyds = frozen([r.pydantic(wl, n0) for r in block])
+        pyds = frozen([(r.columns(wl), r.pydantic(wl)) for r in block])
         exact_rows = [None] * len(block)
         full_rows = [None] * len(block)
         for m in ms:
@@ -507,7 +514,6 @@ def cgp(model, wl: Workload, holder: list[sg.Engine], reqs: dict[int, list[Reque
     """Exact mode on ``holder[0]`` (P=1) and on a ``parts``-partition engine, the same
     requests, one engine after the other; ``sequential``: the P=1 engine is dropped while
     the other exists and rebuilt after (into ``holder``), for graphs where two do not fit."""
-    n0 = wl.snapshot.num_vertices
     blocks = {size: all_reqs[:count] for size, all_reqs in reqs.items()}
 
     def measure(engine: sg.Engine, p: int) -> dict:
@@ -516,7 +522,7 @@ def cgp(model, wl: Workload, holder: list[sg.Engine], reqs: dict[int, list[Reque
             stats, answers, pyds = [], [], []
             for i in tqdm(range(len(block)), desc=f"CGP P={p} batch {size}", leave=False):
                 if i % chunk == 0:
-                    pyds = frozen([r.pydantic(wl, n0) for r in block[i:i + chunk]])
+                    pyds = [r.columns(wl) for r in block[i:i + chunk]]
                 t = time.perf_counter()
                 res = engine.query(pyds[i % chunk])
                 stats.append((time.perf_counter() - t,
@@ -630,7 +636,7 @@ def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate
         engine.apply(batch)
     batches = batches[warm:]
     n0 = snap.num_vertices
-    queries = frozen([(r, r.pydantic(wl, n0)) for r in pool])
+    queries = [(r, r.columns(wl)) for r in pool]
     q_times = arrivals(qrate, seconds, np.random.default_rng([seed, 99]))
     u_times = np.arange(nb) * update_ms / 1000
     events = sorted([(t, 0, i) for i, t in enumerate(u_times)]
@@ -653,8 +659,9 @@ def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate
         other = np.where(req.src >= n0, req.dst, req.src)  # the existing end (or a query)
         gone = (other < n0) & ~engine.graph.contains(snap.ids[np.minimum(other, n0 - 1)])
         if gone.any():  # LinkBench deleted some of the request's neighbours since
-            pyd = pyd.model_copy(update={"edges": [e for e, g in zip(pyd.edges, gone)
-                                                   if not g]})
+            keep = ~gone
+            pyd = sg.QueryColumns(pyd.ids, pyd.x, pyd.src[keep], pyd.dst[keep],
+                                  pyd.weight[keep])
             dropped_edges += int(gone.sum())
         engine.query(pyd)
         done = time.perf_counter()
@@ -798,6 +805,7 @@ def main() -> None:
                         help="architecture: gcn, sage (= sage-mean), gat, graphconv "
                              f"(= graphconv-mean) or any of {', '.join(MODELS)}")
     parser.add_argument("--hidden", type=int, default=128, help="hidden width")
+    parser.add_argument("--layers", type=int, default=2, help="GNN layers")
     parser.add_argument("--epochs", type=int, default=30,
                         help="full-batch training epochs (best validation kept)")
     parser.add_argument("--holdout", type=float, default=0.25,
@@ -866,7 +874,8 @@ def main() -> None:
     if args.quick:
         args.requests, args.cgp_requests = min(args.requests, 40), min(args.cgp_requests, 20)
         args.poisson_seconds, args.mixed_seconds = 3.0, 3.0
-    suffix = "-undirected" if args.undirected else ""
+    suffix = ("-undirected" if args.undirected else "") + (
+        f"-{args.layers}l" if args.layers != 2 else "")
     args.json = args.json or Path(f"benchmarks/results/queries-{args.dataset}{suffix}.json")
     if args.plot_only:
         matplotlib.use("Agg")
@@ -902,7 +911,7 @@ def main() -> None:
                   f"held-out -> held-out, {inner}) "
                   f"[{time.perf_counter() - t0:.0f} s]")
     spec = ModelSpec(name, snap.num_features, snap.num_classes, hidden=args.hidden,
-                     num_layers=2)
+                     num_layers=args.layers)
     trained = train(snap, spec, epochs=args.epochs, seed=args.seed)
     model = trained.checkpoint.model()
     console.print(f"trained {name} ({args.epochs} epochs, {trained.seconds:.0f} s): snapshot "
@@ -916,7 +925,8 @@ def main() -> None:
                                     args.query_to_query) for size in args.batch_sizes}
     frozen([])
     results: dict = {"dataset": args.dataset, "undirected": args.undirected,
-                     "model": name, "hidden": args.hidden, "requests": args.requests,
+                     "model": name, "hidden": args.hidden, "layers": args.layers,
+                     "requests": args.requests,
                      "epochs": args.epochs, "holdout": args.holdout,
                      "query_to_query": args.query_to_query, "fanout": args.fanout,
                      "training": {"gnn_test": trained.gnn.test, "mlp_test": trained.mlp.test,
@@ -928,7 +938,7 @@ def main() -> None:
     results["contention"] = [contention.section("setup")]
     if args.merge and args.json.exists():
         old = json.loads(args.json.read_text())
-        same = ("dataset", "undirected", "model", "hidden", "epochs", "holdout",
+        same = ("dataset", "undirected", "model", "hidden", "layers", "epochs", "holdout",
                 "query_to_query", "fanout")
         if any(old.get(k) != results[k] for k in same):
             parser.error(f"--merge: {args.json} was run with other settings")
@@ -983,7 +993,7 @@ def main() -> None:
                  make_requests(wl, size, 100, args.seed + 1, args.query_to_query))[:100]
     exact_ms = next((r["mean_ms"] for r in results["rows"]
                      if r["batch"] == size and r["kind"] == "exact"), None)
-    pool = frozen([r.pydantic(wl, snap.num_vertices) for r in pool_reqs])
+    pool = [r.columns(wl) for r in pool_reqs]
     if exact_ms is None:
         seconds = [time.perf_counter()]
         for p in pool[:20]:

@@ -2,9 +2,8 @@
 
 The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
 ``sg.DynamicGraph``, the six update types, ``sg.UpdateBatch``, queries
-(``sg.QueryRequest``, ``sg.QueryVertex``, ``sg.QueryEdge``, ``sg.QueryAnswer``) and the
-errors. Importing
-streamgnn must not import kafka or mpi4py.
+(``sg.QueryRequest``, ``sg.QueryVertex``, ``sg.QueryEdge``, ``sg.QueryColumns``,
+``sg.QueryAnswer``) and the errors. Importing streamgnn must not import kafka or mpi4py.
 """
 
 from streamgnn import datasets, models
@@ -25,7 +24,7 @@ from streamgnn.errors import (
     UnsupportedModelError,
 )
 from streamgnn.graph import DynamicGraph, GraphDiff
-from streamgnn.queries import QueryEdge, QueryRequest, QueryVertex
+from streamgnn.queries import QueryColumns, QueryEdge, QueryRequest, QueryVertex
 from streamgnn.updates import (
     AddEdge,
     AddVertex,
@@ -60,6 +59,7 @@ __all__ = [
     "NonFiniteValueError",
     "OutOfRangeError",
     "QueryAnswer",
+    "QueryColumns",
     "QueryEdge",
     "QueryRequest",
     "QueryVertex",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -74,52 +74,69 @@ class QueryRequest(BaseModel):
 
 @dataclass
 class QueryColumns:
-    """A request's vertices and edges as arrays, checked for everything that does not
-    depend on the graph: sizes, duplicate ids and edges, self-loops, feature dimension,
-    finite values within `ValueLimits`. Raises the `InvalidUpdateError` subclass naming
-    the first problem (``index``: the vertex's or edge's position in the request)."""
+    """A query's vertices and edges as arrays: ``ids`` [n] (new external ids), ``x``
+    [n, features], and its edges ``src``, ``dst`` (external ids) with ``weight``
+    (default 1). The fast way to ask a large query (`Engine.query` takes it as it takes a
+    `QueryRequest`, which it turns into one with `from_request`): no Python object per
+    vertex or edge. Arrays are taken as given; `checked` validates them."""
 
-    ids: np.ndarray     # int64 [n]
-    x: np.ndarray       # float32 [n, features]
-    src: np.ndarray     # int64 [m] external ids
-    dst: np.ndarray
-    weight: np.ndarray  # float32 [m]
+    ids: np.ndarray
+    x: np.ndarray
+    src: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dst: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    weight: np.ndarray | None = None
 
     @classmethod
     def from_request(cls, req: QueryRequest, num_features: int,
                      limits: ValueLimits | None = None) -> QueryColumns:
-        limits = limits or ValueLimits()
-        n, m = len(req.vertices), len(req.edges)
-        if not 1 <= n <= MAX_QUERY_VERTICES:
-            raise InvalidQueryError(f"a query has 1 to {MAX_QUERY_VERTICES} vertices, "
-                                    f"this one {n}")
-        if m > MAX_QUERY_EDGES:
-            raise InvalidQueryError(f"a query has at most {MAX_QUERY_EDGES} edges, "
-                                    f"this one {m}")
+        """``req`` laid out in arrays and `checked`."""
+        n = len(req.vertices)
+        _check_sizes(n, len(req.edges))
         lengths = np.fromiter((len(v.x) for v in req.vertices), np.int64, n)
-        wrong = lengths != num_features
-        rows = np.zeros((n, num_features))  # float64: a float32 cast would turn 1e39 to inf
-        if not wrong.all():
-            rows[~wrong] = [v.x for v, bad in zip(req.vertices, wrong, strict=True) if not bad]
-        non_finite = ~np.isfinite(rows).all(axis=1)
-        over = ~non_finite & (np.abs(rows).max(axis=1, initial=0.0) > limits.features)
-        if (bad := np.flatnonzero(wrong | non_finite | over)).size:
+        if (wrong := np.flatnonzero(lengths != num_features)).size:
+            i = int(wrong[0])
+            raise FeatureDimensionError(f"query vertex {req.vertices[i].id} has "
+                                        f"{lengths[i]} features, the graph {num_features}",
+                                        index=i)
+        return cls(np.array([v.id for v in req.vertices], np.int64),
+                   np.array([v.x for v in req.vertices], np.float64).reshape(n, num_features),
+                   np.array([e.src for e in req.edges], np.int64),
+                   np.array([e.dst for e in req.edges], np.int64),
+                   np.array([e.weight for e in req.edges], np.float64)
+                   ).checked(num_features, limits)
+
+    def checked(self, num_features: int, limits: ValueLimits | None = None) -> QueryColumns:
+        """These columns (ids and ends int64, ``x`` and ``weight`` float32) once checked
+        for everything that does not depend on the graph: sizes, feature dimension,
+        finite values within `ValueLimits`, duplicate ids and edges, self-loops. Raises
+        the `InvalidUpdateError` subclass naming the first problem (``index``: the
+        vertex's or edge's position)."""
+        limits = limits or ValueLimits()
+        ids, src, dst = (_integers(name, getattr(self, name)) for name in ("ids", "src", "dst"))
+        x = _floats("x", self.x)
+        weight = np.ones(len(src)) if self.weight is None else _floats("weight", self.weight)
+        if ids.ndim != 1 or x.ndim != 2 or len(x) != len(ids):
+            raise InvalidQueryError(f"ids {ids.shape} and x {x.shape}: a query needs one "
+                                    "feature row per id")
+        if not src.ndim == dst.ndim == weight.ndim == 1 or not len(src) == len(dst) == len(
+                weight):
+            raise InvalidQueryError(f"src {src.shape}, dst {dst.shape} and weight "
+                                    f"{weight.shape}: one entry per edge")
+        _check_sizes(len(ids), len(src))
+        if x.shape[1] != num_features:
+            raise FeatureDimensionError(f"query vertices have {x.shape[1]} features, the "
+                                        f"graph {num_features}", index=0)
+        non_finite = ~np.isfinite(x).all(axis=1)
+        over = ~non_finite & (np.abs(x).max(axis=1, initial=0.0) > limits.features)
+        if (bad := np.flatnonzero(non_finite | over)).size:
             i = int(bad[0])
-            v = req.vertices[i]
-            if wrong[i]:
-                raise FeatureDimensionError(f"query vertex {v.id} has {len(v.x)} features, "
-                                            f"the graph {num_features}", index=i)
             if non_finite[i]:
-                raise NonFiniteValueError(f"query vertex {v.id}: NaN or inf in the "
+                raise NonFiniteValueError(f"query vertex {ids[i]}: NaN or inf in the "
                                           "features", index=i)
-            raise OutOfRangeError(f"query vertex {v.id}: a feature value beyond "
+            raise OutOfRangeError(f"query vertex {ids[i]}: a feature value beyond "
                                   f"{limits.features:g}", index=i)
-        ids = np.array([v.id for v in req.vertices], np.int64)
         _first_repeat([ids], lambda i: DuplicateVertexError(
             f"query vertex {ids[i]} appears twice", index=i))
-        src = np.array([e.src for e in req.edges], np.int64)
-        dst = np.array([e.dst for e in req.edges], np.int64)
-        weight = np.array([e.weight for e in req.edges], np.float64)
         loop, non_finite = src == dst, ~np.isfinite(weight)
         over = ~non_finite & (np.abs(weight) > limits.weights)
         if (bad := np.flatnonzero(loop | non_finite | over)).size:
@@ -132,13 +149,45 @@ class QueryColumns:
             raise OutOfRangeError(f"{edge}: weight beyond {limits.weights:g}", index=j)
         _first_repeat([src, dst], lambda j: DuplicateEdgeError(
             f"query edge {src[j]} -> {dst[j]} appears twice", index=j))
-        return cls(ids, rows.astype(np.float32), src, dst, weight.astype(np.float32))
+        return QueryColumns(ids, x.astype(np.float32), src, dst, weight.astype(np.float32))
+
+
+def _check_sizes(n: int, m: int) -> None:
+    if not 1 <= n <= MAX_QUERY_VERTICES:
+        raise InvalidQueryError(f"a query has 1 to {MAX_QUERY_VERTICES} vertices, this one {n}")
+    if m > MAX_QUERY_EDGES:
+        raise InvalidQueryError(f"a query has at most {MAX_QUERY_EDGES} edges, this one {m}")
+
+
+def _integers(name: str, values) -> np.ndarray:
+    a = np.asarray(values)
+    if a.size == 0:
+        return a.astype(np.int64).reshape(a.shape)
+    if a.dtype.kind not in "iu":
+        raise InvalidQueryError(f"{name}: integer vertex ids expected, got {a.dtype}")
+    if a.dtype.kind == "u" and a.max() > np.iinfo(np.int64).max:
+        raise InvalidQueryError(f"{name}: a vertex id beyond the int64 range")
+    return a.astype(np.int64, copy=False)
+
+
+def _floats(name: str, values) -> np.ndarray:
+    """float64 (a float32 cast would turn 1e39 into inf before the range check)."""
+    try:
+        return np.asarray(values, np.float64)
+    except (TypeError, ValueError) as e:
+        raise InvalidQueryError(f"{name}: numbers expected ({e})") from None
 
 
 def _first_repeat(columns: list[np.ndarray], error) -> None:
     """Raise ``error(i)`` for the first position ``i`` whose key (the tuple of
     ``columns`` there) came before."""
     if len(columns[0]) < 2:
+        return
+    key = columns[0]
+    for c in columns[1:]:  # a hash of the key: distinct hashes, distinct keys
+        key = key * np.int64(-7046029254386353131) ^ c
+    hashes = np.sort(key)
+    if not (hashes[1:] == hashes[:-1]).any():
         return
     order = np.lexsort(columns[::-1])  # stable: equal keys stay in position order
     keys = [c[order] for c in columns]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import streamgnn as sg
 from streamgnn.workers import Engine
-from streamgnn.workers.executors import Calibration
+from streamgnn.workers.executors import Calibration, calibrate
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, pyg_step
 from tests.test_engine import start_graph
@@ -41,6 +41,15 @@ def queries(draw, existing: int = 20) -> sg.QueryRequest:
             pairs[(a, b)] = w
     edges = [sg.QueryEdge(src=a, dst=b, weight=w) for (a, b), w in pairs.items()]
     return sg.QueryRequest(vertices=vertices, edges=edges)
+
+
+def columns(req: sg.QueryRequest) -> sg.QueryColumns:
+    """``req`` as arrays."""
+    return sg.QueryColumns(np.array([v.id for v in req.vertices], np.int64),
+                           np.array([v.x for v in req.vertices], np.float32),
+                           np.array([e.src for e in req.edges], np.int64),
+                           np.array([e.dst for e in req.edges], np.int64),
+                           np.array([e.weight for e in req.edges], np.float32))
 
 
 def with_query(data: sg.GraphData, req: sg.QueryRequest) -> sg.GraphData:
@@ -89,10 +98,26 @@ def test_exact_queries_equal_pyg_on_the_graph_plus_the_query(arch, num_layers, p
     assert res.ids.tolist() == [v.id for v in req.vertices]
     assert np.abs(res.embeddings - want).max() <= 1e-9
     assert res.labels.tolist() == want.argmax(axis=1).tolist()
+    assert np.array_equal(engine.query(columns(req)).embeddings, res.embeddings)
     after = engine.snapshot()
     assert before.keys() == after.keys()
     for k in before:
         assert np.array_equal(before[k], after[k]), k  # the query left no trace
+
+
+@settings(max_examples=30, deadline=None)
+@given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
+       partitions=st.integers(1, 3), seed=st.integers(0, 10_000), req=queries())
+def test_exact_queries_of_a_float32_engine_are_within_1e_4_of_pyg(arch, num_layers,
+                                                                  partitions, seed, req):
+    """A float32 engine aggregates the stored features and rows in place (a double one
+    copies them): the contract's 1e-4 against the float64 forward pass."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed)
+    engine = Engine.from_pyg(model, data, partitions=partitions)
+    res = engine.query(columns(req))
+    want = reference(copy.deepcopy(model), data, req)
+    assert np.abs(res.embeddings - want).max() <= 1e-4
 
 
 @settings(max_examples=40, deadline=None)
@@ -212,14 +237,37 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("form", ["request", "columns"])
 @pytest.mark.parametrize(("body", "error", "match"), BAD)
-def test_a_bad_query_raises_the_error_naming_it_and_changes_nothing(body, error, match):
+def test_a_bad_query_raises_the_error_naming_it_and_changes_nothing(body, error, match,
+                                                                    form):
     data = start_graph(1)
     engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 1).double(), data)
     before = engine.snapshot()
+    req = sg.QueryRequest(**body)
+    if form == "columns":
+        if not req.vertices:
+            req = sg.QueryColumns(np.zeros(0, np.int64), np.zeros((0, F_IN)))
+        elif len({len(v.x) for v in req.vertices}) == 1:
+            req = columns(req)
     with pytest.raises(error, match=match):
-        engine.query(sg.QueryRequest(**body), insert=True)
+        engine.query(req, insert=True)
     assert all(np.array_equal(v, engine.snapshot()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize(("cols", "match"), [
+    (dict(ids=np.array([900.5]), x=np.zeros((1, F_IN))), "integer vertex ids"),
+    (dict(ids=np.array([900, 901]), x=np.zeros((1, F_IN))), "one feature row per id"),
+    (dict(ids=np.array([900]), x=np.zeros((1, F_IN)), src=np.array([900, 900]),
+          dst=np.array([1])), "one entry per edge"),
+    (dict(ids=np.array([900]), x=[["a"] * F_IN]), "numbers expected"),
+    (dict(ids=np.array([2**64 - 1], np.uint64), x=np.zeros((1, F_IN))), "int64 range"),
+])
+def test_query_columns_of_the_wrong_shape_or_type_are_refused(cols, match):
+    data = start_graph(1)
+    engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 1).double(), data)
+    with pytest.raises(sg.InvalidQueryError, match=match):
+        engine.query(sg.QueryColumns(**cols))
 
 
 def test_a_budget_outside_zero_to_one_is_refused():
@@ -350,12 +398,23 @@ def test_the_dispatcher_picks_cuda_from_the_calibrated_work_on():
     data = start_graph(3)
     engine = Engine.from_pyg(randomise(ARCHS["pyg-gcn"](2), 3).double(), data)
     ex = engine.executors
-    assert ex.pick(10**9) == torch.device("cpu")  # one device here, or not calibrated
+    assert ex.pick(lambda: 10**9) == torch.device("cpu")  # one device, or not calibrated
     ex.devices, ex.calibration = [torch.device("cpu"), torch.device("cuda")], cal
-    assert ex.pick(999) == torch.device("cpu") and ex.pick(1_000) == torch.device("cuda")
+    assert ex.pick(lambda: 999) == torch.device("cpu")
+    assert ex.pick(lambda: 1_000) == torch.device("cuda")
 
 
 def test_a_calibration_file_round_trips(tmp_path):
     cal = Calibration.fit([(10, 1.0, 3.0), (1_000, 5.0, 4.0)])
     cal.save(tmp_path / "c.json")
     assert Calibration.load(tmp_path / "c.json") == cal
+
+
+def test_calibrate_times_query_batches_of_every_size_on_each_device():
+    data = start_graph(3)
+    engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 3).double(), data)
+    cal = calibrate(engine, sizes=(1, 4, 16), repeats=1, progress=False)
+    work = [w for w, _, _ in cal.measured]
+    assert len(work) == 3 and work == sorted(work) and work[0] > 0
+    assert all(cpu > 0 and (cuda is None) == (not torch.cuda.is_available())
+               for _, cpu, cuda in cal.measured)

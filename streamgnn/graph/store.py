@@ -199,8 +199,12 @@ class DynamicGraph:
             raise UnknownVertexError(f"vertex {ext[i]} is not in the graph", index=i)
         return slots
 
+    def find(self, ext) -> np.ndarray:
+        """Internal slot of each external id, -1 where it is not in the graph."""
+        return self._ids.get(np.atleast_1d(np.asarray(ext, np.int64)))
+
     def contains(self, ext) -> np.ndarray:
-        return self._ids.get(np.atleast_1d(np.asarray(ext, np.int64))) >= 0
+        return self.find(ext) >= 0
 
     def vertex_slots(self) -> np.ndarray:
         """Slots of the live vertices, ascending."""

@@ -47,6 +47,7 @@ class Layer:
     edge_weighted = False      # messages are multiplied by the edge weight
     degree_normalised = False  # messages depend on the source's weighted in-degree
     self_transform = False     # the update needs the vertex's own t (a self-loop term)
+    transforms = False         # transform changes h (False: t is h itself)
     in_dim: int
     out_dim: int
 
@@ -84,17 +85,28 @@ class Layer:
         m = t.index_select(0, src)  # quicker than t[src] on CPU
         return m if factor is None else m.mul_(factor.view(-1, *([1] * (m.dim() - 1))))
 
-    def partial(self, t: Tensor, src: Tensor, dst: Tensor, w: Tensor, num: int,
-                dst_part: Tensor | None) -> Tensor:
-        """Packed aggregation states of destinations ``0..num`` over the edges
-        ``src[k] -> dst[k]`` (rows of ``t``; ``w``: each edge's message factor, a
+    def partial(self, t: Tensor, src: np.ndarray, dst: np.ndarray, w: np.ndarray, num: int,
+                dst_part: Tensor | None, raw: bool = False) -> Tensor:
+        """Packed aggregation states (``t``'s dtype) of destinations ``0..num`` over the
+        edges ``src[k] -> dst[k]`` (rows of ``t``; ``w``: each edge's message factor, a
         degree-normalised layer's source scale included), attention logits against
         ``dst_part`` (the destinations' `destination_part`). A destination with no edge
-        here gets a placeholder row that `Aggregation.merge` ignores."""
+        here gets a placeholder row that `Aggregation.merge` ignores. Sums and means of
+        rows run as one gather-scale-scatter kernel; with ``raw`` their rows are h, not
+        t, and the sums are transformed (for linear aggregations ``transform`` is linear
+        without bias, so it commutes with them; for others ``raw`` needs an identity
+        ``transform``)."""
+        if self.aggr.linear and t.dim() == 2:
+            coef = w if self.edge_weighted else np.ones(len(src))
+            state = SumAggregation.combine(t, src, coef.astype(np.float64), dst, num)
+            return self.transform(state.to(t.dtype)) if raw else state.to(t.dtype)
+        if raw and self.transforms:
+            raise ValueError(f"{self}: partial over untransformed rows")
+        src_t, dst_t = (torch.from_numpy(a).to(t.device) for a in (src, dst))
         logits = None if dst_part is None else self.edge_logits(
-            t, src, dst_part.index_select(0, dst))
-        msg = self.messages(t, src, w, None)
-        return self.aggr.pack(self.aggr.reduce(msg, dst, num, logits))
+            t, src_t, dst_part.index_select(0, dst_t))
+        msg = self.messages(t, src_t, torch.from_numpy(w).to(t.device, t.dtype), None)
+        return self.aggr.pack(self.aggr.reduce(msg, dst_t, num, logits))
 
     def delta_messages(self, t: Tensor, src: Tensor, w: Tensor, t_dst: Tensor | None) -> Tensor:
         """Messages as the aggregation's ``apply_delta`` takes them, ``t`` already scaled;
@@ -151,6 +163,7 @@ class GCNLayer(Layer):
     edge_weighted = True
     degree_normalised = True
     self_transform = True
+    transforms = True
 
     def __init__(self, conv: GCNConv, post: Post = None) -> None:
         super().__init__(post)
@@ -190,7 +203,7 @@ class _LinearRootLayer(Layer):
         self.aggr = _AGGREGATIONS[aggr]()
         self.lin_nbr, self.lin_root = lin_nbr, lin_root
         self.in_dim, self.out_dim = in_dim, out_dim
-        self.pre = self.aggr.linear and out_dim < in_dim
+        self.pre = self.transforms = self.aggr.linear and out_dim < in_dim
         self.caches_root = self.pre and lin_root is not None
 
     def transform(self, h):
@@ -252,6 +265,7 @@ class GATLayer(Layer):
     the self-loop, t = W h split into heads; heads concatenated or averaged, + bias."""
 
     self_transform = True
+    transforms = True
     caches_t = True
 
     def __init__(self, conv: GATConv, post: Post = None) -> None:

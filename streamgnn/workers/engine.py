@@ -220,34 +220,39 @@ class Engine:
         return self.workers.summaries()
 
     # ---------------------------------------------------------------- queries
-    def query(self, req: QueryRequest, device: str | None = None, **overrides
-              ) -> QueryAnswer:
+    def query(self, req: QueryRequest | QueryColumns, device: str | None = None,
+              **options) -> QueryAnswer:
         """Answer a query (DESIGN.md "Query serving"): its vertices' output embeddings
         and labels, exactly as if inserted (``budget=None``) or by selective
         recomputation with ``budget`` gamma in [0, 1] and ``policy`` ("top-ratio",
         "random", "degree"); the engine is left as it was unless ``insert=True``, which
-        applies the query as a batch of updates and answers from the result. Keyword
-        arguments override the request's own fields (``budget``, ``policy``,
-        ``insert``). The dense work runs on ``device``, by default the one
-        `Executors.pick` chooses for its size. A bad request raises the
-        `InvalidUpdateError` naming its problem."""
+        applies the query as a batch of updates and answers from the result. ``req`` is
+        a `QueryRequest` or, the fast way for large queries, `QueryColumns`; the keyword
+        ``options`` (``budget``, ``policy``, ``insert``) override a request's own. The
+        dense work runs on ``device``, by default the one `Executors.pick` chooses for
+        its size. A bad request raises the `InvalidUpdateError` naming its problem."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
-        req = _overridden(req, overrides)
-        cols = QueryColumns.from_request(req, self.graph.num_features, self.graph.limits)
+        settings = _options(req, options)
+        if isinstance(req, QueryColumns):
+            cols = req.checked(self.graph.num_features, self.graph.limits)
+        else:
+            cols = QueryColumns.from_request(req, self.graph.num_features, self.graph.limits)
         qg = QueryGraph(self.graph, cols)
-        if req.insert:
+        budget, policy = settings["budget"], settings["policy"]
+        if settings["insert"]:
             result = self.apply(
-                [AddVertex(id=v.id, x=v.x) for v in req.vertices]
-                + [AddEdge(src=e.src, dst=e.dst, weight=e.weight) for e in req.edges])
+                [AddVertex(id=i, x=row) for i, row in zip(cols.ids.tolist(), cols.x.tolist())]
+                + [AddEdge(src=a, dst=b, weight=w) for a, b, w in zip(
+                    cols.src.tolist(), cols.dst.tolist(), cols.weight.tolist())])
             rows = self.lookup(cols.ids)
-            return QueryAnswer(cols.ids, rows, rows.argmax(axis=1), None, req.policy,
+            return QueryAnswer(cols.ids, rows, rows.argmax(axis=1), None, policy,
                                changed_labels=result.changed_labels)
-        recompute, candidates = plan(qg, self.layers, req.budget, req.policy)
-        work = int(sum(qg.in_degree(r).sum() for r in recompute))
-        device = torch.device(device) if device is not None else self.executors.pick(work)
-        answer = QueryAnswer(cols.ids, np.zeros(0), np.zeros(0, np.int64), req.budget,
-                             req.policy, candidates, work=work, device=str(device))
+        recompute, candidates = plan(qg, self.layers, budget, policy)
+        device = torch.device(device) if device is not None else self.executors.pick(
+            lambda: int(sum(qg.in_degree(r).sum() for r in recompute)))
+        answer = QueryAnswer(cols.ids, np.zeros(0), np.zeros(0, np.int64), budget, policy,
+                             candidates, device=str(device))
         rows = run(self, qg, recompute, answer, self.executors.layers(device)).cpu().numpy()
         answer.embeddings, answer.labels = rows, rows.argmax(axis=1)
         return answer
@@ -281,21 +286,28 @@ class Engine:
         return merged
 
 
-def _overridden(req: QueryRequest, overrides: dict) -> QueryRequest:
-    """``req`` with ``overrides`` of its fields, each validated by the field's own rules
-    (the request itself was validated when it was made)."""
-    for name, value in overrides.items():
-        field = QueryRequest.model_fields.get(name)
-        if field is None:
-            raise InvalidQueryError(f"{name!r} is not a field of a query request")
+QUERY_OPTIONS = ("budget", "policy", "insert")
+
+
+def _options(req: QueryRequest | QueryColumns, options: dict) -> dict:
+    """The query's ``budget``, ``policy`` and ``insert``: ``req``'s own (columns: the
+    defaults) with ``options`` over them, each validated by its `QueryRequest` field's
+    rules (the request itself was validated when it was made)."""
+    out = {name: (getattr(req, name) if isinstance(req, QueryRequest)
+                  else QueryRequest.model_fields[name].default) for name in QUERY_OPTIONS}
+    for name, value in options.items():
+        if name not in QUERY_OPTIONS:
+            raise InvalidQueryError(f"{name!r} is not a query option: use "
+                                    f"{', '.join(QUERY_OPTIONS)}")
+        field = QueryRequest.model_fields[name]
         kind = (Annotated[field.annotation, *field.metadata] if field.metadata
                 else field.annotation)
         try:
-            TypeAdapter(kind).validate_python(value)
+            out[name] = TypeAdapter(kind).validate_python(value)
         except ValidationError as e:
             raise InvalidQueryError(f"{name}: {e.errors(include_url=False)[0]['msg']}"
                                     ) from None
-    return req.model_copy(update=overrides)
+    return out
 
 
 class Workers(Protocol):

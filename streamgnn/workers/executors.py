@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,14 +64,15 @@ class Executors:
         self.calibration = calibration
         self._layers = {device: layers}
 
-    def pick(self, work: int) -> torch.device:
-        """The device for a query batch aggregating ``work`` in-edges: the engine's own
-        until calibrated; then cuda from the calibrated work on, cpu below it (and always,
-        where cuda never won)."""
+    def pick(self, work: Callable[[], int]) -> torch.device:
+        """The device for a query batch aggregating ``work()`` in-edges (asked only when
+        there is a choice): the engine's own until calibrated; then cuda from the
+        calibrated work on, cpu below it (and always, where cuda never won)."""
         if len(self.devices) == 1 or self.calibration is None:
             return self.device
         threshold = self.calibration.cuda_from
-        return torch.device("cuda" if threshold is not None and work >= threshold else "cpu")
+        return torch.device("cuda" if threshold is not None and work() >= threshold
+                            else "cpu")
 
     def layers(self, device: torch.device) -> list[Layer]:
         if device not in self._layers:
@@ -88,7 +90,7 @@ def calibrate(engine, sizes: tuple[int, ...] = (1, 16, 64, 256, 1024, 4096),
     import numpy as np
     from tqdm.auto import tqdm
 
-    from streamgnn.queries import QueryEdge, QueryRequest, QueryVertex
+    from streamgnn.queries import QueryColumns
 
     g, rng = engine.graph, np.random.default_rng(seed)
     ids = g.vertex_ids()
@@ -98,12 +100,12 @@ def calibrate(engine, sizes: tuple[int, ...] = (1, 16, 64, 256, 1024, 4096),
     for n in tqdm(sizes, desc="calibrating", disable=not progress, leave=False):
         first = int(ids.max()) + 1
         x = g.x[g.slots(rng.choice(ids, n))]
-        ends = rng.choice(ids, (n, degree))
-        req = QueryRequest(
-            vertices=[QueryVertex(id=first + i, x=x[i].tolist()) for i in range(n)],
-            edges=[QueryEdge(src=first + i, dst=int(v)) if k % 2 else
-                   QueryEdge(src=int(v), dst=first + i)
-                   for i in range(n) for k, v in enumerate(np.unique(ends[i]))])
+        ends = np.sort(rng.choice(ids, (n, degree)), axis=1)  # repeats now adjacent
+        new, old = np.repeat(first + np.arange(n), degree), ends.ravel()
+        keep = np.concatenate([[True], (old[1:] != old[:-1]) | (new[1:] != new[:-1])])
+        out = np.tile(np.arange(degree) % 2 == 1, n)  # half the edges leave the query
+        req = QueryColumns(first + np.arange(n), x, np.where(out, new, old)[keep],
+                           np.where(out, old, new)[keep])
         times = {}
         for device in [torch.device("cpu"), *cuda]:
             best = float("inf")

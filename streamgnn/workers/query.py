@@ -31,6 +31,7 @@ from torch import Tensor
 
 from streamgnn.errors import DuplicateVertexError, InvalidQueryError, UnknownVertexError
 from streamgnn.graph import DynamicGraph
+from streamgnn.graph.idmap import IdMap
 from streamgnn.models.layers import Layer
 from streamgnn.queries import QueryColumns
 
@@ -77,35 +78,34 @@ class QueryGraph:
             raise DuplicateVertexError(f"query vertex {cols.ids[i]} is already in the "
                                        "graph (a query adds new vertices)", index=i)
         self.q = n0 + np.arange(len(cols.ids), dtype=np.int64)
+        self._pos: np.ndarray | None = None
         self.src, self.dst = self._virtual(cols.src, cols.dst)
         self.w = cols.weight.astype(np.float64)
-        existing = self.dst[self.dst < n0]
-        self.degree_changed = np.unique(existing)  # existing vertices a query edge enters
+        # existing vertices a query edge enters
+        self.degree_changed = distinct(self.dst[self.dst < n0])
 
     def _virtual(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        order = np.argsort(self.cols.ids)
-        ids = self.cols.ids[order]
-        out = []
-        for ends in (src, dst):
-            at = np.minimum(np.searchsorted(ids, ends), max(len(ids) - 1, 0))
-            mine = ids[at] == ends
-            slots = np.full(len(ends), -1, np.int64)
-            slots[mine] = self.n0 + order[at[mine]]
-            known = self.graph.contains(ends[~mine])
-            slots[np.flatnonzero(~mine)[known]] = self.graph.slots(ends[~mine][known])
-            out.append(slots)
-        unknown = (out[0] < 0) | (out[1] < 0)
-        existing = (out[0] < self.n0) & (out[1] < self.n0) & ~unknown
+        """Virtual slots of the query edges' ends."""
+        query = IdMap(len(self.q))
+        query.insert(self.cols.ids, np.arange(len(self.q), dtype=np.int32))
+        ends = np.concatenate([src, dst])
+        slots = query.get(ends).astype(np.int64)
+        found = slots >= 0
+        slots[found] += self.n0
+        slots[~found] = self.graph.find(ends[~found])
+        s, d = slots[:len(src)], slots[len(src):]
+        unknown = (s < 0) | (d < 0)
+        existing = (s < self.n0) & (d < self.n0) & ~unknown
         if (bad := np.flatnonzero(unknown | existing)).size:
             j = int(bad[0])
             if unknown[j]:
-                v = src[j] if out[0][j] < 0 else dst[j]
+                v = src[j] if s[j] < 0 else dst[j]
                 raise UnknownVertexError(f"query edge {src[j]} -> {dst[j]}: vertex {v} is "
                                          "neither in the graph nor in the query", index=j)
             raise InvalidQueryError(f"query edge {src[j]} -> {dst[j]} joins two existing "
                                     "vertices: that is an update (add_edge), not a query",
                                     index=j)
-        return out[0], out[1]
+        return s, d
 
     def ext(self, slots: np.ndarray) -> np.ndarray:
         """External ids of virtual slots."""
@@ -121,18 +121,55 @@ class QueryGraph:
         old = targets < self.n0
         ptr, src, w = self.graph.in_edges(targets[old])
         at = np.repeat(np.flatnonzero(old), np.diff(ptr))
-        into = np.isin(self.dst, targets)
-        at = np.concatenate([at, np.searchsorted(targets, self.dst[into])])
+        at_q = self.positions(targets, self.dst)
+        into = at_q >= 0
+        at = np.concatenate([at, at_q[into]])
         order = np.argsort(at, kind="stable")
         counts = np.bincount(at, minlength=len(targets))
         return (np.concatenate([[0], np.cumsum(counts)]),
                 np.concatenate([src.astype(np.int64), self.src[into]])[order],
                 np.concatenate([w.astype(np.float64), self.w[into]])[order])
 
-    def out_neighbours(self, vertices: np.ndarray) -> np.ndarray:
-        """Distinct out-neighbours of ``vertices`` (virtual slots)."""
-        _, dst, _ = self.graph.out_edges(vertices[vertices < self.n0])
-        return np.union1d(dst, self.dst[np.isin(self.src, vertices)])
+    def reached(self, vertices: np.ndarray, sources: np.ndarray) -> np.ndarray:
+        """Per one of ``vertices``: whether it is one of ``sources`` or receives an edge
+        from one. Walks G's out-edges of the sources or in-edges of the vertices,
+        whichever are fewer."""
+        mark = self.mask(sources)
+        reach = self.mask(self.dst[mark[self.src]])  # query edges from a source
+        out = mark[vertices] | reach[vertices]
+        old_s, old = sources[sources < self.n0], vertices < self.n0
+        if self.graph.out_degree[old_s].sum() <= self.graph.in_degree[vertices[old]].sum():
+            _, dst, _ = self.graph.out_edges(old_s)
+            reach[dst] = True
+            return out | reach[vertices]
+        ptr, src, _ = self.graph.in_edges(vertices[old])
+        at = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+        out[old] |= np.bincount(at[mark[src]], minlength=len(ptr) - 1) > 0
+        return out
+
+    def mask(self, slots: np.ndarray) -> np.ndarray:
+        """A boolean array over the virtual slots, True at ``slots``."""
+        out = np.zeros(self.n0 + len(self.q), bool)
+        out[slots] = True
+        return out
+
+    def positions(self, targets: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """The position in distinct ``targets`` of each of ``slots``, -1 where absent
+        (through one scratch array over the virtual slots, kept blank between calls)."""
+        if self._pos is None:
+            self._pos = np.full(self.n0 + len(self.q), -1, np.int64)
+        self._pos[targets] = np.arange(len(targets))
+        out = self._pos[slots]
+        self._pos[targets] = -1
+        return out
+
+    def distinct(self, *parts: np.ndarray) -> np.ndarray:
+        """The sorted distinct slots of ``parts``: by sorting when they are few, else by
+        a mask over every slot."""
+        joined = np.concatenate(parts)
+        if 16 * len(joined) < self.n0:
+            return distinct(joined)
+        return np.flatnonzero(self.mask(joined))
 
     def in_weight(self, vertices: np.ndarray) -> np.ndarray:
         """Weighted in-degree of sorted distinct ``vertices`` (float64)."""
@@ -150,31 +187,32 @@ class QueryGraph:
         out = np.zeros(len(vertices), per_edge.dtype)
         old = vertices < self.n0
         out[old] = graph_values[vertices[old]]
-        into = np.isin(self.dst, vertices)
-        np.add.at(out, np.searchsorted(vertices, self.dst[into]), per_edge[into])
-        return out
+        at = self.positions(vertices, self.dst)
+        into = at >= 0
+        return out + np.bincount(at[into], per_edge[into], len(vertices)).astype(out.dtype)
 
 
 def plan(qg: QueryGraph, layers: list[Layer], budget: float | None, policy: str,
          seed: int = 0) -> tuple[list[np.ndarray], int]:
-    """R_1..R_L (sorted virtual slots) and the number of SRPE candidates."""
+    """R_1..R_L (sorted virtual slots) and the number of SRPE candidates. Exact mode
+    finds R_l among B_l alone: a vertex of B_l changes at layer l if it is in R_(l-1)
+    or receives an edge from it (or, for degree-normalised layers, from a vertex whose
+    in-degree the query changes), and all its in-neighbours are in B_(l-1)."""
     num = len(layers)
     need: list[np.ndarray] = [qg.q] * (num + 1)
     for hop in range(num, 1, -1):
-        need[hop - 1] = np.union1d(need[hop], qg.in_edges(need[hop])[1])
+        need[hop - 1] = qg.distinct(need[hop], qg.in_edges(need[hop])[1])
     if budget is None:
-        spread = np.union1d(qg.degree_changed, qg.out_neighbours(qg.degree_changed))
-        recompute, affected = [], qg.q
+        recompute, changed = [], qg.q
         for hop, layer in enumerate(layers, start=1):
-            grown = np.union1d(affected, qg.out_neighbours(affected))
-            if layer.degree_normalised:
-                grown = np.union1d(grown, spread)
-            affected = np.intersect1d(grown, need[hop], assume_unique=True)
-            recompute.append(affected)
+            sources = (qg.distinct(changed, qg.degree_changed) if layer.degree_normalised
+                       else changed)
+            changed = need[hop][qg.reached(need[hop], sources)]
+            recompute.append(changed)
         return recompute, 0
-    candidates = np.intersect1d(qg.degree_changed, need[1], assume_unique=True)
+    candidates = qg.degree_changed[qg.mask(need[1])[qg.degree_changed]]
     chosen = choose(qg, candidates, budget, policy, seed)
-    return [np.union1d(qg.q, np.intersect1d(chosen, need[hop], assume_unique=True))
+    return [np.concatenate([chosen[qg.mask(need[hop])[chosen]], qg.q])
             for hop in range(1, num)] + [qg.q], len(candidates)
 
 
@@ -192,14 +230,14 @@ def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
         return np.sort(np.random.default_rng(seed).choice(candidates, k, replace=False))
     degree = qg.in_degree(candidates)
     if policy == "top-ratio":
-        from_query = np.bincount(np.searchsorted(candidates, qg.dst[np.isin(qg.dst, candidates)]),
-                                 minlength=len(candidates))
+        at = qg.positions(candidates, qg.dst)
+        from_query = np.bincount(at[at >= 0], minlength=len(candidates))
         score = from_query / np.maximum(degree, 1)
     elif policy == "degree":
         ptr, src, _ = qg.in_edges(candidates)
-        sources = np.unique(src)
+        sources, at = np.unique(src, return_inverse=True)
         inverse = 1.0 / np.maximum(qg.in_degree(sources), 1)
-        sums = np.add.reduceat(np.append(inverse[np.searchsorted(sources, src)], 0.0),
+        sums = np.add.reduceat(np.append(inverse[at], 0.0),
                                ptr[:-1]) * (np.diff(ptr) > 0)
         score = sums / np.maximum(degree, 1)
     else:
@@ -221,10 +259,11 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         ptr, src, w = qg.in_edges(targets)
         count = np.diff(ptr)
         at = np.repeat(np.arange(len(targets)), count)
-        mine = np.isin(src, here_ids)
+        pos = qg.positions(here_ids, src)
+        mine = pos >= 0
         sent = received = 0
 
-        h, fetched = _rows(engine, qg, targets, hop - 1, here_ids, here)
+        h, fetched = _rows(engine, qg, targets, hop - 1, qg.positions(here_ids, targets), here)
         received += fetched
         t = layer.transform(h) if layer.self_transform or layer.caches_t else None
         dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
@@ -237,10 +276,8 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         def tensor(a: np.ndarray, kind=dtype) -> Tensor:
             return torch.from_numpy(np.ascontiguousarray(a)).to(device, kind)
 
-        state = layer.partial(layer.transform(here),
-                              tensor(np.searchsorted(here_ids, src[mine]), torch.int64),
-                              tensor(at[mine], torch.int64), tensor(w[mine]), len(targets),
-                              dst_part)
+        state = layer.partial(layer.transform(here), pos[mine], at[mine], w[mine],
+                              len(targets), dst_part)
         got = np.bincount(at[mine], minlength=len(targets))
         stored = np.flatnonzero(~mine)
         owner = engine.owners(src[stored])
@@ -280,24 +317,36 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         answer.sent_bytes.append(sent)
         answer.received_bytes.append(received)
         width = h.shape[1] * h.element_size() + 8
-        answer.pull_bytes.append(len(np.unique(src[stored])) * width + fetched)
+        answer.work += len(src)
+        answer.pull_bytes.append(len(distinct(src[stored])) * width + fetched)
     return here
 
 
-def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, here_ids: np.ndarray,
+def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, pos: np.ndarray,
           here: Tensor) -> tuple[Tensor, int]:
-    """h^layer of ``targets``: computed here, or the stored rows (fetched from the
-    partitions owning them); and the bytes fetched."""
-    mine = np.isin(targets, here_ids)
+    """h^layer of ``targets``: row ``pos`` of those computed here, or where ``pos`` is
+    -1 the stored row (fetched from the partition owning it); and the bytes fetched."""
+    mine = pos >= 0
     if mine.all():
-        return here.index_select(0, torch.from_numpy(
-            np.searchsorted(here_ids, targets)).to(here.device)), 0
+        return here.index_select(0, torch.from_numpy(pos).to(here.device)), 0
     out = here.new_empty((len(targets), here.shape[1]))
     if mine.any():
         out[torch.from_numpy(np.flatnonzero(mine)).to(here.device)] = here.index_select(
-            0, torch.from_numpy(np.searchsorted(here_ids, targets[mine])).to(here.device))
+            0, torch.from_numpy(pos[mine]).to(here.device))
     old = targets[~mine]
     rows = engine.workers.rows(engine.owners(old), qg.graph.ext[old], layer)
     out[torch.from_numpy(np.flatnonzero(~mine)).to(here.device)] = torch.from_numpy(
         rows).to(here.device, here.dtype)
     return out, rows.nbytes + 8 * len(old)
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct ``values`` (by sorting: numpy's hash-based ``unique`` is several
+    times slower on the few thousand values a query has)."""
+    if len(values) == 0:
+        return values
+    s = np.sort(values)
+    keep = np.empty(len(s), bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]

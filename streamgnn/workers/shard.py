@@ -225,12 +225,16 @@ class Shard:
         factors ``w``; attention: the destinations' parts ``dst_part``), from the stored
         rows of h^(hop-1): `Layer.partial`."""
         layer = self.layers[hop - 1]
-        rows, at = np.unique(self.graph.slots(src), return_inverse=True)
-        t = self._t(hop, layer, self._index(rows))
-        part = None if dst_part is None else self._tensor(dst_part).to(t.dtype)
-        state = layer.partial(t, self._index(at.astype(np.int64)),
-                              self._index(dst.astype(np.int64)),
-                              self._tensor(w).to(t.dtype), num, part)
+        slots = self.graph.slots(src).astype(np.int64)
+        table, raw = self.t[hop - 1], False
+        if table is None:
+            table, raw = self._h_table(hop - 1), True
+        if table is None or (raw and layer.transforms and not layer.aggr.linear):
+            rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
+            table, raw = self._t(hop, layer, self._index(rows)), False
+        part = None if dst_part is None else self._tensor(dst_part).to(table.dtype)
+        state = layer.partial(table, slots, dst.astype(np.int64), w.astype(np.float64), num,
+                              part, raw)
         return state.cpu().numpy()
 
     def arrays(self, with_graph: bool = True) -> dict[str, np.ndarray]:
@@ -629,6 +633,14 @@ class Shard:
         for v in self.graph.ext[last.region[last.fresh]].tolist():
             changes[v] = (None, changes[v][1])  # added by the batch: no old label
         return changes
+
+    def _h_table(self, layer: int) -> Tensor | None:
+        """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
+        None unless they are already in the engine's dtype and device."""
+        if layer > 0:
+            return self.h[layer]
+        x = torch.from_numpy(self.graph.x)
+        return x if x.dtype == self.dtype and self.device.type == "cpu" else None
 
     def _t(self, hop: int, layer: Layer, index: Tensor) -> Tensor:
         """t of the vertices ``index`` at superstep ``hop``: kept, or transformed from
