@@ -1,6 +1,23 @@
-"""LinkBench-style trace generation (and, later, rate-controlled replay, reports and
-plots). Must not import kafka or mpi4py."""
+"""LinkBench-style traces: the write-batch generator (`linkbench`), trace files
+(`trace`), their generation (`generate`), the open-loop replay (`openloop`, `runner`), its
+measurements (`recorder`, `matching`, `rest`) and reports (`report`).
 
-from streamgnn.replay.linkbench import WRITE_MIX, LinkBenchWorkload
+`streamgnn replay run` must start without torch: `trace`, `openloop`, `runner`,
+`recorder`, `matching`, `rest` and `report` import neither torch nor the graph store,
+and importing this package imports none of its modules (the names below load on use).
+None imports mpi4py; only `streamgnn.stream.loadgen` (used by `runner`) imports kafka.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["WRITE_MIX", "LinkBenchWorkload"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from streamgnn.replay import linkbench
+
+        return getattr(linkbench, name)
+    raise AttributeError(f"module 'streamgnn.replay' has no attribute {name!r}")
