@@ -54,3 +54,327 @@ def test_unit_weights():
     graph = DynamicGraph.from_data(sg.datasets.synthetic("tiny", seed=1))
     batch = LinkBenchWorkload(graph, seed=2, unit_weights=True).batch(500)
     assert {u.weight for u in batch if isinstance(u, (sg.AddEdge, sg.UpdateEdge))} == {1.0}
+
+
+# ---------------------------------------------------------------- traces
+import ast  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import orjson  # noqa: E402
+import pytest  # noqa: E402
+
+from streamgnn.replay.generate import READ_MIX, generate_trace  # noqa: E402
+from streamgnn.replay.matching import Visibility  # noqa: E402
+from streamgnn.replay.openloop import Schedule, send_open_loop  # noqa: E402
+from streamgnn.replay.recorder import Recorder  # noqa: E402
+from streamgnn.replay.report import PLOTS, REPORT, build_report, write_report  # noqa: E402
+from streamgnn.replay.rest import RestReader  # noqa: E402
+from streamgnn.replay.trace import (  # noqa: E402
+    QUERY_OP,
+    READ_OPS,
+    WRITE_OPS,
+    TraceError,
+    TraceOp,
+    open_trace,
+)
+from streamgnn.stream import decode_update  # noqa: E402
+from tests.kafka_fixtures import free_port  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mixed_trace(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "mixed.jsonl"
+    generate_trace(path, "tiny", 4000, read_fraction=0.3, query_fraction=0.1,
+                   arrivals="constant", rate=500.0, seed=0)
+    return path
+
+
+def test_generated_trace_has_the_fractions_mixes_and_constant_times(mixed_trace):
+    trace = open_trace(mixed_trace)
+    assert trace.header["ops"] == 4000 and trace.header["rate"] == 500.0
+    ops = list(trace.ops())
+    assert len(ops) == 4000
+    kinds = collections.Counter(op.op for op in ops)
+    reads = sum(kinds[k] for k in READ_OPS)
+    writes = sum(kinds[k] for k in WRITE_OPS)
+    assert abs(reads / 4000 - 0.3) < 0.03 and abs(kinds[QUERY_OP] / 4000 - 0.1) < 0.02
+    # the adds replay the held-out stream (vertices with their edges, in its proportion)
+    share = {k: WRITE_MIX[cls] / sum(WRITE_MIX.values()) for k, cls in (
+        ("addlink", sg.AddEdge), ("addnode", sg.AddVertex), ("deletelink", sg.DeleteEdge),
+        ("updatelink", sg.UpdateEdge), ("updatenode", sg.UpdateFeatures),
+        ("deletenode", sg.DeleteVertex))}
+    share["adds"] = share.pop("addlink") + share.pop("addnode")
+    kinds["adds"] = kinds["addlink"] + kinds["addnode"]
+    assert max(abs(kinds[k] / writes - p) for k, p in share.items()) < 0.03
+    read_expected = np.array(list(READ_MIX.values())) / sum(READ_MIX.values())
+    assert np.abs(np.array([kinds[k] / reads for k in READ_MIX]) - read_expected).max() < 0.05
+    assert [op.t for op in ops] == [round(i / 500.0, 6) for i in range(4000)]
+
+
+def test_generated_writes_apply_in_order_and_queries_are_valid(mixed_trace):
+    data = sg.datasets.synthetic("tiny", seed=0)
+    snapshot, _ = sg.datasets.split_stream(data, 0.2, 0)
+    graph = DynamicGraph.from_data(snapshot)
+    ops = list(open_trace(mixed_trace).ops())
+    graph.apply([decode_update(orjson.dumps(op.body)) for op in ops if op.op in WRITE_OPS])
+    for op in ops:
+        if op.op == QUERY_OP:
+            request = sg.QueryRequest.model_validate(op.body)
+            assert not graph.contains([v.id for v in request.vertices]).any()
+        elif op.op in READ_OPS:
+            assert isinstance(op.body, int)
+
+
+def test_poisson_times_have_exponential_gaps(tmp_path):
+    generate_trace(tmp_path / "p.jsonl", "tiny", 3000, arrivals="poisson", rate=200.0)
+    gaps = np.diff([op.t for op in open_trace(tmp_path / "p.jsonl").ops()])
+    assert (gaps >= 0).all()
+    assert abs(gaps.mean() * 200.0 - 1) < 0.1
+    assert abs(gaps.std() / gaps.mean() - 1) < 0.15  # constant spacing would give 0
+
+
+def test_generate_refuses_fractions_beyond_one(tmp_path):
+    with pytest.raises(ValueError, match="add up to at most 1"):
+        generate_trace(tmp_path / "x.jsonl", "tiny", 10, read_fraction=0.8, query_fraction=0.3)
+
+
+def test_csv_and_tsv_edge_events_are_traces(tmp_path):
+    csv = tmp_path / "events.csv"
+    csv.write_text("time,op,src,dst,weight\n# a comment\n100.5,add,1,2,0.5\n101,update,1,2,2\n"
+                   "\n103.5,delete,1,2\n")
+    trace = open_trace(csv)
+    assert trace.header["ops"] == 3 and trace.header["rate"] == pytest.approx(1.0)
+    assert list(trace.ops()) == [
+        TraceOp(0.0, "addlink", {"op": "add_edge", "src": 1, "dst": 2, "weight": 0.5}),
+        TraceOp(0.5, "updatelink", {"op": "update_edge", "src": 1, "dst": 2, "weight": 2.0}),
+        TraceOp(3.0, "deletelink", {"op": "delete_edge", "src": 1, "dst": 2})]
+    tsv = tmp_path / "events.tsv"
+    tsv.write_text("0\tadd\t5\t6\n0.25\tADD\t6\t5\n")
+    assert [op.body["src"] for op in open_trace(tsv).ops()] == [5, 6]
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ("1,add,1", "expected time, op, src, dst"),
+    ("soon,add,1,2", "time 'soon' is not a number"),
+    ("nan,add,1,2", "not finite"),
+    ("1,link,1,2", "op 'link' is not add, delete or update"),
+    ("1,add,a,2", "src and dst must be integer"),
+    ("1,update,1,2", "an update needs a weight"),
+    ("1,add,1,2,heavy", "weight 'heavy' is not a number"),
+    ("1,add,1,2,inf", "weight 'inf' is not finite"),
+    ("0.5,add,1,2", "before the previous line's"),
+])
+def test_bad_csv_lines_are_named(tmp_path, line, problem):
+    path = tmp_path / "bad.csv"
+    path.write_text(f"time,op,src,dst,weight\n1,add,3,4\n{line}\n")
+    with pytest.raises(TraceError, match=problem) as e:
+        open_trace(path)
+    assert f"{path}:3:" in str(e.value)
+
+
+def test_bad_jsonl_traces_are_named(tmp_path):
+    plain = tmp_path / "updates.jsonl"
+    plain.write_text('{"op": "add_edge", "src": 1, "dst": 2}\n')
+    with pytest.raises(TraceError, match=r"updates.jsonl:1: not a streamgnn trace"):
+        open_trace(plain)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"streamgnn_trace": 1, "ops": 2, "rate": 10}\n{"t": 0, "op": "getnode", '
+                   '"id": 1}\n{"t": 1, "op": "jump", "id": 1}\n')
+    with pytest.raises(TraceError, match=r"bad.jsonl:3: unknown op 'jump'"):
+        list(open_trace(bad).ops())
+    with pytest.raises(TraceError, match="no such trace file"):
+        open_trace(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------- open loop
+class _Sink:
+    """Records when each op arrived; writes take ``write_s`` (a slow system)."""
+
+    def __init__(self, recorder: Recorder, write_s: float = 0.0) -> None:
+        self.recorder, self.write_s = recorder, write_s
+        self.early: list[float] = []
+
+    def write(self, op, intended):
+        self.early.append(intended - time.time())
+        time.sleep(self.write_s)
+        self.recorder.latency("write", time.time() - intended)
+
+    read = query = write
+
+    def outstanding(self):
+        return {}
+
+
+def _writes(n: int) -> list[TraceOp]:
+    return [TraceOp(i / 1000, "addlink", {}) for i in range(n)]
+
+
+def test_schedule_scales_trace_times_to_the_rate_or_spaces_evenly():
+    assert Schedule(200.0, 100.0, "trace").offset(7, 1.0) == 0.5
+    assert Schedule(200.0, 100.0, "constant").offset(7, 1.0) == 7 / 200
+    recorder = Recorder(time.time())
+    stats = send_open_loop(_writes(100), Schedule(1000.0, 1000.0, duration=0.0495),
+                           _Sink(recorder), recorder)
+    assert stats.sent == 50
+
+
+def test_open_loop_never_sends_early():
+    recorder = Recorder(time.time())
+    sink = _Sink(recorder)
+    stats = send_open_loop(_writes(40), Schedule(200.0, 1000.0), sink, recorder)
+    assert stats.sent == 40 and max(sink.early) <= 0.0
+
+
+def test_a_slow_system_shows_as_growing_latency_not_a_slower_sender():
+    """Each write takes 10 ms while one is due every 1 ms: latencies from the intended
+    times grow to about 1 s (a closed loop would report 10 ms each)."""
+    recorder = Recorder(time.time())
+    stats = send_open_loop(_writes(100), Schedule(1000.0, 1000.0), _Sink(recorder, 0.01),
+                           recorder)
+    write = recorder.histograms["write"]
+    assert write.get_value_at_percentile(10) < write.get_max_value() / 3
+    assert write.get_max_value() >= 0.89e6            # microseconds: the last op's wait
+    assert stats.max_late_s >= 0.88
+    report = build_report({"lag_limit_s": 0.5}, {}, Schedule(1000.0, 1000.0), stats, recorder,
+                          {}, {}, time.time())
+    assert not report["rate"]["held"]
+    assert "the sender fell up to" in report["rate"]["not_held_because"][0]
+
+
+def test_visibility_matches_offsets_in_either_order():
+    recorder = Recorder(time.time())
+    seen = Visibility(recorder)
+    t = time.time()
+    seen.produced(0, 10, t - 1.0)
+    seen.produced(0, 11, t - 1.0)
+    seen.produced(0, 12, t - 1.0)
+    seen.published([(0, 11, 11)], t)      # batch [11, 11]: 10 was in a batch without changes
+    seen.published([(0, 13, 14)], t + 0.5)
+    seen.produced(0, 14, t - 1.0)         # acknowledged after its batch was seen
+    seen.produced(0, 15, t)
+    assert recorder.histograms["write-to-visible"].get_total_count() == 2
+    assert recorder.counts["writes_without_label_change"] == 2  # 10 and 12
+    assert seen.outstanding() == 1
+
+
+def test_reads_that_cannot_connect_are_counted_errors():
+    recorder = Recorder(time.time())
+    reader = RestReader(f"http://127.0.0.1:{free_port()}", recorder, token="secret")
+    for i in range(5):
+        reader.read(TraceOp(0.0, "getnode", i), time.time())
+    deadline = time.time() + 30
+    while reader.outstanding() and time.time() < deadline:
+        time.sleep(0.05)
+    reader.close()
+    assert recorder.errors == {"read:connection_refused": 5}
+    with pytest.raises(ValueError, match="not an http"):
+        RestReader("127.0.0.1:8080", recorder)
+
+
+# ---------------------------------------------------------------- reports
+def _cli(*args: str, cwd) -> str:
+    out = subprocess.run([sys.executable, "-m", "streamgnn.cli", *args], cwd=cwd,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_report_round_trip_rerenders_the_plots(tmp_path):
+    recorder = Recorder(time.time() - 3)
+    for i in range(300):
+        recorder.latency("getnode", 0.001 * (1 + i % 50), at=recorder.start + i / 100)
+        recorder.op_sent("getnode", recorder.start + i / 100)
+    recorder.add("label_changes", recorder.start + 1.5, 7)
+    recorder.error("read:http_404")
+    stats = send_open_loop([], Schedule(100.0, 100.0), _Sink(recorder), recorder)
+    report = build_report({"lag_limit_s": 1.0}, {"ops": 300}, Schedule(100.0, 100.0), stats,
+                          recorder, {}, {}, time.time())
+    written = write_report(tmp_path, report)
+    assert sorted(p.name for p in written) == sorted([REPORT, *PLOTS])
+    for name in PLOTS:
+        (tmp_path / name).unlink()
+    text = _cli("replay", "report", str(tmp_path), cwd=tmp_path)
+    assert all((tmp_path / name).stat().st_size > 0 for name in PLOTS)
+    assert "getnode" in text and "read:http_404 1" in text
+    bad = subprocess.run([sys.executable, "-m", "streamgnn.cli", "replay", "report",
+                          str(tmp_path / "nothing")], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert bad.returncode == 2 and "no report.json" in bad.stdout
+
+
+# ---------------------------------------------------------------- start-up
+RUN_MODULES = ("streamgnn.replay.runner", "streamgnn.cli")
+HEAVY = ("torch", "torch_geometric", "streamgnn.graph", "streamgnn.datasets",
+         "streamgnn.models", "streamgnn.workers", "numba")
+
+
+def test_replay_run_modules_import_neither_torch_nor_the_graph_store():
+    """Every module `replay run` loads (its own imports, followed through streamgnn's
+    modules, at module level; the package root aside, which is made lazy elsewhere)."""
+    root = Path(sg.__file__).parent.parent
+    seen, todo = set(), list(RUN_MODULES)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = root / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = root / name.replace(".", "/") / "__init__.py"
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for imported in names:
+                assert not imported.startswith(HEAVY), f"{name} imports {imported}"
+                if imported.startswith("streamgnn.") and imported != "streamgnn":
+                    todo.append(imported)
+    assert "streamgnn.replay.report" in seen and "streamgnn.stream.schemas" in seen
+
+
+# ---------------------------------------------------------------- end to end
+def test_replay_run_against_broker_and_serve_end_to_end(tmp_path, broker, topics):
+    """`replay generate` then `replay run` (writes and queries, no reads) against the
+    embedded broker and a real `streamgnn serve`: every op sent, every write acknowledged,
+    writes seen visible through label changes, queries answered, the report written."""
+    prefix = topics.updates.removesuffix("graph-updates")
+    common = ("-b", broker.bootstrap, "--topic-prefix", prefix)
+    _cli("train", "--dataset", "tiny", "--model", "sage-mean", "--epochs", "2", "--hidden",
+         "8", "--out", "m.pt", cwd=tmp_path)
+    _cli("replay", "generate", "--dataset", "tiny", "--ops", "300", "--read-fraction", "0",
+         "--query-fraction", "0.1", "--arrivals", "poisson", "--rate", "150", "-o",
+         "t.jsonl", cwd=tmp_path)
+    queries = sum(op.op == QUERY_OP for op in open_trace(tmp_path / "t.jsonl").ops())
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "streamgnn.cli", "serve", "-c", "m.pt", "--dataset", "tiny",
+         "--bs", "50", "--until-idle", "60", "--state-dir", "state", *common], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in serve.stdout:  # serving once it says so
+            if line.startswith("serving"):
+                break
+        threading.Thread(target=serve.stdout.read, daemon=True).start()
+        text = _cli("replay", "run", "t.jsonl", "--rate", "150", "-o", "rep",
+                    "--http", f"http://127.0.0.1:{free_port()}", *common, cwd=tmp_path)
+    finally:
+        serve.terminate()
+        serve.wait(60)
+    report = orjson.loads((tmp_path / "rep" / REPORT).read_bytes())
+    counts, latency = report["counts"], report["latency_ms"]
+    assert counts["sent"] == 300 and report["rate"]["offered_ops_per_s"] == 150
+    assert sum(latency[k]["count"] for k in WRITE_OPS if k in latency) == 300 - queries
+    assert not [k for k in report["errors"] if k.startswith("write")]
+    assert latency["query"]["count"] + sum(
+        n for k, n in report["errors"].items() if k.startswith("query")) == queries
+    assert latency["query"]["count"] > 0 and counts["label_changes"] > 0
+    assert counts["writes_visible"] + counts.get("writes_without_label_change", 0) + counts[
+        "writes_unresolved"] == 300 - queries
+    assert counts["writes_visible"] > 0
+    assert {"p50", "p90", "p99", "p99.9", "max"} <= set(latency["write-to-visible"])
+    assert "write-to-visible" in text and "report: rep/report.json" in text
+    assert all((tmp_path / "rep" / name).exists() for name in PLOTS)
