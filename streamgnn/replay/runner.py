@@ -136,6 +136,8 @@ def schedule_for(trace: Trace, settings: RunSettings) -> Schedule:
     """The sending schedule: ``settings.rate`` (default the trace's own) ops/s."""
     if settings.pacing not in ("trace", "constant"):
         raise ValueError(f"pacing must be trace or constant, got {settings.pacing!r}")
+    if settings.rate is not None and settings.rate <= 0:
+        raise ValueError(f"the rate must be positive, got {settings.rate}")
     trace_rate = trace.header.get("rate")
     rate = settings.rate or trace_rate
     if not rate or rate <= 0:
