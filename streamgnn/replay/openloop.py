@@ -70,8 +70,19 @@ def send_open_loop(ops: Iterable[TraceOp], schedule: Schedule, sink: Sink, recor
                    on_tick: Callable[[SendStats], None] = lambda s: None,
                    stop: threading.Event | None = None) -> SendStats:
     """Send ``ops`` to ``sink`` on ``schedule`` starting at ``recorder.start``; calls
-    ``on_tick`` about every `TICK_S` (progress, backlog samples). ``stop`` ends it early."""
+    ``on_tick`` about every `TICK_S` (progress, backlog samples). ``stop`` or Ctrl-C
+    ends it early (``interrupted``)."""
     stats = SendStats(started=recorder.start, ended=recorder.start)
+    try:
+        _send(ops, schedule, sink, recorder, on_tick, stop, stats)
+    except KeyboardInterrupt:
+        stats.interrupted = True
+    return stats
+
+
+def _send(ops: Iterable[TraceOp], schedule: Schedule, sink: Sink, recorder: Recorder,
+          on_tick: Callable[[SendStats], None], stop: threading.Event | None,
+          stats: SendStats) -> None:
     next_tick = recorder.start
     for i, op in enumerate(ops):
         offset = schedule.offset(i, op.t)
@@ -97,7 +108,6 @@ def send_open_loop(ops: Iterable[TraceOp], schedule: Schedule, sink: Sink, recor
         stats.ended = now
         if now >= next_tick:
             next_tick = _tick(now, sink, recorder, stats, on_tick)
-    return stats
 
 
 def drain(sink: Sink, recorder: Recorder, stats: SendStats, timeout_s: float,

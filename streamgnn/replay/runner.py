@@ -161,14 +161,11 @@ def run_replay(trace: Trace, settings: RunSettings,
                                                    settings.topics.results], sink.on_record)
     ticked = _ticker(sink, follower, recorder, on_tick)
     recorder.start = time.time() + 0.2  # the first op is due shortly after everything is up
-    stats = SendStats()
     try:
         stats = send_open_loop(trace.ops(), schedule, sink, recorder, ticked, stop)
-        at_send_end = sink.outstanding()
-        left = drain(sink, recorder, stats, settings.drain_s, ticked)
-    except KeyboardInterrupt:
-        stats.interrupted = True
         at_send_end = left = sink.outstanding()
+        if not stats.interrupted:
+            left = drain(sink, recorder, stats, settings.drain_s, ticked)
     finally:
         follower.close()
         sink.close()
