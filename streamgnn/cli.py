@@ -212,37 +212,21 @@ def bootstrap(
 
 
 def _bootstrap(data, model, device: str) -> None:
-    import torch
+    from streamgnn.models.bootstrap import compare_bootstrap
 
-    from streamgnn.graph import DynamicGraph
-    from streamgnn.models import decompose, layerwise_inference
-    from streamgnn.models.gnn import pyg_forward
-
-    t = time.perf_counter()
-    graph = DynamicGraph.from_data(data)
-    t_graph = time.perf_counter() - t
-    model = model.to(device)
-    t = time.perf_counter()
-    hs = layerwise_inference(decompose(model), graph, device=device)
-    t_ours = time.perf_counter() - t
-    t = time.perf_counter()
-    ref = pyg_forward(model, data, device)
-    t_pyg = time.perf_counter() - t
-    err = (hs[-1] - ref).abs().max().item()
+    r = compare_bootstrap(data, model, device)
     table = Table(title=f"bootstrap of {data.name} ({device})")
     table.add_column("step")
     table.add_column("value", justify="right")
-    rows = [("graph store load", f"{t_graph:.2f} s"),
-            ("layer-wise inference (all layers)", f"{t_ours:.2f} s"),
-            ("PyG forward pass (edge_index)", f"{t_pyg:.2f} s"),
-            ("ratio ours / PyG", f"{t_ours / t_pyg:.2f}x"),
-            ("max |ours - PyG|", f"{err:.2e}")]
-    if data.y is not None:
-        y = torch.from_numpy(data.y).to(device)
-        acc = (hs[-1].argmax(-1) == y).float().mean().item()
-        rows.append(("accuracy of bootstrapped labels (all vertices)", f"{acc:.3f}"))
-    for r in rows:
-        table.add_row(*r)
+    rows = [("graph store load", f"{r.graph_s:.2f} s"),
+            ("layer-wise inference (all layers)", f"{r.layerwise_s:.2f} s"),
+            ("PyG forward pass (edge_index)", f"{r.pyg_s:.2f} s"),
+            ("ratio ours / PyG", f"{r.layerwise_s / r.pyg_s:.2f}x"),
+            ("max |ours - PyG|", f"{r.max_error:.2e}")]
+    if r.accuracy is not None:
+        rows.append(("accuracy of bootstrapped labels (all vertices)", f"{r.accuracy:.3f}"))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 
