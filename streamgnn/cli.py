@@ -11,11 +11,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from streamgnn.stream.kafka_config import KafkaConfig
 
 app = typer.Typer(
     help="streamgnn: exact, incremental GNN inference over a streaming graph.\n\n"
@@ -73,7 +76,7 @@ def _topics(prefix: str):
     return Topics.prefixed(prefix)
 
 
-def _kafka(bootstrap_servers: str, file: Path | None):
+def _kafka(bootstrap_servers: str, file: Path | None) -> KafkaConfig:
     """The brokers and the client settings from ``file`` and ``STREAMGNN_KAFKA_*``."""
     from streamgnn.errors import KafkaConfigError
     from streamgnn.stream.kafka_config import KafkaConfig
