@@ -11,11 +11,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from streamgnn.stream.kafka_config import KafkaConfig
 
 app = typer.Typer(
     help="streamgnn: exact, incremental GNN inference over a streaming graph.\n\n"
@@ -46,6 +49,11 @@ DeviceOpt = Annotated[str, typer.Option("--device", envvar="STREAMGNN_DEVICE",
 BootstrapOpt = Annotated[str, typer.Option(
     "--bootstrap-servers", "-b", envvar="STREAMGNN_BOOTSTRAP_SERVERS",
     help="Kafka brokers (host:port,...); the default is the embedded broker.")]
+KafkaConfigOpt = Annotated[Path | None, typer.Option(
+    "--kafka-config", envvar="STREAMGNN_KAFKA_CONFIG",
+    help="Kafka client settings for a production cluster: key=value lines "
+         "(security.protocol=SASL_SSL, sasl.mechanism=PLAIN, ssl.cafile=..., client.id=...); "
+         "STREAMGNN_KAFKA_<SETTING> variables override them.")]
 TopicPrefixOpt = Annotated[str, typer.Option(
     "--topic-prefix", envvar="STREAMGNN_TOPIC_PREFIX",
     help="Prefix of every topic name (graph-updates, label-changes, dead-letters, ...).")]
@@ -66,6 +74,18 @@ def _topics(prefix: str):
     from streamgnn.stream import Topics
 
     return Topics.prefixed(prefix)
+
+
+def _kafka(bootstrap_servers: str, file: Path | None) -> KafkaConfig:
+    """The brokers and the client settings from ``file`` and ``STREAMGNN_KAFKA_*``."""
+    from streamgnn.errors import KafkaConfigError
+    from streamgnn.stream.kafka_config import KafkaConfig
+
+    try:
+        return KafkaConfig.load(bootstrap_servers, file)
+    except KafkaConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--kafka-config / STREAMGNN_KAFKA_*"
+                                 ) from None
 
 
 def _snapshot(dataset: str, seed: int, holdout: float):
@@ -195,37 +215,21 @@ def bootstrap(
 
 
 def _bootstrap(data, model, device: str) -> None:
-    import torch
+    from streamgnn.models.bootstrap import compare_bootstrap
 
-    from streamgnn.graph import DynamicGraph
-    from streamgnn.models import decompose, layerwise_inference
-    from streamgnn.models.gnn import pyg_forward
-
-    t = time.perf_counter()
-    graph = DynamicGraph.from_data(data)
-    t_graph = time.perf_counter() - t
-    model = model.to(device)
-    t = time.perf_counter()
-    hs = layerwise_inference(decompose(model), graph, device=device)
-    t_ours = time.perf_counter() - t
-    t = time.perf_counter()
-    ref = pyg_forward(model, data, device)
-    t_pyg = time.perf_counter() - t
-    err = (hs[-1] - ref).abs().max().item()
+    r = compare_bootstrap(data, model, device)
     table = Table(title=f"bootstrap of {data.name} ({device})")
     table.add_column("step")
     table.add_column("value", justify="right")
-    rows = [("graph store load", f"{t_graph:.2f} s"),
-            ("layer-wise inference (all layers)", f"{t_ours:.2f} s"),
-            ("PyG forward pass (edge_index)", f"{t_pyg:.2f} s"),
-            ("ratio ours / PyG", f"{t_ours / t_pyg:.2f}x"),
-            ("max |ours - PyG|", f"{err:.2e}")]
-    if data.y is not None:
-        y = torch.from_numpy(data.y).to(device)
-        acc = (hs[-1].argmax(-1) == y).float().mean().item()
-        rows.append(("accuracy of bootstrapped labels (all vertices)", f"{acc:.3f}"))
-    for r in rows:
-        table.add_row(*r)
+    rows = [("graph store load", f"{r.graph_s:.2f} s"),
+            ("layer-wise inference (all layers)", f"{r.layerwise_s:.2f} s"),
+            ("PyG forward pass (edge_index)", f"{r.pyg_s:.2f} s"),
+            ("ratio ours / PyG", f"{r.layerwise_s / r.pyg_s:.2f}x"),
+            ("max |ours - PyG|", f"{r.max_error:.2e}")]
+    if r.accuracy is not None:
+        rows.append(("accuracy of bootstrapped labels (all vertices)", f"{r.accuracy:.3f}"))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 
@@ -239,6 +243,7 @@ def demo(
     device: DeviceOpt = "cpu",
     state_dir: BrokerDirOpt = DEFAULT_BROKER_DIR,
     port: BrokerPortOpt = 19092,
+    kafka_config: KafkaConfigOpt = None,
 ) -> None:
     """The whole product on one machine: start the embedded broker (unless one runs),
     synthesize a graph, train on its 80 % snapshot, bootstrap all layer embeddings, serve,
@@ -249,11 +254,13 @@ def demo(
     from streamgnn.stream.broker import EmbeddedBroker
 
     keep_freed_memory()
+    broker = EmbeddedBroker(state_dir, port=port)
+    kafka = _kafka(broker.bootstrap, kafka_config)
     out = Path("artifacts") / f"{model}-{dataset}.pt"
     full, data, events, result = _train(dataset, model, 128, 2, epochs, out, 0.2, seed)
     _bootstrap(data, result.checkpoint.model(), device)
-    summary = run_demo(EmbeddedBroker(state_dir, port=port), full, data, events,
-                       result.checkpoint, batch_size, device, console)
+    summary = run_demo(broker, kafka, full, data, events, result.checkpoint, batch_size,
+                       device, console)
     _print_stats(summary.stats, extra=summary.rows)
 
 
@@ -339,6 +346,7 @@ def serve(
         envvar="STREAMGNN_MAX_RESTARTS", help="With --workers: restarts of a failed job "
         "(backoff 1, 2, 4 ... s) before giving up.")] = 3,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
     device: DeviceOpt = "cpu",
     calibration: CalibrationOpt = DEFAULT_CALIBRATION,
@@ -356,6 +364,7 @@ def serve(
 
     With --workers N it supervises an MPI job; `mpiexec -n N+1 streamgnn serve ...` runs
     the job itself (N taken from the job's size), without restarts."""
+    kafka = _kafka(bootstrap_servers, kafka_config)
     if workers and os.environ.get(_MPI_JOB) != "1":
         raise typer.Exit(_supervise(workers, max_restarts, _rank_files(state_dir)))
     comm = _mpi_world()
@@ -375,7 +384,7 @@ def serve(
         _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
                until_idle, max_abs_feature, max_abs_weight, quarantine_after,
-               bootstrap_servers, topic_prefix, device, mpi_workers, calibration)
+               kafka, topic_prefix, device, mpi_workers, calibration)
     except BaseException as e:
         if mpi_workers is not None:  # never leave the workers waiting
             import traceback
@@ -511,13 +520,14 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
 
 def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
            arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
-           until_idle, max_abs_feature, max_abs_weight, quarantine_after, bootstrap_servers,
+           until_idle, max_abs_feature, max_abs_weight, quarantine_after, kafka,
            topic_prefix, device, mpi_workers, calibration) -> None:
     """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given)."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
-    from streamgnn.stream.kafka import KafkaTransport, ensure_topics
+    from streamgnn.stream.kafka import KafkaTransport
+    from streamgnn.stream.kafka_tools import ensure_topics
     from streamgnn.workers import Engine
     from streamgnn.workers.executors import Calibration
 
@@ -528,7 +538,7 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                            checkpoint_s=checkpoint_seconds, max_abs_feature=max_abs_feature,
                            max_abs_weight=max_abs_weight, quarantine_after=quarantine_after,
                            topics=topics)
-    ensure_topics(bootstrap_servers, topics.all())
+    ensure_topics(kafka, topics.all())
     checkpoints = Checkpoints(state_dir)
     if checkpoints.kept():
         console.print(f"resuming from {checkpoints.folder(checkpoints.kept()[-1])}")
@@ -556,14 +566,14 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
 
     def open_service() -> Service:
         service = Service.open(lambda: Checkpoint.load(checkpoint), start,
-                               KafkaTransport(bootstrap_servers, topics.updates), config,
+                               KafkaTransport(kafka, topics.updates), config,
                                checkpoints, device, mpi_workers,
-                               KafkaTransport(bootstrap_servers, topics.queries))
+                               KafkaTransport(kafka, topics.queries))
         if calibration.exists():
             service.engine.executors.calibration = Calibration.load(calibration)
         bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} and "
                   f"{topics.queries} -> {topics.results} at "
-                  f"{bootstrap_servers} (batch {batch_size}, from batch "
+                  f"{kafka.bootstrap_servers} (batch {batch_size}, from batch "
                   f"{service.batch_seq + 1}); Ctrl-C stops")
         current["service"] = service
         return service
@@ -623,6 +633,7 @@ def produce(
         min=1, help="Updates per Kafka message (a JSON array; 1 sends each alone). "
         "Messages go when full or 20 ms after their first update.")] = 100,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Send a file of updates to graph-updates, stamping event time where missing; each
@@ -633,11 +644,12 @@ def produce(
 
     from tqdm.auto import tqdm
 
-    from streamgnn.stream.kafka import UpdateSender, ensure_topics
+    from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics
 
+    kafka = _kafka(bootstrap_servers, kafka_config)
     topics = _topics(topic_prefix)
-    ensure_topics(bootstrap_servers, topics.all())
-    out = UpdateSender(bootstrap_servers, topics.updates, per_message)
+    ensure_topics(kafka, topics.all())
+    out = UpdateSender(kafka, topics.updates, per_message)
     start, sent = time.perf_counter(), 0
     with (contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
           else open(file, "rb")) as lines:
@@ -705,6 +717,7 @@ def query(
         help="Ask for the output embeddings too (printed as their first values).")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer.")] = 30.0,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Send one query to query-requests and print its answer from query-results: each
@@ -717,9 +730,10 @@ def query(
     import orjson
 
     from streamgnn.stream import QueryResult, encode
-    from streamgnn.stream.kafka import ensure_topics, request_reply
+    from streamgnn.stream.kafka_tools import ensure_topics, request_reply
     from streamgnn.stream.schemas import DecodeError, decode_query
 
+    kafka = _kafka(bootstrap_servers, kafka_config)
     with (contextlib.nullcontext(sys.stdin.buffer) if str(request) == "-"
           else open(request, "rb")) as f:
         raw = f.read()
@@ -731,9 +745,9 @@ def query(
     except (orjson.JSONDecodeError, AttributeError, DecodeError) as e:
         raise typer.BadParameter(f"not a query request: {e}") from None
     topics = _topics(topic_prefix)
-    ensure_topics(bootstrap_servers, topics.all())
+    ensure_topics(kafka, topics.all())
     wanted = req.event_id.encode()
-    reply = request_reply(bootstrap_servers, topics.queries, encode(req), topics.results,
+    reply = request_reply(kafka, topics.queries, encode(req), topics.results,
                           lambda value: wanted in value, timeout)
     if reply is None:
         console.print(f"[red]no answer within {timeout:g} s[/]: is `streamgnn serve` "
@@ -765,20 +779,22 @@ def watch(
     idle: Annotated[float | None, typer.Option(help="Exit after this many quiet "
                                                "seconds.")] = None,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Print label changes (or dead letters, or query results) as they are published."""
     import json
 
-    from streamgnn.stream.kafka import follow
+    from streamgnn.stream.kafka_tools import follow
 
+    kafka = _kafka(bootstrap_servers, kafka_config)
     topics = _topics(topic_prefix)
     names = {"labels": topics.labels, "dead-letters": topics.dead_letters,
              "results": topics.results}
     if what not in names:
         raise typer.BadParameter(f"{what!r}: choose labels, dead-letters or results")
     try:
-        for record in follow(bootstrap_servers, names[what], from_beginning, idle):
+        for record in follow(kafka, names[what], from_beginning, idle):
             m = json.loads(record.value)
             if what == "labels":
                 for c in m["changes"]:

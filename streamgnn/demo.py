@@ -30,7 +30,9 @@ from streamgnn.models.zoo import Checkpoint
 from streamgnn.router import Service, ServiceConfig, Stats
 from streamgnn.stream import LabelChange, LabelChanges, Topics, encode
 from streamgnn.stream.broker import EmbeddedBroker
-from streamgnn.stream.kafka import KafkaTransport, ensure_topics, follow, reachable
+from streamgnn.stream.kafka import KafkaTransport
+from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.kafka_tools import ensure_topics, follow, reachable
 from streamgnn.updates import Update
 from streamgnn.workers import Engine
 
@@ -44,15 +46,15 @@ class Summary:
 class _LabelFeed(threading.Thread):
     """Follows the label-changes topic: a count and the latest few, for the live view."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.topic = bootstrap, topic
+        self.kafka, self.topic = kafka, topic
         self.seen = 0
         self.latest: deque[tuple[int, LabelChange]] = deque(maxlen=8)  # (batch, change)
         self.done = threading.Event()
 
     def run(self) -> None:
-        for record in follow(self.bootstrap, self.topic, from_beginning=True, idle_s=None):
+        for record in follow(self.kafka, self.topic, from_beginning=True, idle_s=None):
             message = LabelChanges.model_validate_json(record.value)
             self.seen += len(message.changes)
             self.latest += [(message.batch, c) for c in message.changes[:2]]
@@ -60,15 +62,17 @@ class _LabelFeed(threading.Thread):
                 return
 
 
-def run_demo(broker: EmbeddedBroker, full: GraphData, snapshot: GraphData,
-             events: list[Update], checkpoint: Checkpoint, batch_size: int, device: str,
-             console: Console) -> Summary:
+def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
+             snapshot: GraphData, events: list[Update], checkpoint: Checkpoint,
+             batch_size: int, device: str, console: Console) -> Summary:
+    """The demo against ``broker`` (started here unless it runs), reached with ``kafka``'s
+    client settings."""
     started_broker = not reachable(broker.bootstrap, 0.5)
     if started_broker:
         broker.start()
         console.print(f"embedded broker started at {broker.bootstrap}")
     try:
-        return _serve_and_stream(broker.bootstrap, full, snapshot, events, checkpoint,
+        return _serve_and_stream(kafka, full, snapshot, events, checkpoint,
                                  batch_size, device, console)
     finally:
         if started_broker:
@@ -76,23 +80,25 @@ def run_demo(broker: EmbeddedBroker, full: GraphData, snapshot: GraphData,
             console.print("embedded broker stopped")
 
 
-def _serve_and_stream(bootstrap: str, full: GraphData, snapshot: GraphData,
+def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
                       events: list[Update], checkpoint: Checkpoint, batch_size: int,
                       device: str, console: Console) -> Summary:
     prefix = f"demo-{uuid.uuid4().hex[:6]}-"
     topics = Topics.prefixed(prefix)
-    ensure_topics(bootstrap, topics.all())
+    ensure_topics(kafka, topics.all())
     with tempfile.TemporaryDirectory() as tmp:
         stream = Path(tmp) / "held-out.jsonl"
         stream.write_bytes(b"".join(encode(u) + b"\n" for u in events))
         engine = Engine.from_pyg(checkpoint.model(), snapshot, device=device)
-        service = Service(engine, checkpoint, KafkaTransport(bootstrap, topics.updates),
+        service = Service(engine, checkpoint, KafkaTransport(kafka, topics.updates),
                           ServiceConfig(batch_size=batch_size, topics=topics))
-        feed = _LabelFeed(bootstrap, topics.labels)
+        feed = _LabelFeed(kafka, topics.labels)
         feed.start()
         producer = subprocess.Popen(
-            [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b", bootstrap,
-             "--topic-prefix", prefix], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b",
+             kafka.bootstrap_servers, "--topic-prefix", prefix,
+             *(["--kafka-config", str(kafka.file)] if kafka.file else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         console.print(f"producing {len(events):,} held-out updates to {topics.updates}; "
                       f"serving in batches of {batch_size:,}")
         with Live(_view(service, feed, len(events)), console=console,

@@ -99,7 +99,8 @@ def final_engine(state, model):
     return saved, Engine.read(model.model(), saved.folder)
 
 
-def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker, tmp_path):
+def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker, kafka,
+                                                                         tmp_path):
     """`serve --workers 2` (rank 0 + 2 worker ranks under mpiexec) on a paced LinkBench
     stream; kill -9 of worker rank 2, later of rank 0: the job stops, the supervisor
     restarts it from its last checkpoint; the final state equals a one-process run's,
@@ -112,7 +113,7 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     import numpy as np
 
     from streamgnn.stream import LabelChanges, Topics
-    from streamgnn.stream.kafka import ensure_topics, follow
+    from streamgnn.stream.kafka_tools import ensure_topics, follow
     from tests.conftest import pyg_layers
     from tests.test_stream import linkbench_stream, messages, tiny_setup
     from tests.test_torture import send
@@ -121,8 +122,8 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     events = linkbench_stream(snapshot, held_out, 30)
     model.save(tmp_path / "model.pt")
     topics = Topics.prefixed(f"w{uuid.uuid4().hex[:6]}-")
-    ensure_topics(broker.bootstrap, topics.all())
-    producer = threading.Thread(target=send, args=(broker.bootstrap, topics.updates, events,
+    ensure_topics(kafka, topics.all())
+    producer = threading.Thread(target=send, args=(kafka, topics.updates, events,
                                                    20.0))
     producer.start()
     state = tmp_path / "state"
@@ -150,7 +151,7 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
 
     saved, engine = final_engine(state, model)
     assert saved.meta["positions"] == {"0": len(list(follow(
-        broker.bootstrap, topics.updates, True, idle_s=1.0)))}
+        kafka, topics.updates, True, idle_s=1.0)))}
     assert engine.num_partitions == 2
     current = engine.graph.to_data()
     expected = sg_graph_after(snapshot, events)
@@ -158,9 +159,9 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     assert current.num_edges == expected.num_edges
     for layer, ref in enumerate(pyg_layers(model.model(), current)):
         assert np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max() < 1e-4
-    assert messages(broker, topics.dead_letters) == []
+    assert messages(kafka, topics.dead_letters) == []
     first: dict[str, bytes] = {}
-    for record in follow(broker.bootstrap, topics.labels, True, idle_s=1.0):
+    for record in follow(kafka, topics.labels, True, idle_s=1.0):
         event_id = LabelChanges.model_validate_json(record.value).event_id
         assert first.setdefault(event_id, record.value) == record.value, event_id
 
