@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +50,11 @@ def test_demo_streams_the_held_out_updates_through_kafka_exactly(tmp_path):
                "--port", str(free_port()), "--state-dir", str(tmp_path / "broker"),
                cwd=tmp_path)
     assert "embedded broker started" in text and "embedded broker stopped" in text
-    assert "label changes published" in text
-    err = float(text.split("max |engine - PyG forward on the final graph|")[1].split("│")[1])
+    published, read = re.search(
+        r"label changes published / read back\s*│\s*([\d,]+) / ([\d,]+)", text).groups()
+    assert published == read and int(published.replace(",", "")) > 0
+    assert all(len(line) <= 80 for line in text.splitlines())
+    err = float(text.split("max |engine - PyG forward|, final graph")[1].split("│")[1])
     assert err < 1e-4
 
 
