@@ -588,10 +588,7 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
 
 
 def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
-    import numpy as np
-
     wall = time.perf_counter() - stats.started
-    lat = stats.latencies()
     table = Table(title="streaming service")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -605,9 +602,10 @@ def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
                                        sorted(stats.dead_letters.items())) or "0"),
             ("queries answered / refused", f"{stats.queries['answered']:,} / "
              f"{sum(stats.queries.values()) - stats.queries['answered']:,}")]
-    if len(lat):
+    if stats.latency.count:
         rows.append(("latency produce -> publish p50 / p99",
-                     f"{np.median(lat):.1f} / {np.percentile(lat, 99):.1f} ms"))
+                     f"{stats.latency.percentile(50):.1f} / "
+                     f"{stats.latency.percentile(99):.1f} ms"))
     for row in [*rows, *extra]:
         table.add_row(*row)
     console.print(table)
