@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 import streamgnn as sg
-from streamgnn.api import HttpServer, create_app, parse_bind
+from streamgnn.api.app import create_app
+from streamgnn.api.bind import parse_bind
+from streamgnn.api.server import HttpServer
 from streamgnn.router import Service, ServiceConfig
 from streamgnn.router.reads import Reads
 from streamgnn.stream import encode

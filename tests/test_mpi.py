@@ -71,7 +71,8 @@ def serve_command(tmp_path, broker, topics, state, *extra) -> list[str]:
     return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
             "--dataset", "tiny", "--state-dir", str(state), "--bs", "20",
             "--checkpoint-every", "10", "-b", broker.bootstrap, "--workers", "2",
-            "--topic-prefix", topics.updates.removesuffix("graph-updates"), *extra]
+            "--topic-prefix", topics.updates.removesuffix("graph-updates"), "--http", "off",
+            *extra]
 
 
 def rank_pids(state) -> dict[int, int]:

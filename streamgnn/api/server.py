@@ -1,13 +1,10 @@
-"""`HttpServer`: the REST app served by uvicorn on a thread of the service's process, and
-the rules for where it may listen: ``HOST:PORT`` or ``off``; beyond loopback only with a
-bearer token.
+"""`HttpServer`: the REST app served by uvicorn on a thread of the service's process.
 
 Must not import kafka or mpi4py.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
@@ -16,34 +13,6 @@ import uvicorn
 
 from streamgnn.api.app import create_app
 from streamgnn.router.reads import Reads
-
-DEFAULT_BIND = "127.0.0.1:8080"
-
-
-def parse_bind(bind: str, token: str | None) -> tuple[str, int] | None:
-    """``HOST:PORT`` (IPv6 hosts in brackets) as (host, port), or None for ``off``.
-    Raises ValueError saying what is wrong, including a host beyond loopback without a
-    ``token``."""
-    if bind.strip().lower() == "off":
-        return None
-    host, sep, port = bind.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--http {bind!r}: expected HOST:PORT (e.g. {DEFAULT_BIND}) or off")
-    if not token and not _loopback(host):
-        raise ValueError(f"--http {bind}: listening beyond loopback needs a bearer token "
-                         "(--http-token or STREAMGNN_HTTP_TOKEN); clients then send "
-                         "'Authorization: Bearer <token>'")
-    return host, int(port)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
 
 
 class HttpServer:
