@@ -56,7 +56,8 @@ def test_demo_streams_the_held_out_updates_through_kafka_exactly(tmp_path):
 
 def test_docker_compose_points_the_service_at_its_kafka_with_variables_serve_reads(tmp_path):
     """Parsed, not run (no Docker engine here): the service talks to the compose file's
-    Kafka and every STREAMGNN_ variable it sets is one `serve` reads."""
+    Kafka, every STREAMGNN_ variable it sets is one `serve` reads, and its REST port is
+    published and health-checked through /healthz."""
     import typer
     import yaml
 
@@ -72,6 +73,13 @@ def test_docker_compose_points_the_service_at_its_kafka_with_variables_serve_rea
     serve = typer.main.get_command(app).commands["serve"]
     known = {p.envvar for p in serve.params if p.envvar}
     assert {k for k in env if k.startswith("STREAMGNN_")} <= known
+    # the REST port: a bind `serve` accepts with the token, published, health-checked
+    from streamgnn.api.bind import parse_bind
+
+    _, port = parse_bind(env["STREAMGNN_HTTP"], env["STREAMGNN_HTTP_TOKEN"])
+    assert env["STREAMGNN_HTTP_TOKEN"].startswith("${STREAMGNN_HTTP_TOKEN:?")
+    assert any(p.endswith(f":{port}") for p in service["ports"])
+    assert f"127.0.0.1:{port}/healthz" in " ".join(service["healthcheck"]["test"])
 
 
 def test_produce_serve_watch_round_trip(tmp_path, broker, topics):
