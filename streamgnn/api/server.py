@@ -21,7 +21,9 @@ class HttpServer:
 
     def __init__(self, reads: Reads, host: str, port: int, token: str | None = None) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio turns Nagle off only on sockets that say TCP (with
+        # proto 0, each keep-alive response's body waited 40 ms for a delayed ACK)
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._socket.bind((host, port))

@@ -241,7 +241,8 @@ class Service:
             on_batch: Callable[[BatchReport], None] | None = None) -> Stats:
         """Serve until ``stop()`` is true (checked at batch boundaries: safe to flip from a
         signal handler), or until nothing arrived for ``idle_exit_s`` seconds and nothing
-        is pending; then apply what was admitted, checkpoint and return the stats. Raises
+        is pending; then apply what was admitted, checkpoint and return the stats. While it
+        runs, it answers the ``reads`` queued by other threads between two batches. Raises
         `EngineFailure` if the engine fails (`run_recovering` reopens the service)."""
         gc.collect()
         gc.freeze()  # what exists now (graph, engine, model) lives on: keep GC passes off it
@@ -273,10 +274,10 @@ class Service:
             if self.queries is not None:
                 self._answer_queries()
             want = cfg.batch_size - len(self.pending)
-            # queries and reads wait on this poll
-            idle_wait = 0.1 if self.queries is None and self.reads is None else 0.01
-            records = self.transport.poll(max(1, int(want / per_record)),
-                                          cfg.max_wait_s if self.pending else idle_wait)
+            wait = cfg.max_wait_s if self.pending else 0.1
+            if self.queries is not None or self.reads is not None:
+                wait = min(wait, _ANSWER_POLL_S)  # requests wait on this poll
+            records = self.transport.poll(max(1, int(want / per_record)), wait)
             now = time.monotonic()
             self._record_acks()
             self.stats.lag = self.transport.lag()
@@ -625,6 +626,7 @@ def _item(raw: dict) -> Item:
 
 _CHANGES_PER_MESSAGE = 10_000
 _READ_SLICE_S = 0.01
+_ANSWER_POLL_S = 0.002  # the longest a poll blocks while queries or reads may be waiting
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
 
 
