@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -162,17 +161,22 @@ def measure(kafka: KafkaConfig, checkpoint, snapshot, updates, lines, bs, args, 
                                "--rate", str(paced), "--per-message", str(args.per_message),
                                "-b", kafka.bootstrap_servers, "--topic-prefix", f"p{bs}-"],
                               stdout=subprocess.DEVNULL)
-    lat = service.run(stop=lambda: sender.poll() is not None and service.stats.events >= n
-                      ).latencies()[int(paced * args.warmup):]  # steady state
+    warm = int(paced * args.warmup)
+
+    def steady(_) -> None:  # latencies count from the end of the warm-up on
+        if service.stats.events < warm:
+            service.stats.latency.reset()
+
+    lat = service.run(stop=lambda: sender.poll() is not None and service.stats.events >= n,
+                      on_batch=steady).latency
     sender.wait()
     service.transport.close()
     console.print(f"bs={bs}: in-process {rate_in:,.0f}/s, end-to-end {e2e:,.0f}/s, "
-                  f"latency p50 {np.median(lat):.1f} ms")
+                  f"latency p50 {lat.percentile(50):.1f} ms")
     return {"batch_size": bs, "in_process": rate_in, "end_to_end": e2e,
             "ratio": e2e / rate_in, "service_busy": stats.applied / stats.busy_s,
             "label_changes": stats.label_changes, "paced_rate": paced, "paced_events": n,
-            "latency_p50_ms": float(np.median(lat)),
-            "latency_p99_ms": float(np.percentile(lat, 99))}
+            "latency_p50_ms": lat.percentile(50), "latency_p99_ms": lat.percentile(99)}
 
 
 if __name__ == "__main__":

@@ -350,10 +350,18 @@ def serve(
     topic_prefix: TopicPrefixOpt = "",
     device: DeviceOpt = "cpu",
     calibration: CalibrationOpt = DEFAULT_CALIBRATION,
+    http: Annotated[str, typer.Option(
+        envvar="STREAMGNN_HTTP", help="Serve the REST API (embeddings, labels, neighbours, "
+        "queries, status, /metrics, /healthz, /readyz; OpenAPI at /docs) on HOST:PORT, "
+        "or off.")] = "127.0.0.1:8080",
+    http_token: Annotated[str | None, typer.Option(
+        envvar="STREAMGNN_HTTP_TOKEN", help="Bearer token every /v1 and /metrics request "
+        "must send (Authorization: Bearer TOKEN); required beyond loopback.")] = None,
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
     exact, publish label-changes and dead-letters, checkpoint state and offsets; answer
-    query-requests on query-results between two batches (`streamgnn query` sends one).
+    query-requests on query-results between two batches (`streamgnn query` sends one),
+    and REST reads and queries on --http, each from the state between two batches.
 
     Ctrl-C or SIGTERM (docker stop, Kubernetes) stops at the next batch boundary and
     writes a checkpoint; a second one aborts at once (the last checkpoint and the journal
@@ -364,7 +372,13 @@ def serve(
 
     With --workers N it supervises an MPI job; `mpiexec -n N+1 streamgnn serve ...` runs
     the job itself (N taken from the job's size), without restarts."""
+    from streamgnn.api.bind import parse_bind
+
     kafka = _kafka(bootstrap_servers, kafka_config)
+    try:
+        listen = parse_bind(http, http_token)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--http") from None
     if workers and os.environ.get(_MPI_JOB) != "1":
         raise typer.Exit(_supervise(workers, max_restarts, _rank_files(state_dir)))
     comm = _mpi_world()
@@ -384,7 +398,7 @@ def serve(
         _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
                until_idle, max_abs_feature, max_abs_weight, quarantine_after,
-               kafka, topic_prefix, device, mpi_workers, calibration)
+               kafka, topic_prefix, device, mpi_workers, calibration, listen, http_token)
     except BaseException as e:
         if mpi_workers is not None:  # never leave the workers waiting
             import traceback
@@ -521,11 +535,13 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
 def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
            arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
            until_idle, max_abs_feature, max_abs_weight, quarantine_after, kafka,
-           topic_prefix, device, mpi_workers, calibration) -> None:
-    """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given)."""
+           topic_prefix, device, mpi_workers, calibration, listen, http_token) -> None:
+    """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given), with
+    the REST API on ``listen`` (host, port) unless it is None."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
+    from streamgnn.router.reads import Reads
     from streamgnn.stream.kafka import KafkaTransport
     from streamgnn.stream.kafka_tools import ensure_topics
     from streamgnn.workers import Engine
@@ -539,6 +555,7 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                            max_abs_weight=max_abs_weight, quarantine_after=quarantine_after,
                            topics=topics)
     ensure_topics(kafka, topics.all())
+    reads = Reads()
     checkpoints = Checkpoints(state_dir)
     if checkpoints.kept():
         console.print(f"resuming from {checkpoints.folder(checkpoints.kept()[-1])}")
@@ -568,7 +585,7 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
         service = Service.open(lambda: Checkpoint.load(checkpoint), start,
                                KafkaTransport(kafka, topics.updates), config,
                                checkpoints, device, mpi_workers,
-                               KafkaTransport(kafka, topics.queries))
+                               KafkaTransport(kafka, topics.queries), reads)
         if calibration.exists():
             service.engine.executors.calibration = Calibration.load(calibration)
         bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} and "
@@ -586,22 +603,33 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
         bar.set_postfix(labels=stats.label_changes, dead=sum(stats.dead_letters.values()),
                         refresh=False)
 
+    server = _http_server(reads, listen, http_token)  # /healthz answers while bootstrapping
     try:
         service = run_recovering(
             open_service, lambda e: bar.write(f"{e}\nrecovering from the last checkpoint"),
             stop=stopping.is_set, idle_exit_s=until_idle, on_batch=progress)
     finally:
         bar.close()
+        if server is not None:
+            server.stop()
     if stopping.is_set():
         console.print(f"stopped after batch {service.batch_seq}: checkpoint written")
     _print_stats(service.stats)
 
 
-def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
-    import numpy as np
+def _http_server(reads, listen: tuple[str, int] | None, token: str | None):
+    """The REST API's server, started (None when ``listen`` is None)."""
+    if listen is None:
+        return None
+    from streamgnn.api.server import HttpServer
 
+    server = HttpServer(reads, *listen, token).start()
+    console.print(f"REST API on {server.url} (OpenAPI at {server.url}/docs)")
+    return server
+
+
+def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
     wall = time.perf_counter() - stats.started
-    lat = stats.latencies()
     table = Table(title="streaming service")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -615,9 +643,10 @@ def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
                                        sorted(stats.dead_letters.items())) or "0"),
             ("queries answered / refused", f"{stats.queries['answered']:,} / "
              f"{sum(stats.queries.values()) - stats.queries['answered']:,}")]
-    if len(lat):
+    if stats.latency.count:
         rows.append(("latency produce -> publish p50 / p99",
-                     f"{np.median(lat):.1f} / {np.percentile(lat, 99):.1f} ms"))
+                     f"{stats.latency.percentile(50):.1f} / "
+                     f"{stats.latency.percentile(99):.1f} ms"))
     for row in [*rows, *extra]:
         table.add_row(*row)
     console.print(table)

@@ -71,7 +71,8 @@ def serve_command(tmp_path, broker, topics, state, *extra) -> list[str]:
     return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
             "--dataset", "tiny", "--state-dir", str(state), "--bs", "20",
             "--checkpoint-every", "10", "-b", broker.bootstrap, "--workers", "2",
-            "--topic-prefix", topics.updates.removesuffix("graph-updates"), *extra]
+            "--topic-prefix", topics.updates.removesuffix("graph-updates"), "--http", "off",
+            *extra]
 
 
 def rank_pids(state) -> dict[int, int]:
@@ -191,3 +192,59 @@ def test_serve_with_workers_stops_at_once_on_a_configuration_error(broker, tmp_p
     assert "unknown placement 'bogus'" in run.stdout + run.stderr
     assert "not restarting" in run.stdout and "restart 1 of" not in run.stdout
     assert not list((tmp_path / "state").glob("gen-*/manifest.json"))
+
+
+def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, kafka,
+                                                                      tmp_path):
+    """`serve --workers 2 --http`: the router holds no rows; a vertex read, a lookup and a
+    query over REST fetch them from the worker ranks and equal a one-process engine."""
+    import signal
+    import time
+    import uuid
+
+    import httpx
+    import numpy as np
+
+    import streamgnn as sg
+    from streamgnn.stream import Topics
+    from streamgnn.stream.kafka_tools import ensure_topics
+    from tests.kafka_fixtures import free_port
+    from tests.test_stream import tiny_setup
+
+    _, snapshot, _, model = tiny_setup()
+    model.save(tmp_path / "model.pt")
+    topics = Topics.prefixed(f"h{uuid.uuid4().hex[:6]}-")
+    ensure_topics(kafka, topics.all())
+    port = free_port()
+    job = subprocess.Popen(serve_command(tmp_path, broker, topics, tmp_path / "state",
+                                         "--http", f"127.0.0.1:{port}"),
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    local = sg.Engine.from_pyg(model.model(), snapshot)
+    ids = [int(i) for i in snapshot.ids[[0, 5, 9]]]
+    f = snapshot.num_features
+    query = {"vertices": [{"id": -1, "x": [0.5] * f}], "embeddings": True,
+             "edges": [{"src": -1, "dst": ids[0]}, {"src": ids[1], "dst": -1}]}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            deadline = time.monotonic() + 240
+            while True:
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert job.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            one = http.get(f"/v1/vertices/{ids[0]}", params={"layer": 1}).json()
+            many = http.post("/v1/vertices/lookup", json={"ids": ids}).json()
+            answer = http.post("/v1/queries", json=query).json()
+    finally:
+        job.send_signal(signal.SIGTERM)
+        log = job.communicate(timeout=120)[0]
+    assert job.returncode == 0, log[-4000:]
+    assert np.abs(np.array(one["embedding"]) - local.lookup([ids[0]], 1)[0]).max() < 1e-5
+    assert np.abs(np.array(many["embeddings"]) - local.lookup(ids)).max() < 1e-5
+    assert many["labels"] == local.label(ids).tolist()
+    want = local.query(sg.QueryRequest.model_validate(query))
+    assert np.abs(np.array(answer["embeddings"]) - want.embeddings).max() < 1e-5

@@ -56,7 +56,8 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
         return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
                 "--dataset", "tiny", "--state-dir", str(state), "--bs", "10",
                 "--checkpoint-every", "20", "-b", broker.bootstrap,
-                "--topic-prefix", topics.updates.removesuffix("graph-updates"), *extra]
+                "--topic-prefix", topics.updates.removesuffix("graph-updates"), "--http", "off",
+                *extra]
 
     send(kafka, clean.updates, events)
     subprocess.run(serve(tmp_path / "clean", clean, "--until-idle", "2"), check=True,

@@ -120,6 +120,13 @@ class KafkaTransport:
             if tp.partition in positions:
                 self._consumer.seek(tp, positions[tp.partition])
 
+    def lag(self) -> int | None:
+        """From the high watermarks of the consumer's last fetch responses."""
+        ends = {tp.partition: self._consumer.highwater(tp) for tp in self._tps}
+        if self._reader is None or None in ends.values():
+            return None
+        return sum(end - self._next.get(p, end) for p, end in ends.items())
+
     def partitions(self, topic: str) -> int:
         if topic not in self._partitions:
             self._partitions[topic] = len(self._producer.partitions_for(topic))
