@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -36,7 +35,9 @@ from streamgnn.replay import LinkBenchWorkload
 from streamgnn.router import Service, ServiceConfig
 from streamgnn.stream import Topics, encode
 from streamgnn.stream.broker import EmbeddedBroker
-from streamgnn.stream.kafka import KafkaTransport, UpdateSender, ensure_topics
+from streamgnn.stream.kafka import KafkaTransport
+from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics
 
 console = Console(width=160)
 
@@ -64,9 +65,9 @@ def in_process(model, snapshot, updates, bs: int) -> float:
     return len(updates) / (time.perf_counter() - t)
 
 
-def served(bootstrap, checkpoint, snapshot, topics, bs: int):
+def served(kafka: KafkaConfig, checkpoint, snapshot, topics, bs: int):
     service = Service(sg.Engine.from_pyg(checkpoint.model(), snapshot), checkpoint,
-                      KafkaTransport(bootstrap, topics.updates),
+                      KafkaTransport(kafka, topics.updates),
                       ServiceConfig(batch_size=bs, topics=topics))
     stats = service.run(idle_exit_s=1.5)
     service.transport.close()
@@ -109,8 +110,8 @@ def main() -> None:
         broker.start()
         try:
             for bs in args.batch_sizes:
-                rows.append(measure(broker.bootstrap, checkpoint, snapshot, updates, lines,
-                                    bs, args, Path(tmp)))
+                rows.append(measure(KafkaConfig(broker.bootstrap), checkpoint, snapshot,
+                                    updates, lines, bs, args, Path(tmp)))
         finally:
             broker.stop()
 
@@ -131,18 +132,18 @@ def main() -> None:
     console.print(f"-> {args.out}")
 
 
-def measure(bootstrap, checkpoint, snapshot, updates, lines, bs, args, tmp: Path) -> dict:
+def measure(kafka: KafkaConfig, checkpoint, snapshot, updates, lines, bs, args, tmp: Path) -> dict:
     model = checkpoint.model()
     topics = Topics.prefixed(f"b{bs}-")
-    ensure_topics(bootstrap, topics.all())
-    out = UpdateSender(bootstrap, topics.updates, args.per_message)
+    ensure_topics(kafka, topics.all())
+    out = UpdateSender(kafka, topics.updates, args.per_message)
     for line in lines.splitlines():
         out.send(line)
     out.close()
     rates, drains = [], []
     for _ in range(args.rounds):  # alternating, so drift on a shared machine hits both
         rates.append(in_process(model, snapshot, updates, bs))
-        drains.append(served(bootstrap, checkpoint, snapshot, topics, bs))
+        drains.append(served(kafka, checkpoint, snapshot, topics, bs))
     rate_in = max(rates)
     stats = max(drains, key=lambda s: s.throughput())
     e2e = stats.throughput()
@@ -152,25 +153,30 @@ def measure(bootstrap, checkpoint, snapshot, updates, lines, bs, args, tmp: Path
     file = tmp / f"paced{bs}.jsonl"
     file.write_bytes(b"".join(lines.splitlines(keepends=True)[:n]))
     topics = Topics.prefixed(f"p{bs}-")
-    ensure_topics(bootstrap, topics.all())
+    ensure_topics(kafka, topics.all())
     service = Service(sg.Engine.from_pyg(model, snapshot), checkpoint,
-                      KafkaTransport(bootstrap, topics.updates),
+                      KafkaTransport(kafka, topics.updates),
                       ServiceConfig(batch_size=bs, topics=topics))
     sender = subprocess.Popen([sys.executable, "-m", "streamgnn.cli", "produce", str(file),
                                "--rate", str(paced), "--per-message", str(args.per_message),
-                               "-b", bootstrap, "--topic-prefix", f"p{bs}-"],
+                               "-b", kafka.bootstrap_servers, "--topic-prefix", f"p{bs}-"],
                               stdout=subprocess.DEVNULL)
-    lat = service.run(stop=lambda: sender.poll() is not None and service.stats.events >= n
-                      ).latencies()[int(paced * args.warmup):]  # steady state
+    warm = int(paced * args.warmup)
+
+    def steady(_) -> None:  # latencies count from the end of the warm-up on
+        if service.stats.events < warm:
+            service.stats.latency.reset()
+
+    lat = service.run(stop=lambda: sender.poll() is not None and service.stats.events >= n,
+                      on_batch=steady).latency
     sender.wait()
     service.transport.close()
     console.print(f"bs={bs}: in-process {rate_in:,.0f}/s, end-to-end {e2e:,.0f}/s, "
-                  f"latency p50 {np.median(lat):.1f} ms")
+                  f"latency p50 {lat.percentile(50):.1f} ms")
     return {"batch_size": bs, "in_process": rate_in, "end_to_end": e2e,
             "ratio": e2e / rate_in, "service_busy": stats.applied / stats.busy_s,
             "label_changes": stats.label_changes, "paced_rate": paced, "paced_events": n,
-            "latency_p50_ms": float(np.median(lat)),
-            "latency_p99_ms": float(np.percentile(lat, 99))}
+            "latency_p50_ms": lat.percentile(50), "latency_p99_ms": lat.percentile(99)}
 
 
 if __name__ == "__main__":

@@ -3,76 +3,48 @@
 The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
 ``sg.DynamicGraph``, the six update types, ``sg.UpdateBatch``, queries
 (``sg.QueryRequest``, ``sg.QueryVertex``, ``sg.QueryEdge``, ``sg.QueryColumns``,
-``sg.QueryAnswer``) and the errors. Importing streamgnn must not import kafka or mpi4py.
+``sg.QueryAnswer``) and the errors. Each name is imported on first use (PEP 562), so
+``import streamgnn.updates`` or the CLI's Kafka commands never pay for torch. Importing
+streamgnn must not import torch, kafka or mpi4py.
 """
 
-from streamgnn import datasets, models
-from streamgnn.datasets import GraphData
-from streamgnn.errors import (
-    DuplicateEdgeError,
-    DuplicateVertexError,
-    FeatureDimensionError,
-    InvalidQueryError,
-    InvalidUpdateError,
-    NonFiniteEmbeddingError,
-    NonFiniteValueError,
-    OutOfRangeError,
-    SelfLoopError,
-    StreamGNNError,
-    UnknownEdgeError,
-    UnknownVertexError,
-    UnsupportedModelError,
-)
-from streamgnn.graph import DynamicGraph, GraphDiff
-from streamgnn.queries import QueryColumns, QueryEdge, QueryRequest, QueryVertex
-from streamgnn.updates import (
-    AddEdge,
-    AddVertex,
-    DeleteEdge,
-    DeleteVertex,
-    Update,
-    UpdateBatch,
-    UpdateEdge,
-    UpdateFeatures,
-    ValueLimits,
-)
-from streamgnn.workers import ApplyResult, Engine, QueryAnswer
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AddEdge",
-    "AddVertex",
-    "ApplyResult",
-    "DeleteEdge",
-    "DeleteVertex",
-    "DuplicateEdgeError",
-    "DuplicateVertexError",
-    "DynamicGraph",
-    "Engine",
-    "FeatureDimensionError",
-    "GraphData",
-    "GraphDiff",
-    "InvalidQueryError",
-    "InvalidUpdateError",
-    "NonFiniteEmbeddingError",
-    "NonFiniteValueError",
-    "OutOfRangeError",
-    "QueryAnswer",
-    "QueryColumns",
-    "QueryEdge",
-    "QueryRequest",
-    "QueryVertex",
-    "SelfLoopError",
-    "StreamGNNError",
-    "UnknownEdgeError",
-    "UnknownVertexError",
-    "UnsupportedModelError",
-    "Update",
-    "UpdateBatch",
-    "UpdateEdge",
-    "UpdateFeatures",
-    "ValueLimits",
-    "datasets",
-    "models",
-]
+_ERRORS = ("DuplicateEdgeError", "DuplicateVertexError", "FeatureDimensionError",
+           "InvalidQueryError", "InvalidUpdateError", "NonFiniteEmbeddingError",
+           "NonFiniteValueError", "OutOfRangeError", "SelfLoopError", "StreamGNNError",
+           "UnknownEdgeError", "UnknownVertexError", "UnsupportedModelError")
+_UPDATES = ("AddEdge", "AddVertex", "DeleteEdge", "DeleteVertex", "Update", "UpdateBatch",
+            "UpdateEdge", "UpdateFeatures", "ValueLimits")
+# public name -> the module that defines it (None: the name is a subpackage)
+_WHERE: dict[str, str | None] = {
+    **dict.fromkeys(_ERRORS, "streamgnn.errors"),
+    **dict.fromkeys(_UPDATES, "streamgnn.updates"),
+    **dict.fromkeys(("QueryColumns", "QueryEdge", "QueryRequest", "QueryVertex"),
+                   "streamgnn.queries"),
+    **dict.fromkeys(("DynamicGraph", "GraphDiff"), "streamgnn.graph"),
+    **dict.fromkeys(("ApplyResult", "Engine", "QueryAnswer"), "streamgnn.workers"),
+    "GraphData": "streamgnn.datasets",
+    "datasets": None,
+    "models": None,
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'streamgnn' has no attribute {name!r}")
+    module = _WHERE[name]
+    value = (importlib.import_module(f"streamgnn.{name}") if module is None
+             else getattr(importlib.import_module(module), name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -11,11 +11,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from streamgnn.stream.kafka_config import KafkaConfig
 
 app = typer.Typer(
     help="streamgnn: exact, incremental GNN inference over a streaming graph.\n\n"
@@ -46,6 +49,11 @@ DeviceOpt = Annotated[str, typer.Option("--device", envvar="STREAMGNN_DEVICE",
 BootstrapOpt = Annotated[str, typer.Option(
     "--bootstrap-servers", "-b", envvar="STREAMGNN_BOOTSTRAP_SERVERS",
     help="Kafka brokers (host:port,...); the default is the embedded broker.")]
+KafkaConfigOpt = Annotated[Path | None, typer.Option(
+    "--kafka-config", envvar="STREAMGNN_KAFKA_CONFIG",
+    help="Kafka client settings for a production cluster: key=value lines "
+         "(security.protocol=SASL_SSL, sasl.mechanism=PLAIN, ssl.cafile=..., client.id=...); "
+         "STREAMGNN_KAFKA_<SETTING> variables override them.")]
 TopicPrefixOpt = Annotated[str, typer.Option(
     "--topic-prefix", envvar="STREAMGNN_TOPIC_PREFIX",
     help="Prefix of every topic name (graph-updates, label-changes, dead-letters, ...).")]
@@ -66,6 +74,18 @@ def _topics(prefix: str):
     from streamgnn.stream import Topics
 
     return Topics.prefixed(prefix)
+
+
+def _kafka(bootstrap_servers: str, file: Path | None) -> KafkaConfig:
+    """The brokers and the client settings from ``file`` and ``STREAMGNN_KAFKA_*``."""
+    from streamgnn.errors import KafkaConfigError
+    from streamgnn.stream.kafka_config import KafkaConfig
+
+    try:
+        return KafkaConfig.load(bootstrap_servers, file)
+    except KafkaConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--kafka-config / STREAMGNN_KAFKA_*"
+                                 ) from None
 
 
 def _snapshot(dataset: str, seed: int, holdout: float):
@@ -195,37 +215,21 @@ def bootstrap(
 
 
 def _bootstrap(data, model, device: str) -> None:
-    import torch
+    from streamgnn.models.bootstrap import compare_bootstrap
 
-    from streamgnn.graph import DynamicGraph
-    from streamgnn.models import decompose, layerwise_inference
-    from streamgnn.models.gnn import pyg_forward
-
-    t = time.perf_counter()
-    graph = DynamicGraph.from_data(data)
-    t_graph = time.perf_counter() - t
-    model = model.to(device)
-    t = time.perf_counter()
-    hs = layerwise_inference(decompose(model), graph, device=device)
-    t_ours = time.perf_counter() - t
-    t = time.perf_counter()
-    ref = pyg_forward(model, data, device)
-    t_pyg = time.perf_counter() - t
-    err = (hs[-1] - ref).abs().max().item()
+    r = compare_bootstrap(data, model, device)
     table = Table(title=f"bootstrap of {data.name} ({device})")
     table.add_column("step")
     table.add_column("value", justify="right")
-    rows = [("graph store load", f"{t_graph:.2f} s"),
-            ("layer-wise inference (all layers)", f"{t_ours:.2f} s"),
-            ("PyG forward pass (edge_index)", f"{t_pyg:.2f} s"),
-            ("ratio ours / PyG", f"{t_ours / t_pyg:.2f}x"),
-            ("max |ours - PyG|", f"{err:.2e}")]
-    if data.y is not None:
-        y = torch.from_numpy(data.y).to(device)
-        acc = (hs[-1].argmax(-1) == y).float().mean().item()
-        rows.append(("accuracy of bootstrapped labels (all vertices)", f"{acc:.3f}"))
-    for r in rows:
-        table.add_row(*r)
+    rows = [("graph store load", f"{r.graph_s:.2f} s"),
+            ("layer-wise inference (all layers)", f"{r.layerwise_s:.2f} s"),
+            ("PyG forward pass (edge_index)", f"{r.pyg_s:.2f} s"),
+            ("ratio ours / PyG", f"{r.layerwise_s / r.pyg_s:.2f}x"),
+            ("max |ours - PyG|", f"{r.max_error:.2e}")]
+    if r.accuracy is not None:
+        rows.append(("accuracy of bootstrapped labels (all vertices)", f"{r.accuracy:.3f}"))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
 
 
@@ -239,6 +243,7 @@ def demo(
     device: DeviceOpt = "cpu",
     state_dir: BrokerDirOpt = DEFAULT_BROKER_DIR,
     port: BrokerPortOpt = 19092,
+    kafka_config: KafkaConfigOpt = None,
 ) -> None:
     """The whole product on one machine: start the embedded broker (unless one runs),
     synthesize a graph, train on its 80 % snapshot, bootstrap all layer embeddings, serve,
@@ -249,11 +254,13 @@ def demo(
     from streamgnn.stream.broker import EmbeddedBroker
 
     keep_freed_memory()
+    broker = EmbeddedBroker(state_dir, port=port)
+    kafka = _kafka(broker.bootstrap, kafka_config)
     out = Path("artifacts") / f"{model}-{dataset}.pt"
     full, data, events, result = _train(dataset, model, 128, 2, epochs, out, 0.2, seed)
     _bootstrap(data, result.checkpoint.model(), device)
-    summary = run_demo(EmbeddedBroker(state_dir, port=port), full, data, events,
-                       result.checkpoint, batch_size, device, console)
+    summary = run_demo(broker, kafka, full, data, events, result.checkpoint, batch_size,
+                       device, console)
     _print_stats(summary.stats, extra=summary.rows)
 
 
@@ -339,13 +346,22 @@ def serve(
         envvar="STREAMGNN_MAX_RESTARTS", help="With --workers: restarts of a failed job "
         "(backoff 1, 2, 4 ... s) before giving up.")] = 3,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
     device: DeviceOpt = "cpu",
     calibration: CalibrationOpt = DEFAULT_CALIBRATION,
+    http: Annotated[str, typer.Option(
+        envvar="STREAMGNN_HTTP", help="Serve the REST API (embeddings, labels, neighbours, "
+        "queries, status, /metrics, /healthz, /readyz; OpenAPI at /docs) on HOST:PORT, "
+        "or off.")] = "127.0.0.1:8080",
+    http_token: Annotated[str | None, typer.Option(
+        envvar="STREAMGNN_HTTP_TOKEN", help="Bearer token every /v1 and /metrics request "
+        "must send (Authorization: Bearer TOKEN); required beyond loopback.")] = None,
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
     exact, publish label-changes and dead-letters, checkpoint state and offsets; answer
-    query-requests on query-results between two batches (`streamgnn query` sends one).
+    query-requests on query-results between two batches (`streamgnn query` sends one),
+    and REST reads and queries on --http, each from the state between two batches.
 
     Ctrl-C or SIGTERM (docker stop, Kubernetes) stops at the next batch boundary and
     writes a checkpoint; a second one aborts at once (the last checkpoint and the journal
@@ -356,6 +372,13 @@ def serve(
 
     With --workers N it supervises an MPI job; `mpiexec -n N+1 streamgnn serve ...` runs
     the job itself (N taken from the job's size), without restarts."""
+    from streamgnn.api.bind import parse_bind
+
+    kafka = _kafka(bootstrap_servers, kafka_config)
+    try:
+        listen = parse_bind(http, http_token)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--http") from None
     if workers and os.environ.get(_MPI_JOB) != "1":
         raise typer.Exit(_supervise(workers, max_restarts, _rank_files(state_dir)))
     comm = _mpi_world()
@@ -375,7 +398,7 @@ def serve(
         _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
                until_idle, max_abs_feature, max_abs_weight, quarantine_after,
-               bootstrap_servers, topic_prefix, device, mpi_workers, calibration)
+               kafka, topic_prefix, device, mpi_workers, calibration, listen, http_token)
     except BaseException as e:
         if mpi_workers is not None:  # never leave the workers waiting
             import traceback
@@ -511,13 +534,16 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
 
 def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
            arrival_wait, checkpoint_every, checkpoint_seconds, partitions, placement,
-           until_idle, max_abs_feature, max_abs_weight, quarantine_after, bootstrap_servers,
-           topic_prefix, device, mpi_workers, calibration) -> None:
-    """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given)."""
+           until_idle, max_abs_feature, max_abs_weight, quarantine_after, kafka,
+           topic_prefix, device, mpi_workers, calibration, listen, http_token) -> None:
+    """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given), with
+    the REST API on ``listen`` (host, port) unless it is None."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
-    from streamgnn.stream.kafka import KafkaTransport, ensure_topics
+    from streamgnn.router.reads import Reads
+    from streamgnn.stream.kafka import KafkaTransport
+    from streamgnn.stream.kafka_tools import ensure_topics
     from streamgnn.workers import Engine
     from streamgnn.workers.executors import Calibration
 
@@ -528,7 +554,8 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                            checkpoint_s=checkpoint_seconds, max_abs_feature=max_abs_feature,
                            max_abs_weight=max_abs_weight, quarantine_after=quarantine_after,
                            topics=topics)
-    ensure_topics(bootstrap_servers, topics.all())
+    ensure_topics(kafka, topics.all())
+    reads = Reads()
     checkpoints = Checkpoints(state_dir)
     if checkpoints.kept():
         console.print(f"resuming from {checkpoints.folder(checkpoints.kept()[-1])}")
@@ -556,14 +583,14 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
 
     def open_service() -> Service:
         service = Service.open(lambda: Checkpoint.load(checkpoint), start,
-                               KafkaTransport(bootstrap_servers, topics.updates), config,
+                               KafkaTransport(kafka, topics.updates), config,
                                checkpoints, device, mpi_workers,
-                               KafkaTransport(bootstrap_servers, topics.queries))
+                               KafkaTransport(kafka, topics.queries), reads)
         if calibration.exists():
             service.engine.executors.calibration = Calibration.load(calibration)
         bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} and "
                   f"{topics.queries} -> {topics.results} at "
-                  f"{bootstrap_servers} (batch {batch_size}, from batch "
+                  f"{kafka.bootstrap_servers} (batch {batch_size}, from batch "
                   f"{service.batch_seq + 1}); Ctrl-C stops")
         current["service"] = service
         return service
@@ -576,22 +603,33 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
         bar.set_postfix(labels=stats.label_changes, dead=sum(stats.dead_letters.values()),
                         refresh=False)
 
+    server = _http_server(reads, listen, http_token)  # /healthz answers while bootstrapping
     try:
         service = run_recovering(
             open_service, lambda e: bar.write(f"{e}\nrecovering from the last checkpoint"),
             stop=stopping.is_set, idle_exit_s=until_idle, on_batch=progress)
     finally:
         bar.close()
+        if server is not None:
+            server.stop()
     if stopping.is_set():
         console.print(f"stopped after batch {service.batch_seq}: checkpoint written")
     _print_stats(service.stats)
 
 
-def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
-    import numpy as np
+def _http_server(reads, listen: tuple[str, int] | None, token: str | None):
+    """The REST API's server, started (None when ``listen`` is None)."""
+    if listen is None:
+        return None
+    from streamgnn.api.server import HttpServer
 
+    server = HttpServer(reads, *listen, token).start()
+    console.print(f"REST API on {server.url} (OpenAPI at {server.url}/docs)")
+    return server
+
+
+def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
     wall = time.perf_counter() - stats.started
-    lat = stats.latencies()
     table = Table(title="streaming service")
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -605,9 +643,10 @@ def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
                                        sorted(stats.dead_letters.items())) or "0"),
             ("queries answered / refused", f"{stats.queries['answered']:,} / "
              f"{sum(stats.queries.values()) - stats.queries['answered']:,}")]
-    if len(lat):
+    if stats.latency.count:
         rows.append(("latency produce -> publish p50 / p99",
-                     f"{np.median(lat):.1f} / {np.percentile(lat, 99):.1f} ms"))
+                     f"{stats.latency.percentile(50):.1f} / "
+                     f"{stats.latency.percentile(99):.1f} ms"))
     for row in [*rows, *extra]:
         table.add_row(*row)
     console.print(table)
@@ -623,6 +662,7 @@ def produce(
         min=1, help="Updates per Kafka message (a JSON array; 1 sends each alone). "
         "Messages go when full or 20 ms after their first update.")] = 100,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Send a file of updates to graph-updates, stamping event time where missing; each
@@ -633,11 +673,12 @@ def produce(
 
     from tqdm.auto import tqdm
 
-    from streamgnn.stream.kafka import UpdateSender, ensure_topics
+    from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics
 
+    kafka = _kafka(bootstrap_servers, kafka_config)
     topics = _topics(topic_prefix)
-    ensure_topics(bootstrap_servers, topics.all())
-    out = UpdateSender(bootstrap_servers, topics.updates, per_message)
+    ensure_topics(kafka, topics.all())
+    out = UpdateSender(kafka, topics.updates, per_message)
     start, sent = time.perf_counter(), 0
     with (contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
           else open(file, "rb")) as lines:
@@ -705,6 +746,7 @@ def query(
         help="Ask for the output embeddings too (printed as their first values).")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer.")] = 30.0,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Send one query to query-requests and print its answer from query-results: each
@@ -717,9 +759,10 @@ def query(
     import orjson
 
     from streamgnn.stream import QueryResult, encode
-    from streamgnn.stream.kafka import ensure_topics, request_reply
+    from streamgnn.stream.kafka_tools import ensure_topics, request_reply
     from streamgnn.stream.schemas import DecodeError, decode_query
 
+    kafka = _kafka(bootstrap_servers, kafka_config)
     with (contextlib.nullcontext(sys.stdin.buffer) if str(request) == "-"
           else open(request, "rb")) as f:
         raw = f.read()
@@ -731,9 +774,9 @@ def query(
     except (orjson.JSONDecodeError, AttributeError, DecodeError) as e:
         raise typer.BadParameter(f"not a query request: {e}") from None
     topics = _topics(topic_prefix)
-    ensure_topics(bootstrap_servers, topics.all())
+    ensure_topics(kafka, topics.all())
     wanted = req.event_id.encode()
-    reply = request_reply(bootstrap_servers, topics.queries, encode(req), topics.results,
+    reply = request_reply(kafka, topics.queries, encode(req), topics.results,
                           lambda value: wanted in value, timeout)
     if reply is None:
         console.print(f"[red]no answer within {timeout:g} s[/]: is `streamgnn serve` "
@@ -765,20 +808,22 @@ def watch(
     idle: Annotated[float | None, typer.Option(help="Exit after this many quiet "
                                                "seconds.")] = None,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Print label changes (or dead letters, or query results) as they are published."""
     import json
 
-    from streamgnn.stream.kafka import follow
+    from streamgnn.stream.kafka_tools import follow
 
+    kafka = _kafka(bootstrap_servers, kafka_config)
     topics = _topics(topic_prefix)
     names = {"labels": topics.labels, "dead-letters": topics.dead_letters,
              "results": topics.results}
     if what not in names:
         raise typer.BadParameter(f"{what!r}: choose labels, dead-letters or results")
     try:
-        for record in follow(bootstrap_servers, names[what], from_beginning, idle):
+        for record in follow(kafka, names[what], from_beginning, idle):
             m = json.loads(record.value)
             if what == "labels":
                 for c in m["changes"]:
@@ -863,6 +908,7 @@ def replay_run(
         min=0.0, help="The rate did not hold if the sender fell this many "
         "seconds behind, or this many seconds of ops were in flight when it stopped.")] = 1.0,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
+    kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
 ) -> None:
     """Replay a trace open-loop at --rate ops/s against a running `streamgnn serve`:
@@ -877,15 +923,16 @@ def replay_run(
     from streamgnn.replay.report import write_report
     from streamgnn.replay.runner import RunSettings, run_replay, schedule_for
     from streamgnn.replay.trace import TraceError, open_trace
-    from streamgnn.stream.kafka import ensure_topics
+    from streamgnn.stream.kafka_tools import ensure_topics
 
     topics = _topics(topic_prefix)
-    settings = RunSettings(str(trace), rate, pacing, duration, bootstrap_servers, topics,
+    kafka = _kafka(bootstrap_servers, kafka_config)
+    settings = RunSettings(str(trace), rate, pacing, duration, kafka, topics,
                            http, http_token, read_workers, drain, lag_limit_s=lag_limit)
     try:
         opened = open_trace(trace)
         schedule = schedule_for(opened, settings)
-        ensure_topics(bootstrap_servers, topics.all())
+        ensure_topics(kafka, topics.all())
     except (TraceError, ValueError, ConnectionError) as e:
         console.print(f"[red]{e}[/]", highlight=False)
         raise typer.Exit(2) from None

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from streamgnn.datasets import GraphData
 from streamgnn.models.gnn import pyg_forward
@@ -30,9 +31,13 @@ from streamgnn.models.zoo import Checkpoint
 from streamgnn.router import Service, ServiceConfig, Stats
 from streamgnn.stream import LabelChange, LabelChanges, Topics, encode
 from streamgnn.stream.broker import EmbeddedBroker
-from streamgnn.stream.kafka import KafkaTransport, ensure_topics, follow, reachable
+from streamgnn.stream.kafka import KafkaTransport
+from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.kafka_tools import ensure_topics, follow, reachable
 from streamgnn.updates import Update
 from streamgnn.workers import Engine
+
+READ_BACK_S = 30.0  # how long the summary waits for the last label changes to be read
 
 
 @dataclass
@@ -44,31 +49,38 @@ class Summary:
 class _LabelFeed(threading.Thread):
     """Follows the label-changes topic: a count and the latest few, for the live view."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, kafka: KafkaConfig, topic: str) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.topic = bootstrap, topic
+        self.kafka, self.topic = kafka, topic
         self.seen = 0
         self.latest: deque[tuple[int, LabelChange]] = deque(maxlen=8)  # (batch, change)
-        self.done = threading.Event()
+        self._read = threading.Condition()
 
     def run(self) -> None:
-        for record in follow(self.bootstrap, self.topic, from_beginning=True, idle_s=None):
+        for record in follow(self.kafka, self.topic, from_beginning=True, idle_s=None):
             message = LabelChanges.model_validate_json(record.value)
-            self.seen += len(message.changes)
-            self.latest += [(message.batch, c) for c in message.changes[:2]]
-            if self.done.is_set():
-                return
+            with self._read:
+                self.seen += len(message.changes)
+                self.latest += [(message.batch, c) for c in message.changes[:2]]
+                self._read.notify_all()
+
+    def wait_for(self, count: int, timeout_s: float) -> bool:
+        """Wait until ``count`` label changes were read back; whether they were."""
+        with self._read:
+            return self._read.wait_for(lambda: self.seen >= count, timeout_s)
 
 
-def run_demo(broker: EmbeddedBroker, full: GraphData, snapshot: GraphData,
-             events: list[Update], checkpoint: Checkpoint, batch_size: int, device: str,
-             console: Console) -> Summary:
+def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
+             snapshot: GraphData, events: list[Update], checkpoint: Checkpoint,
+             batch_size: int, device: str, console: Console) -> Summary:
+    """The demo against ``broker`` (started here unless it runs), reached with ``kafka``'s
+    client settings."""
     started_broker = not reachable(broker.bootstrap, 0.5)
     if started_broker:
         broker.start()
         console.print(f"embedded broker started at {broker.bootstrap}")
     try:
-        return _serve_and_stream(broker.bootstrap, full, snapshot, events, checkpoint,
+        return _serve_and_stream(kafka, full, snapshot, events, checkpoint,
                                  batch_size, device, console)
     finally:
         if started_broker:
@@ -76,23 +88,25 @@ def run_demo(broker: EmbeddedBroker, full: GraphData, snapshot: GraphData,
             console.print("embedded broker stopped")
 
 
-def _serve_and_stream(bootstrap: str, full: GraphData, snapshot: GraphData,
+def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
                       events: list[Update], checkpoint: Checkpoint, batch_size: int,
                       device: str, console: Console) -> Summary:
     prefix = f"demo-{uuid.uuid4().hex[:6]}-"
     topics = Topics.prefixed(prefix)
-    ensure_topics(bootstrap, topics.all())
+    ensure_topics(kafka, topics.all())
     with tempfile.TemporaryDirectory() as tmp:
         stream = Path(tmp) / "held-out.jsonl"
         stream.write_bytes(b"".join(encode(u) + b"\n" for u in events))
         engine = Engine.from_pyg(checkpoint.model(), snapshot, device=device)
-        service = Service(engine, checkpoint, KafkaTransport(bootstrap, topics.updates),
+        service = Service(engine, checkpoint, KafkaTransport(kafka, topics.updates),
                           ServiceConfig(batch_size=batch_size, topics=topics))
-        feed = _LabelFeed(bootstrap, topics.labels)
+        feed = _LabelFeed(kafka, topics.labels)
         feed.start()
         producer = subprocess.Popen(
-            [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b", bootstrap,
-             "--topic-prefix", prefix], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b",
+             kafka.bootstrap_servers, "--topic-prefix", prefix,
+             *(["--kafka-config", str(kafka.file)] if kafka.file else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         console.print(f"producing {len(events):,} held-out updates to {topics.updates}; "
                       f"serving in batches of {batch_size:,}")
         with Live(_view(service, feed, len(events)), console=console,
@@ -101,24 +115,34 @@ def _serve_and_stream(bootstrap: str, full: GraphData, snapshot: GraphData,
                 stop=lambda: producer.poll() is not None and (
                     producer.returncode != 0 or service.stats.events >= len(events)),
                 on_batch=lambda _: live.update(_view(service, feed, len(events))))
+            read_back = feed.wait_for(stats.label_changes, READ_BACK_S)
             live.update(_view(service, feed, len(events)))
+        console.line()
         if producer.wait() != 0:
             raise RuntimeError(f"the producer failed: {producer.stderr.read().decode()}")
-        feed.done.set()
-    return Summary(stats, _check(service.engine, checkpoint, full, device))
+    missing = stats.label_changes - feed.seen
+    rows = [("label changes published / read back",
+             f"{stats.label_changes:,} / {feed.seen:,}"
+             + ("" if read_back else f" ({missing:,} not read back in {READ_BACK_S:g} s)")),
+            # the producer sends as fast as it can: an update mostly waits behind earlier
+            # ones, so the latency is queueing, and processing speed is 'while busy'
+            ("latency p50 / p99 is mostly", "queueing (the producer is unpaced)")]
+    return Summary(stats, rows + _check(service.engine, checkpoint, full, device))
 
 
-def _view(service: Service, feed: _LabelFeed, total: int) -> Table:
+def _view(service: Service, feed: _LabelFeed, total: int) -> Group:
+    """The live panel, within 80 columns: progress, then the latest label changes."""
     s = service.stats
-    table = Table(title=f"applied {s.applied:,} / {total:,} updates, batch {service.batch_seq}"
-                        f", {s.label_changes:,} label changes published "
-                        f"({feed.seen:,} read back from the topic)")
+    table = Table(title="latest label changes", title_justify="left")
     for col in ("batch", "vertex", "old", "new"):
         table.add_column(col, justify="right")
-    for batch, c in feed.latest:
+    for batch, c in list(feed.latest):
         table.add_row(str(batch), str(c.vertex), "new" if c.old is None else str(c.old),
                       str(c.new))
-    return table
+    return Group(Text(f"applied {s.applied:,} / {total:,} updates in "
+                      f"{service.batch_seq:,} batches"),
+                 Text(f"label changes: {s.label_changes:,} published, {feed.seen:,} read "
+                      "back"), table)
 
 
 def _check(engine: Engine, checkpoint: Checkpoint, full: GraphData,
@@ -128,7 +152,7 @@ def _check(engine: Engine, checkpoint: Checkpoint, full: GraphData,
     ref = pyg_forward(checkpoint.model().to(device), current, device)
     t_full = time.perf_counter() - t
     err = float(np.abs(engine.lookup(current.ids) - ref.cpu().numpy()).max())
-    rows = [("max |engine - PyG forward on the final graph|", f"{err:.1e}"),
+    rows = [("max |engine - PyG forward|, final graph", f"{err:.1e}"),
             ("one PyG forward pass on the final graph", f"{t_full:.2f} s")]
     if full.y is not None:
         acc = float((engine.label(full.ids) == full.y).mean())

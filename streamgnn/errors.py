@@ -96,3 +96,9 @@ class NonFiniteEmbeddingError(StreamGNNError, ArithmeticError):
 
 class UnsupportedModelError(StreamGNNError, TypeError):
     """A model, layer or layer option streamgnn cannot decompose exactly."""
+
+
+class KafkaConfigError(StreamGNNError, ValueError):
+    """A Kafka client setting (from ``--kafka-config`` or a ``STREAMGNN_KAFKA_*`` variable)
+    that is unknown, owned by streamgnn, or of the wrong type; the message names it and
+    where it came from."""

@@ -10,7 +10,8 @@ import pytest
 
 from streamgnn.stream import Topics
 from streamgnn.stream.broker import EmbeddedBroker
-from streamgnn.stream.kafka import ensure_topics
+from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.kafka_tools import ensure_topics
 
 
 def free_port() -> int:
@@ -27,9 +28,15 @@ def broker(tmp_path_factory):
     b.stop()
 
 
+@pytest.fixture(scope="session")
+def kafka(broker) -> KafkaConfig:
+    """The broker's address with default client settings."""
+    return KafkaConfig(broker.bootstrap)
+
+
 @pytest.fixture
-def topics(broker) -> Topics:
+def topics(kafka) -> Topics:
     prefix = f"t{uuid.uuid4().hex[:8]}-"
     t = Topics.prefixed(prefix)
-    ensure_topics(broker.bootstrap, t.all())
+    ensure_topics(kafka, t.all())
     return t

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,14 +50,18 @@ def test_demo_streams_the_held_out_updates_through_kafka_exactly(tmp_path):
                "--port", str(free_port()), "--state-dir", str(tmp_path / "broker"),
                cwd=tmp_path)
     assert "embedded broker started" in text and "embedded broker stopped" in text
-    assert "label changes published" in text
-    err = float(text.split("max |engine - PyG forward on the final graph|")[1].split("│")[1])
+    published, read = re.search(
+        r"label changes published / read back\s*│\s*([\d,]+) / ([\d,]+)", text).groups()
+    assert published == read and int(published.replace(",", "")) > 0
+    assert all(len(line) <= 80 for line in text.splitlines())
+    err = float(text.split("max |engine - PyG forward|, final graph")[1].split("│")[1])
     assert err < 1e-4
 
 
 def test_docker_compose_points_the_service_at_its_kafka_with_variables_serve_reads(tmp_path):
     """Parsed, not run (no Docker engine here): the service talks to the compose file's
-    Kafka and every STREAMGNN_ variable it sets is one `serve` reads."""
+    Kafka, every STREAMGNN_ variable it sets is one `serve` reads, and its REST port is
+    published and health-checked through /healthz."""
     import typer
     import yaml
 
@@ -72,6 +77,13 @@ def test_docker_compose_points_the_service_at_its_kafka_with_variables_serve_rea
     serve = typer.main.get_command(app).commands["serve"]
     known = {p.envvar for p in serve.params if p.envvar}
     assert {k for k in env if k.startswith("STREAMGNN_")} <= known
+    # the REST port: a bind `serve` accepts with the token, published, health-checked
+    from streamgnn.api.bind import parse_bind
+
+    _, port = parse_bind(env["STREAMGNN_HTTP"], env["STREAMGNN_HTTP_TOKEN"])
+    assert env["STREAMGNN_HTTP_TOKEN"].startswith("${STREAMGNN_HTTP_TOKEN:?")
+    assert any(p.endswith(f":{port}") for p in service["ports"])
+    assert f"127.0.0.1:{port}/healthz" in " ".join(service["healthcheck"]["test"])
 
 
 def test_produce_serve_watch_round_trip(tmp_path, broker, topics):
@@ -87,7 +99,7 @@ def test_produce_serve_watch_round_trip(tmp_path, broker, topics):
     assert "301 updates" in run("produce", "u.jsonl", "--per-message", "25", *common,
                                 cwd=tmp_path)
     run("serve", "-c", "m.pt", "--dataset", "tiny", "--bs", "50", "--until-idle", "2",
-        "--state-dir", "state", *common, cwd=tmp_path)
+        "--state-dir", "state", "--http", "off", *common, cwd=tmp_path)
     labels = run("watch", "labels", "--from-beginning", "--idle", "2", *common,
                  cwd=tmp_path).splitlines()
     assert labels and all(line.split()[0] == "batch" and "->" in line for line in labels)
@@ -118,7 +130,7 @@ def test_query_asks_the_running_service_and_prints_its_answer(tmp_path, broker, 
         "vertices": [{"id": -7, "x": x}], "edges": [{"src": v, "dst": w}]}))
     serve = subprocess.Popen(
         [sys.executable, "-m", "streamgnn.cli", "serve", "-c", "m.pt", "--dataset", "tiny",
-         "--until-idle", "20", "--state-dir", "state", *common], cwd=tmp_path,
+         "--until-idle", "20", "--state-dir", "state", "--http", "off", *common], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "COLUMNS": "200"})
     try:
@@ -134,3 +146,63 @@ def test_query_asks_the_running_service_and_prints_its_answer(tmp_path, broker, 
     finally:
         serve.terminate()
         serve.wait(60)
+
+
+def test_serve_answers_rest_reads_of_the_vertices_it_serves(tmp_path, broker, topics):
+    """`serve --http` as a user runs it: /readyz once bootstrapped, then a vertex read
+    names the batch it saw, and the held-out updates produced meanwhile advance it."""
+    import os
+    import time
+
+    import httpx
+
+    import streamgnn as sg
+
+    prefix = topics.updates.removesuffix("graph-updates")
+    common = ("-b", broker.bootstrap, "--topic-prefix", prefix)
+    run("train", "--dataset", "tiny", "--model", "sage-mean", "--epochs", "2", "--hidden",
+        "8", "--out", "m.pt", cwd=tmp_path)
+    run("datasets", "holdout", "tiny", "-o", "u.jsonl", cwd=tmp_path)
+    snapshot, _ = sg.datasets.split_stream(sg.datasets.synthetic("tiny", 0), 0.2, 0)
+    v = int(snapshot.ids[0])
+    port = free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "streamgnn.cli", "serve", "-c", "m.pt", "--dataset", "tiny",
+         "--bs", "50", "--state-dir", "state", "--http", f"127.0.0.1:{port}", *common],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200"})
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:  # not listening yet
+                    pass
+                assert serve.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            first = http.get(f"/v1/vertices/{v}").json()
+            assert first["id"] == v and first["batch"] == 0 and first["layer"] == 2
+            assert len(first["embedding"]) == 6 and 0 <= first["label"] < 6
+            assert http.get("/v1/vertices/-5").json()["reason"].startswith("vertex -5 ")
+            run("produce", "u.jsonl", *common, cwd=tmp_path)
+            while http.get("/v1/status").json()["batch"] == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            assert http.get(f"/v1/vertices/{v}").json()["batch"] > 0
+            assert "streamgnn_batches_total" in http.get("/metrics").text
+    finally:
+        serve.terminate()
+        out = serve.communicate(timeout=60)[0]
+    assert f"REST API on http://127.0.0.1:{port}" in out, out
+
+
+def test_serve_refuses_to_listen_beyond_loopback_without_a_token(tmp_path):
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "streamgnn.cli", "serve", "--http",
+                          "0.0.0.0:8080"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 2
+    assert "needs a bearer token" in out.stderr and "STREAMGNN_HTTP_TOKEN" in out.stderr

@@ -145,3 +145,17 @@ def test_checkpoint_rejects_foreign_files(tmp_path):
     torch.save({"weights": 1}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a streamgnn checkpoint"):
         Checkpoint.load(tmp_path / "x.pt")
+
+
+def test_bootstrap_comparison_times_both_and_agrees_with_pyg():
+    from streamgnn.models.bootstrap import compare_bootstrap
+
+    data = sg.datasets.synthetic("tiny", 0)
+    spec = ModelSpec("sage-mean", data.num_features, data.num_classes, 16, 2)
+    torch.manual_seed(0)
+    model = spec.build().eval()
+    report = compare_bootstrap(data, model)
+    assert report.max_error < 1e-4
+    assert min(report.graph_s, report.layerwise_s, report.pyg_s) > 0
+    expected = (pyg_layers(model, data)[-1].argmax(-1).numpy() == data.y).mean()
+    assert report.accuracy == pytest.approx(expected)

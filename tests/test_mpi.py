@@ -71,7 +71,8 @@ def serve_command(tmp_path, broker, topics, state, *extra) -> list[str]:
     return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
             "--dataset", "tiny", "--state-dir", str(state), "--bs", "20",
             "--checkpoint-every", "10", "-b", broker.bootstrap, "--workers", "2",
-            "--topic-prefix", topics.updates.removesuffix("graph-updates"), *extra]
+            "--topic-prefix", topics.updates.removesuffix("graph-updates"), "--http", "off",
+            *extra]
 
 
 def rank_pids(state) -> dict[int, int]:
@@ -99,7 +100,8 @@ def final_engine(state, model):
     return saved, Engine.read(model.model(), saved.folder)
 
 
-def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker, tmp_path):
+def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker, kafka,
+                                                                         tmp_path):
     """`serve --workers 2` (rank 0 + 2 worker ranks under mpiexec) on a paced LinkBench
     stream; kill -9 of worker rank 2, later of rank 0: the job stops, the supervisor
     restarts it from its last checkpoint; the final state equals a one-process run's,
@@ -112,7 +114,7 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     import numpy as np
 
     from streamgnn.stream import LabelChanges, Topics
-    from streamgnn.stream.kafka import ensure_topics, follow
+    from streamgnn.stream.kafka_tools import ensure_topics, follow
     from tests.conftest import pyg_layers
     from tests.test_stream import linkbench_stream, messages, tiny_setup
     from tests.test_torture import send
@@ -121,8 +123,8 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     events = linkbench_stream(snapshot, held_out, 30)
     model.save(tmp_path / "model.pt")
     topics = Topics.prefixed(f"w{uuid.uuid4().hex[:6]}-")
-    ensure_topics(broker.bootstrap, topics.all())
-    producer = threading.Thread(target=send, args=(broker.bootstrap, topics.updates, events,
+    ensure_topics(kafka, topics.all())
+    producer = threading.Thread(target=send, args=(kafka, topics.updates, events,
                                                    20.0))
     producer.start()
     state = tmp_path / "state"
@@ -150,7 +152,7 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
 
     saved, engine = final_engine(state, model)
     assert saved.meta["positions"] == {"0": len(list(follow(
-        broker.bootstrap, topics.updates, True, idle_s=1.0)))}
+        kafka, topics.updates, True, idle_s=1.0)))}
     assert engine.num_partitions == 2
     current = engine.graph.to_data()
     expected = sg_graph_after(snapshot, events)
@@ -158,9 +160,9 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     assert current.num_edges == expected.num_edges
     for layer, ref in enumerate(pyg_layers(model.model(), current)):
         assert np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max() < 1e-4
-    assert messages(broker, topics.dead_letters) == []
+    assert messages(kafka, topics.dead_letters) == []
     first: dict[str, bytes] = {}
-    for record in follow(broker.bootstrap, topics.labels, True, idle_s=1.0):
+    for record in follow(kafka, topics.labels, True, idle_s=1.0):
         event_id = LabelChanges.model_validate_json(record.value).event_id
         assert first.setdefault(event_id, record.value) == record.value, event_id
 
@@ -190,3 +192,59 @@ def test_serve_with_workers_stops_at_once_on_a_configuration_error(broker, tmp_p
     assert "unknown placement 'bogus'" in run.stdout + run.stderr
     assert "not restarting" in run.stdout and "restart 1 of" not in run.stdout
     assert not list((tmp_path / "state").glob("gen-*/manifest.json"))
+
+
+def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, kafka,
+                                                                      tmp_path):
+    """`serve --workers 2 --http`: the router holds no rows; a vertex read, a lookup and a
+    query over REST fetch them from the worker ranks and equal a one-process engine."""
+    import signal
+    import time
+    import uuid
+
+    import httpx
+    import numpy as np
+
+    import streamgnn as sg
+    from streamgnn.stream import Topics
+    from streamgnn.stream.kafka_tools import ensure_topics
+    from tests.kafka_fixtures import free_port
+    from tests.test_stream import tiny_setup
+
+    _, snapshot, _, model = tiny_setup()
+    model.save(tmp_path / "model.pt")
+    topics = Topics.prefixed(f"h{uuid.uuid4().hex[:6]}-")
+    ensure_topics(kafka, topics.all())
+    port = free_port()
+    job = subprocess.Popen(serve_command(tmp_path, broker, topics, tmp_path / "state",
+                                         "--http", f"127.0.0.1:{port}"),
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    local = sg.Engine.from_pyg(model.model(), snapshot)
+    ids = [int(i) for i in snapshot.ids[[0, 5, 9]]]
+    f = snapshot.num_features
+    query = {"vertices": [{"id": -1, "x": [0.5] * f}], "embeddings": True,
+             "edges": [{"src": -1, "dst": ids[0]}, {"src": ids[1], "dst": -1}]}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            deadline = time.monotonic() + 240
+            while True:
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert job.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            one = http.get(f"/v1/vertices/{ids[0]}", params={"layer": 1}).json()
+            many = http.post("/v1/vertices/lookup", json={"ids": ids}).json()
+            answer = http.post("/v1/queries", json=query).json()
+    finally:
+        job.send_signal(signal.SIGTERM)
+        log = job.communicate(timeout=120)[0]
+    assert job.returncode == 0, log[-4000:]
+    assert np.abs(np.array(one["embedding"]) - local.lookup([ids[0]], 1)[0]).max() < 1e-5
+    assert np.abs(np.array(many["embeddings"]) - local.lookup(ids)).max() < 1e-5
+    assert many["labels"] == local.label(ids).tolist()
+    want = local.query(sg.QueryRequest.model_validate(query))
+    assert np.abs(np.array(answer["embeddings"]) - want.embeddings).max() < 1e-5

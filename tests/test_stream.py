@@ -30,13 +30,8 @@ from streamgnn.stream import (
     label_changes_json,
 )
 from streamgnn.stream.broker import BrokerError, EmbeddedBroker
-from streamgnn.stream.kafka import (
-    KafkaTransport,
-    UpdateSender,
-    ensure_topics,
-    follow,
-    producer,
-)
+from streamgnn.stream.kafka import KafkaTransport, producer
+from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics, follow
 from tests.conftest import pyg_layers
 from tests.kafka_fixtures import free_port
 from tests.reference import update_strategy
@@ -96,20 +91,20 @@ def test_fast_label_changes_json_is_the_schema(changes, batch, at):
         changes=[LabelChange(vertex=v, old=o, new=n) for v, o, n in changes])
 
 
-def test_update_sender_keeps_each_vertex_in_order_on_its_partition(broker):
+def test_update_sender_keeps_each_vertex_in_order_on_its_partition(kafka):
     topic = f"sender-{uuid.uuid4().hex[:8]}"
-    ensure_topics(broker.bootstrap, [topic], partitions=3)
-    out = UpdateSender(broker.bootstrap, topic, per_message=4, linger_s=0.05)
+    ensure_topics(kafka, [topic], partitions=3)
+    out = UpdateSender(kafka, topic, per_message=4, linger_s=0.05)
     out.send(encode(sg.AddEdge(src=7, dst=1)))
     out.idle(0.2)  # a message waiting for more updates leaves after its linger time
-    assert [json.loads(r.value)[0]["dst"] for r in follow(broker.bootstrap, topic, True,
+    assert [json.loads(r.value)[0]["dst"] for r in follow(kafka, topic, True,
                                                            idle_s=1.0)] == [1]
     sent = [sg.AddEdge(src=i % 6, dst=100 + i) for i in range(40)]
     for u in sent:
         out.send(encode(u))
     out.send(b"{oops")
     out.close()
-    records = list(follow(broker.bootstrap, topic, True, idle_s=1.0))
+    records = list(follow(kafka, topic, True, idle_s=1.0))
     assert b"{oops" in [r.value for r in records]  # unparsable lines go as they are
     got: dict[int, list[int]] = {}
     for r in records:
@@ -123,14 +118,14 @@ def test_update_sender_keeps_each_vertex_in_order_on_its_partition(broker):
     assert got == {7: [1]} | {s: [u.dst for u in sent if u.src == s] for s in range(6)}
 
 
-def test_transport_positions_follow_what_was_handed_out_not_what_was_prefetched(broker):
+def test_transport_positions_follow_what_was_handed_out_not_what_was_prefetched(kafka):
     topic = f"prefetch-{uuid.uuid4().hex[:8]}"
-    ensure_topics(broker.bootstrap, [topic], partitions=2)
-    out = producer(broker.bootstrap)
+    ensure_topics(kafka, [topic], partitions=2)
+    out = producer(kafka)
     for i in range(60):
         out.send(topic, value=b"%d" % i, partition=i % 2)
     out.flush()
-    transport = KafkaTransport(broker.bootstrap, topic, prefetch=40)
+    transport = KafkaTransport(kafka, topic, prefetch=40)
     transport.seek({0: 5})  # a checkpoint's positions: partition 0 resumes at offset 5
     got = transport.poll(7, 5.0)
     while len(got) < 7:
@@ -182,8 +177,8 @@ def linkbench_stream(snapshot, events, batches: int = 30) -> list[sg.Update]:
     return stream
 
 
-def run_service(broker, topics, snapshot, model, config, checkpoints=None):
-    transport = KafkaTransport(broker.bootstrap, topics.updates)
+def run_service(kafka, topics, snapshot, model, config, checkpoints=None):
+    transport = KafkaTransport(kafka, topics.updates)
     service = Service.open(lambda: model,
                            lambda m: sg.Engine.from_pyg(m.model(), snapshot), transport,
                            config, checkpoints)
@@ -192,11 +187,11 @@ def run_service(broker, topics, snapshot, model, config, checkpoints=None):
     return service
 
 
-def messages(broker, topic):
-    return [json.loads(r.value) for r in follow(broker.bootstrap, topic, True, idle_s=1.0)]
+def messages(kafka, topic):
+    return [json.loads(r.value) for r in follow(kafka, topic, True, idle_s=1.0)]
 
 
-def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
+def test_service_is_exact_and_dead_letters_bad_input(kafka, topics):
     full, snapshot, events, model = tiny_setup()
     first_edge = next(i for i, u in enumerate(events) if isinstance(u, sg.AddEdge))
     early = events[first_edge]  # arrives before the vertex it names: must wait, not fail
@@ -216,7 +211,7 @@ def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
     }
     bad_items = [b'{"op": "add_edge", "src": 1}', encode(sg.DeleteVertex(id=existing + 10**9))]
     lone = list(bad)
-    out = producer(broker.bootstrap)
+    out = producer(kafka)
     send = lambda raw: out.send(topics.updates, value=raw)  # noqa: E731
     send(encode(early))
     # alone, and in arrays of 1 to 40 updates, some with a bad item inside
@@ -237,9 +232,9 @@ def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
         send(raw)
     out.flush()
     config = ServiceConfig(batch_size=97, arrival_wait_s=0.5, topics=topics)
-    service = run_service(broker, topics, snapshot, model, config)
+    service = run_service(kafka, topics, snapshot, model, config)
 
-    letters = messages(broker, topics.dead_letters)
+    letters = messages(kafka, topics.dead_letters)
     assert sorted(d["error"] for d in letters) == sorted(
         ["malformed_json", "unknown_op", "wrong_dimension", "non_finite",
          "duplicate_vertex", "vertex_never_arrived", "self_loop", "invalid_fields",
@@ -261,7 +256,7 @@ def test_service_is_exact_and_dead_letters_bad_input(broker, topics):
 
     # label changes: the last one published per vertex is its current label
     published = sorted((LabelChanges.model_validate_json(r.value) for r in
-                        follow(broker.bootstrap, topics.labels, True, idle_s=1.0)),
+                        follow(kafka, topics.labels, True, idle_s=1.0)),
                        key=lambda m: m.batch)
     changes = [c for m in published for c in m.changes]
     assert len(changes) == service.stats.label_changes > 0

@@ -24,7 +24,8 @@ import numpy as np
 import streamgnn as sg
 from streamgnn.router import Checkpoints
 from streamgnn.stream import LabelChanges, Topics, encode
-from streamgnn.stream.kafka import UpdateSender, ensure_topics, follow
+from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics, follow
 from tests.conftest import pyg_layers
 from tests.test_stream import linkbench_stream, messages, tiny_setup
 
@@ -33,9 +34,9 @@ BATCHES = int(os.environ.get("STREAMGNN_TORTURE_BATCHES", "30"))
 SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)
 
 
-def send(bootstrap: str, topic: str, events, seconds: float = 0.0) -> None:
+def send(kafka: KafkaConfig, topic: str, events, seconds: float = 0.0) -> None:
     """All of ``events``, spread over ``seconds``."""
-    out = UpdateSender(bootstrap, topic, per_message=7)
+    out = UpdateSender(kafka, topic, per_message=7)
     for i, u in enumerate(events):
         out.send(encode(u))
         if seconds and i % 50 == 49:
@@ -43,25 +44,26 @@ def send(bootstrap: str, topic: str, events, seconds: float = 0.0) -> None:
     out.close()
 
 
-def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, tmp_path):
+def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, tmp_path):
     _, snapshot, held_out, model = tiny_setup()
     events = linkbench_stream(snapshot, held_out, BATCHES)
     model.save(tmp_path / "model.pt")
     clean, torn = (Topics.prefixed(f"{k}{uuid.uuid4().hex[:6]}-") for k in "ct")
     for t in (clean, torn):
-        ensure_topics(broker.bootstrap, t.all())
+        ensure_topics(kafka, t.all())
 
     def serve(state, topics, *extra):
         return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
                 "--dataset", "tiny", "--state-dir", str(state), "--bs", "10",
                 "--checkpoint-every", "20", "-b", broker.bootstrap,
-                "--topic-prefix", topics.updates.removesuffix("graph-updates"), *extra]
+                "--topic-prefix", topics.updates.removesuffix("graph-updates"), "--http", "off",
+                *extra]
 
-    send(broker.bootstrap, clean.updates, events)
+    send(kafka, clean.updates, events)
     subprocess.run(serve(tmp_path / "clean", clean, "--until-idle", "2"), check=True,
                    capture_output=True, timeout=300)
 
-    producer = threading.Thread(target=send, args=(broker.bootstrap, torn.updates, events,
+    producer = threading.Thread(target=send, args=(kafka, torn.updates, events,
                                                    4.0 * KILLS))
     producer.start()
     rng = random.Random(KILLS)
@@ -81,7 +83,7 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, tmp_pat
     print("interruptions (signal, exit code):", dict(codes))
 
     ends = [Checkpoints(tmp_path / d).load() for d in ("clean", "torn")]
-    sent = sum(1 for _ in follow(broker.bootstrap, torn.updates, True, idle_s=1.0))
+    sent = sum(1 for _ in follow(kafka, torn.updates, True, idle_s=1.0))
     assert ends[1].meta["positions"] == {"0": sent}  # every record consumed
     engines = [sg.Engine.read(model.model(), e.folder) for e in ends]
     ids = engines[0].vertex_ids()
@@ -94,12 +96,12 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, tmp_pat
         a, b = engines[0].lookup(ids, layer), engines[1].lookup(ids, layer)
         assert np.abs(a - b).max() < 1e-4
         assert np.abs(engines[1].lookup(torn_ids, layer) - refs[layer].numpy()).max() < 1e-4
-    assert messages(broker, torn.dead_letters) == []  # a valid stream: none lost or repeated
+    assert messages(kafka, torn.dead_letters) == []  # a valid stream: none lost or repeated
 
     first: dict[str, bytes] = {}
     repeats = 0
     last: dict[int, int] = {}
-    for record in follow(broker.bootstrap, torn.labels, True, idle_s=1.0):
+    for record in follow(kafka, torn.labels, True, idle_s=1.0):
         m = LabelChanges.model_validate_json(record.value)
         if m.event_id in first:
             repeats += 1

@@ -1,16 +1,17 @@
 """`GraphData`: a static graph snapshot keyed by external vertex ids.
 
 Owns validation and normalisation of a snapshot (dtypes, shapes, self-loop and parallel-edge
-policy) and conversion to PyG tensors; must not import kafka or mpi4py.
+policy) and conversion to PyG tensors (torch is imported by that conversion only); must
+not import kafka or mpi4py.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from streamgnn.errors import (
     DuplicateEdgeError,
@@ -20,6 +21,9 @@ from streamgnn.errors import (
     SelfLoopError,
     UnknownVertexError,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -123,10 +127,13 @@ class GraphData:
 
     def edge_index(self) -> torch.Tensor:
         """PyG ``edge_index`` over row positions (``x[i]`` is vertex ``ids[i]``)."""
+        import torch
+
         return torch.from_numpy(np.stack([self.positions(self.src), self.positions(self.dst)]))
 
     def to_pyg(self):
         """A ``torch_geometric.data.Data`` with x, edge_index, edge_weight and y."""
+        import torch
         from torch_geometric.data import Data
 
         return Data(x=torch.from_numpy(self.x), edge_index=self.edge_index(),

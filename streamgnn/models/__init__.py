@@ -1,5 +1,6 @@
 """GNN layer specs (message / aggregate / update), PyG model import, the model zoo and
-checkpoints, training, and layer-wise full inference. Must not import kafka or mpi4py."""
+checkpoints, training, layer-wise full inference and its comparison with PyG
+(`bootstrap`). Must not import kafka or mpi4py."""
 
 from streamgnn.models.convert import SUPPORTED, decompose
 from streamgnn.models.gnn import GNN

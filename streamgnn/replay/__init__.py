@@ -5,7 +5,7 @@ measurements (`recorder`, `matching`, `rest`) and reports (`report`).
 `streamgnn replay run` must start without torch: `trace`, `openloop`, `runner`,
 `recorder`, `matching`, `rest` and `report` import neither torch nor the graph store,
 and importing this package imports none of its modules (the names below load on use).
-None imports mpi4py; only `streamgnn.stream.loadgen` (used by `runner`) imports kafka.
+None imports mpi4py; kafka comes only through `streamgnn.stream` (`loadgen`, `kafka_config`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ batch was seen (`matching.Visibility`); per read op until the REST answer; ``que
 until its `QueryResult`; ``send-lateness`` of the sender itself.
 
 Owns the wiring; must not import torch or the graph store (kafka only through
-`streamgnn.stream.loadgen`).
+`streamgnn.stream`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from streamgnn.replay.recorder import Recorder
 from streamgnn.replay.report import build_report
 from streamgnn.replay.rest import RestReader
 from streamgnn.replay.trace import Trace, TraceOp
+from streamgnn.stream.kafka_config import KafkaConfig
 from streamgnn.stream.schemas import Topics
 from streamgnn.stream.transport import Record
 
@@ -41,7 +42,7 @@ class RunSettings:
     rate: float | None = None
     pacing: str = "trace"
     duration: float | None = None
-    bootstrap: str = "127.0.0.1:19092"
+    kafka: KafkaConfig = field(default_factory=lambda: KafkaConfig("127.0.0.1:19092"))
     topics: Topics = field(default_factory=Topics)
     http: str = "http://127.0.0.1:8080"
     http_token: str | None = None
@@ -51,8 +52,11 @@ class RunSettings:
     lag_limit_s: float = 1.0
 
     def public(self) -> dict[str, Any]:
-        """The settings for the report (the token only as whether one was given)."""
+        """The settings for the report (the token only as whether one was given, the
+        Kafka client settings, which may hold secrets, only as their file)."""
         out = asdict(self)
+        out["kafka"] = {"bootstrap_servers": self.kafka.bootstrap_servers,
+                        "config_file": None if self.kafka.file is None else str(self.kafka.file)}
         out["topics"] = self.topics.model_dump()
         out["http_token"] = self.http_token is not None
         return out
@@ -70,7 +74,7 @@ class ServiceSink:
         self.answers = Answers(recorder)
         self.reader = RestReader(settings.http, recorder, settings.http_token,
                                  settings.read_workers)
-        self.producer = LoadProducer(settings.bootstrap, settings.topics.updates,
+        self.producer = LoadProducer(settings.kafka, settings.topics.updates,
                                      settings.topics.queries)
         self.topics = settings.topics
         self._unacked = 0
@@ -157,7 +161,7 @@ def run_replay(trace: Trace, settings: RunSettings,
     schedule = schedule_for(trace, settings)
     recorder = Recorder(time.time(), settings.interval_s)
     sink = ServiceSink(settings, recorder)
-    follower = OutputFollower(settings.bootstrap, [settings.topics.labels,
+    follower = OutputFollower(settings.kafka, [settings.topics.labels,
                                                    settings.topics.results], sink.on_record)
     ticked = _ticker(sink, follower, recorder, on_tick)
     recorder.start = time.time() + 0.2  # the first op is due shortly after everything is up

@@ -7,7 +7,8 @@ update (dead letter, with reason and source offset), and checkpoints state, pend
 updates and consumed offsets every N batches or seconds. Between two batches it answers
 query requests from a second transport (`_answer_queries`): each from the state after the
 last batch, published on ``query-results`` naming that batch; a request that cannot be
-answered gets an error result naming why, and never stops the loop.
+answered gets an error result naming why, and never stops the loop. Reads other threads
+queue (`Reads`: the REST API) are answered there too.
 
 Failure semantics (README, "Reliability"):
 - Bad input never stops the loop: any exception one message causes while it is decoded
@@ -38,9 +39,9 @@ import base64
 import gc
 import hashlib
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -50,9 +51,12 @@ from pydantic import BaseModel, Field
 from streamgnn.errors import InvalidQueryError, InvalidUpdateError, StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.npz import write_arrays
+from streamgnn.queries import QueryRequest
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
 from streamgnn.router.checkpoint import Checkpoints, Saved
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
+from streamgnn.router.metrics import Stats
+from streamgnn.router.reads import Reads
 from streamgnn.stream.schemas import (
     DeadLetter,
     DecodeError,
@@ -95,34 +99,6 @@ class EngineFailure(StreamGNNError, RuntimeError):
     the service stops; reopening it from its checkpoint recovers (`serve`)."""
 
 
-@dataclass
-class Stats:
-    """What the service did since it started (this process)."""
-
-    events: int = 0
-    applied: int = 0
-    batches: int = 0
-    label_changes: int = 0
-    dead_letters: Counter = field(default_factory=Counter)
-    queries: Counter = field(default_factory=Counter)  # answered, or the error's kind
-    latency_ms: list[np.ndarray] = field(default_factory=list)  # produce -> acknowledged
-    batch_ms: list[float] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
-    first_input: float | None = None  # perf_counter when the first record came
-    last_output: float = 0.0          # ... when the last outputs were acknowledged
-    busy_s: float = 0.0
-
-    def latencies(self) -> np.ndarray:
-        return np.concatenate(self.latency_ms) if self.latency_ms else np.zeros(0)
-
-    def throughput(self) -> float:
-        """Updates applied per second from the first input to the last acknowledged
-        output."""
-        if self.first_input is None or self.last_output <= self.first_input:
-            return 0.0
-        return self.applied / (self.last_output - self.first_input)
-
-
 class Origin(NamedTuple):
     """Where an update came from: a record, and its position in the record's array
     (None when the record is one update)."""
@@ -150,13 +126,14 @@ class BatchReport:
 class Service:
     def __init__(self, engine: Engine, checkpoint: Checkpoint, transport: Transport,
                  config: ServiceConfig, checkpoints: Checkpoints | None = None,
-                 queries: Transport | None = None) -> None:
+                 queries: Transport | None = None, reads: Reads | None = None) -> None:
         """``transport`` consumes the updates topic; ``queries``, if given, the
-        query-requests topic."""
+        query-requests topic; ``reads``, if given, reads asked by other threads (REST)."""
         self.engine = engine
         self.model = checkpoint
         self.transport = transport
         self.queries = queries
+        self.reads = reads
         self.config = config
         self.checkpoints = checkpoints
         engine.graph.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
@@ -171,6 +148,7 @@ class Service:
         self.held: dict[Key, Item] = {}     # decoded updates the replay has not used yet
         self._stalled_since: float | None = None  # when the replay last found no input
         self._acked: list[tuple[float, float, np.ndarray]] = []  # filled by ack callbacks
+        self._last_batch_s = 0.0
         self._last_checkpoint = (0, time.monotonic())
 
     # ---------------------------------------------------------------- start / resume
@@ -178,15 +156,18 @@ class Service:
     def open(cls, checkpoint: Callable[[], Checkpoint], bootstrap: Callable[[Checkpoint], Engine],
              transport: Transport, config: ServiceConfig,
              checkpoints: Checkpoints | None = None, device: str = "cpu",
-             workers: Workers | None = None, queries: Transport | None = None) -> Service:
+             workers: Workers | None = None, queries: Transport | None = None,
+             reads: Reads | None = None) -> Service:
         """Resume from the last checkpoint in ``checkpoints`` if there is one (seeking the
         transport to its offsets, and replaying the journal written since); else
         bootstrap a new engine and checkpoint it (the base any recovery starts from).
-        ``workers``: where a restored engine's shards run (default: this process)."""
+        ``workers``: where a restored engine's shards run (default: this process);
+        ``queries`` and ``reads``: as for the constructor."""
         saved = checkpoints.load(names=("model",)) if checkpoints else None
         if saved is None:
             model = checkpoint()
-            service = cls(bootstrap(model), model, transport, config, checkpoints, queries)
+            service = cls(bootstrap(model), model, transport, config, checkpoints, queries,
+                          reads)
             if service.suspects is not None:
                 service.suspects.clear()  # a fresh start: nothing died on this stream yet
             service.checkpoint()
@@ -194,7 +175,7 @@ class Service:
         state = saved.meta
         model = saved_model(saved)
         engine = Engine.read(model.model(), saved.folder, device, workers)
-        service = cls(engine, model, transport, config, checkpoints, queries)
+        service = cls(engine, model, transport, config, checkpoints, queries, reads)
         service.arrivals.waiting = {}
         for item in state["waiting"]:
             (update, origin), (vertex, deadline) = _item(item), item["wait"]
@@ -246,6 +227,7 @@ class Service:
         self.journal.restart(generation, list(self.script), self.checkpoints.kept()[0])
         self.suspects.forget_before(self.transport.positions())
         self._last_checkpoint = (self.batch_seq, time.monotonic())
+        self.stats.checkpointed = time.time()
 
     def close(self) -> None:
         self.transport.close()
@@ -259,14 +241,32 @@ class Service:
             on_batch: Callable[[BatchReport], None] | None = None) -> Stats:
         """Serve until ``stop()`` is true (checked at batch boundaries: safe to flip from a
         signal handler), or until nothing arrived for ``idle_exit_s`` seconds and nothing
-        is pending; then apply what was admitted, checkpoint and return the stats. Raises
+        is pending; then apply what was admitted, checkpoint and return the stats. While it
+        runs, it answers the ``reads`` queued by other threads between two batches. Raises
         `EngineFailure` if the engine fails (`run_recovering` reopens the service)."""
-        cfg = self.config
         gc.collect()
         gc.freeze()  # what exists now (graph, engine, model) lives on: keep GC passes off it
+        if self.reads is not None:
+            self.reads.open(self)
+        try:
+            self._loop(stop, idle_exit_s, on_batch)
+            if not self.script:
+                while self.pending:
+                    self._next_batch(self.config.batch_size)
+            self._settle()
+            self.checkpoint()
+        finally:
+            if self.reads is not None:
+                self.reads.close()
+        return self.stats
+
+    def _loop(self, stop: Callable[[], bool], idle_exit_s: float | None,
+              on_batch: Callable[[BatchReport], None] | None) -> None:
+        cfg = self.config
         per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
         while not stop():
+            self._serve_reads()
             if self.script:
                 self._replay_step(on_batch)
                 last_input = time.monotonic()
@@ -274,11 +274,13 @@ class Service:
             if self.queries is not None:
                 self._answer_queries()
             want = cfg.batch_size - len(self.pending)
-            idle_wait = 0.1 if self.queries is None else 0.01  # queries wait on this poll
-            records = self.transport.poll(max(1, int(want / per_record)),
-                                          cfg.max_wait_s if self.pending else idle_wait)
+            wait = cfg.max_wait_s if self.pending else 0.1
+            if self.queries is not None or self.reads is not None:
+                wait = min(wait, _ANSWER_POLL_S)  # requests wait on this poll
+            records = self.transport.poll(max(1, int(want / per_record)), wait)
             now = time.monotonic()
             self._record_acks()
+            self.stats.lag = self.transport.lag()
             if records:
                 if self.stats.first_input is None:
                     self.stats.first_input = time.perf_counter()
@@ -301,17 +303,18 @@ class Service:
                     report = self._next_batch(cfg.batch_size)
                     if report is not None and on_batch is not None:
                         on_batch(report)
+                    self._serve_reads()
                 opened = now
                 self._maybe_checkpoint()
             elif (idle_exit_s is not None and not self.pending and not len(self.arrivals)
                   and now - last_input >= idle_exit_s):
-                break
-        if not self.script:
-            while self.pending:
-                self._next_batch(cfg.batch_size)
-        self._settle()
-        self.checkpoint()
-        return self.stats
+                return
+
+    def _serve_reads(self) -> None:
+        """Reads queued by other threads, for about as long as the last batch took (at
+        least ``_READ_SLICE_S``)."""
+        if self.reads is not None:
+            self.reads.serve(max(self._last_batch_s, _READ_SLICE_S))
 
     # ---------------------------------------------------------------- queries
     def _answer_queries(self, limit: int = 16) -> None:
@@ -329,26 +332,41 @@ class Service:
         try:
             req = decode_query(record.value)
             base.update(request_id=req.event_id, budget=req.budget, policy=req.policy)
-            if req.insert:
-                raise InvalidQueryError("insert is not served on the stream: produce the "
-                                         "vertices and edges to the updates topic (its one "
-                                         "writer of the graph) and query them after")
-            answer = self.engine.query(req)
+            return self.query(req, req.event_time, base["event_id"])
         except DecodeError as e:
             kind, reason = e.error, str(e)
-        except InvalidUpdateError as e:
+            self.stats.queries[kind] += 1
+        except InvalidUpdateError as e:  # counted by `query`
             kind, reason = e.kind, str(e)
         except Exception as e:  # one request must never stop the service
             kind, reason = "internal", f"{type(e).__name__}: {e}"
-        else:
-            self.stats.queries["answered"] += 1
-            return QueryResult(
-                **base, ids=answer.ids.tolist(), labels=answer.labels.tolist(),
-                embeddings=answer.embeddings.tolist() if req.embeddings else None,
-                recomputed=int(sum(len(r) for r in answer.recomputed)),
-                latency_ms=(time.time() - req.event_time) * 1e3)
-        self.stats.queries[kind] += 1
+            self.stats.queries[kind] += 1
         return QueryResult(**base, error=kind, reason=_escaped(reason))
+
+    def query(self, req: QueryRequest, since: float, event_id: str | None = None
+              ) -> QueryResult:
+        """``req`` answered from the current state (call it between two batches), counted
+        in the stats with its latency from ``since`` (a `time.time`); raises the
+        `InvalidUpdateError` naming why it cannot be answered (counted by its kind).
+        ``event_id``: the result's (default: a new one)."""
+        try:
+            if req.insert:
+                raise InvalidQueryError("insert is not served by the service: produce the "
+                                        "vertices and edges to the updates topic (the one "
+                                        "writer of the graph) and query them after")
+            answer = self.engine.query(req)
+        except InvalidUpdateError as e:
+            self.stats.queries[e.kind] += 1
+            raise
+        latency_ms = (time.time() - since) * 1e3
+        self.stats.queries["answered"] += 1
+        self.stats.query_latency.record(latency_ms)
+        return QueryResult(
+            **({} if event_id is None else {"event_id": event_id}),
+            request_id=req.event_id, batch=self.batch_seq, budget=req.budget,
+            policy=req.policy, ids=answer.ids.tolist(), labels=answer.labels.tolist(),
+            embeddings=answer.embeddings.tolist() if req.embeddings else None,
+            recomputed=int(sum(len(r) for r in answer.recomputed)), latency_ms=latency_ms)
 
     # ---------------------------------------------------------------- input
     def _admit(self, records: list[Record], gate: bool = True,
@@ -503,17 +521,19 @@ class Service:
         seconds = time.perf_counter() - t
         s = self.stats
         s.batches += 1
-        s.applied += len(batch) - len(result.rejected)
+        s.updates.update(u.op for u in batch)
+        s.updates.subtract(batch[err.index].op for err in result.rejected)
         s.label_changes += len(result.changed_labels)
-        s.batch_ms.append(seconds * 1000)
+        s.batch_time.record(seconds * 1000)
         s.busy_s += seconds
+        self._last_batch_s = seconds
         return BatchReport(self.batch_seq, len(batch), result, seconds)
 
     def _record_acks(self) -> None:
         """Latencies of the batches whose outputs the broker acknowledged since."""
         acked, self._acked = self._acked, []
         for at, perf, times in acked:
-            self.stats.latency_ms.append((at - times) * 1000)
+            self.stats.latency.record((at - times) * 1000)
             self.stats.last_output = max(self.stats.last_output, perf)
 
     def _settle(self) -> None:
@@ -605,6 +625,8 @@ def _item(raw: dict) -> Item:
 
 
 _CHANGES_PER_MESSAGE = 10_000
+_READ_SLICE_S = 0.01
+_ANSWER_POLL_S = 0.002  # the longest a poll blocks while queries or reads may be waiting
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
 
 

@@ -1,7 +1,9 @@
 """Streams: the message schemas and topic names (`schemas`), the transport interface the
-router uses (`transport`), its Kafka implementation (`kafka`) and the embedded Tansu broker
-(`broker`). Only `kafka` and `broker` import kafka-python, and only when used: importing
-this package imports neither.
+router uses (`transport`), its Kafka implementation (`kafka`) and an in-memory one
+(`memory`), Kafka client settings (`kafka_config`), the command-line Kafka helpers
+(`kafka_tools`) and the embedded Tansu broker (`broker`). Only `kafka`, `kafka_config`,
+`kafka_tools` and `broker` import kafka-python, and only when used: importing this package
+imports none of them.
 """
 
 from streamgnn.stream.schemas import (

@@ -55,7 +55,7 @@ class EmbeddedBroker:
 
     def start(self, timeout_s: float = 15.0) -> BrokerStatus:
         """Start the broker unless it runs already; return once it answers requests."""
-        from streamgnn.stream.kafka import reachable
+        from streamgnn.stream.kafka_tools import reachable
 
         status = self.status()
         if status.running:

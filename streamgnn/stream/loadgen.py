@@ -14,16 +14,17 @@ import threading
 import time
 from collections.abc import Callable
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from streamgnn.stream.kafka import producer
+from streamgnn.stream.kafka_config import KafkaConfig
 from streamgnn.stream.transport import Record
 
 
 class LoadProducer:
-    def __init__(self, bootstrap: str, updates_topic: str, queries_topic: str) -> None:
+    def __init__(self, kafka: KafkaConfig, updates_topic: str, queries_topic: str) -> None:
         self.updates_topic, self.queries_topic = updates_topic, queries_topic
-        self._producer = producer(bootstrap)
+        self._producer = producer(kafka)
         self._partitions = len(self._producer.partitions_for(updates_topic))
 
     def update(self, value: bytes, key: int, on_offset: Callable[[int, int], None],
@@ -47,17 +48,18 @@ class OutputFollower:
     """Every record of ``topics`` published after construction, to ``on_record`` (on the
     follower's thread). ``error``: what stopped the thread, if anything did."""
 
-    def __init__(self, bootstrap: str, topics: list[str],
+    def __init__(self, kafka: KafkaConfig, topics: list[str],
                  on_record: Callable[[Record], None], timeout_s: float = 10.0) -> None:
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                       fetch_max_wait_ms=50, max_partition_fetch_bytes=16 << 20)
+        self._consumer = kafka.consumer(enable_auto_commit=False, fetch_max_wait_ms=50,
+                                        max_partition_fetch_bytes=16 << 20)
         deadline = time.monotonic() + timeout_s
         tps = []
         for topic in topics:
             while not (parts := self._consumer.partitions_for_topic(topic)):
                 if time.monotonic() > deadline:
                     self._consumer.close()
-                    raise LookupError(f"topic {topic!r} does not exist at {bootstrap}")
+                    raise LookupError(f"topic {topic!r} does not exist at "
+                                      f"{kafka.bootstrap_servers}")
                 time.sleep(0.1)
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)

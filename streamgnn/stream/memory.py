@@ -62,6 +62,11 @@ class MemoryTransport:
     def seek(self, positions: dict[int, int]) -> None:
         self._next.update(positions)
 
+    def lag(self) -> int:
+        with self.broker.lock:
+            return sum(len(log) - self._next[p]
+                       for p, log in enumerate(self.broker._topic(self.topic)))
+
     def partitions(self, topic: str) -> int:
         return len(self.broker._topic(topic))
 

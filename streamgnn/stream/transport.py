@@ -36,6 +36,11 @@ class Transport(Protocol):
         """Continue consuming from ``positions`` (from a checkpoint)."""
         ...
 
+    def lag(self) -> int | None:
+        """Records of the input topic past `positions`, as far as known (None: not
+        known yet)."""
+        ...
+
     def partitions(self, topic: str) -> int:
         """How many partitions an output topic has."""
         ...

@@ -1,0 +1,304 @@
+"""The REST app (DESIGN.md "REST"): current embeddings, labels, neighbours, query serving,
+status and metrics of a running `Service`, and health probes.
+
+Every ``/v1`` answer is computed by the service loop between two batches (`Reads`), so it
+comes from one consistent state and names that batch (``batch``: the batches applied
+before it); the engine is touched by the loop's thread only. Errors are JSON
+``{"error": word, "reason": text}``: 404 for an unknown vertex (named), 422 for a bad body
+or query, 401 without the bearer token (when one is set), 413 past the body limit, 503
+while no service loop runs.
+
+Must not import kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from streamgnn.errors import InvalidQueryError, InvalidUpdateError, UnknownVertexError
+from streamgnn.queries import QueryRequest
+from streamgnn.router.reads import NotServing, Reads
+from streamgnn.router.service import Service
+from streamgnn.stream.schemas import QueryResult
+from streamgnn.updates import VertexId
+
+MAX_BODY_BYTES = 16 << 20
+MAX_LOOKUP_IDS = 10_000
+READ_TIMEOUT_S = 30.0
+_ID = Path(ge=-(2**63), le=2**63 - 1, description="external vertex id (int64)")
+_LAYER = Query(description="0: features, 1..L: layer outputs; negative counts from the "
+               "last (-1: the output layer)")
+
+
+class Problem(BaseModel):
+    """Why a request got no answer."""
+
+    error: str = Field(description="the problem in one word")
+    reason: str
+
+
+class Vertex(BaseModel):
+    id: int
+    label: int = Field(description="predicted class: argmax of the output layer")
+    layer: int = Field(description="the layer read, 0..L")
+    embedding: list[float]
+    batch: int = Field(description="batches applied to the state read")
+
+
+class LookupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[VertexId] = Field(min_length=1, max_length=MAX_LOOKUP_IDS)
+    layer: int = Field(-1, description=_LAYER.description)
+
+
+class Lookup(BaseModel):
+    batch: int
+    ids: list[int]
+    labels: list[int]
+    embeddings: list[list[float]]
+
+
+class Edges(BaseModel):
+    ids: list[int] = Field(description="the neighbours' ids, ascending")
+    weights: list[float]
+
+
+class Neighbors(BaseModel):
+    id: int
+    batch: int
+    in_: Edges = Field(alias="in", description="edges into the vertex, by source")
+    out: Edges = Field(description="edges out of the vertex, by destination")
+
+
+class Status(BaseModel):
+    batch: int = Field(description="batches applied")
+    positions: dict[str, int] = Field(description="next offset to consume, per partition "
+                                      "of the updates topic")
+    lag: int | None = Field(description="records on the updates topic not consumed yet "
+                            "(null: not known yet)")
+    vertices: int
+    edges: int
+    events: int
+    applied: dict[str, int] = Field(description="updates applied, by op")
+    label_changes: int
+    dead_letters: dict[str, int] = Field(description="by reason")
+    queries: dict[str, int] = Field(description="answered, or refused by the error's kind")
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem} for status in (404, 422, 503)}
+
+
+def create_app(reads: Reads, token: str | None = None) -> FastAPI:
+    """The app over the service that ``reads`` reaches; with ``token``, ``/v1`` and
+    ``/metrics`` need ``Authorization: Bearer <token>``."""
+    app = FastAPI(title="streamgnn", summary="Current embeddings, labels and query "
+                  "serving of a streamgnn service", version="1")
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    guarded = [Depends(_bearer(token))] if token else []
+    errors: dict[int | str, dict[str, Any]] = {
+        **_ERRORS, **({401: {"model": Problem}} if token else {})}
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return _problem(e.status_code, str(e.detail), headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
+        return _problem(422, "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: "
+                                       f"{err['msg']}" for err in e.errors()),
+                        "invalid_request")
+
+    @app.exception_handler(InvalidUpdateError)
+    async def invalid(_: Request, e: InvalidUpdateError) -> JSONResponse:
+        where = "" if e.index is None else f" (item {e.index} of the request)"
+        return _problem(404 if isinstance(e, UnknownVertexError) else 422,
+                        e.reason + where, e.kind)
+
+    @app.exception_handler(NotServing)
+    async def not_serving(_: Request, e: NotServing) -> JSONResponse:
+        return _problem(503, str(e), "not_ready")
+
+    async def answer(read: Callable[[Service], Any]) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(reads.submit(read)),
+                                          READ_TIMEOUT_S)
+        except TimeoutError:
+            raise NotServing(f"the service did not answer within {READ_TIMEOUT_S:g} s "
+                             "(a long batch or checkpoint): retry") from None
+
+    @app.get("/v1/vertices/{id}", response_model=Vertex, responses=errors,
+             dependencies=guarded)
+    async def vertex(id: Annotated[int, _ID], layer: Annotated[int, _LAYER] = -1) -> Vertex:
+        """One vertex's embedding at ``layer`` and its label."""
+        def read(service: Service) -> tuple:
+            at = _layer(service, layer)
+            return service.batch_seq, at, *_rows(service, [id], at)
+
+        batch, at, rows, labels = await answer(read)
+        return Vertex(id=id, label=int(labels[0]), layer=at, embedding=rows[0].tolist(),
+                      batch=batch)
+
+    @app.post("/v1/vertices/lookup", response_model=Lookup, responses=errors,
+              dependencies=guarded)
+    async def lookup(body: LookupRequest) -> Lookup:
+        """Embeddings at ``layer`` and labels of ``ids`` (in order, repeats allowed)."""
+        def read(service: Service) -> tuple:
+            return service.batch_seq, *_rows(service, body.ids, _layer(service, body.layer))
+
+        batch, rows, labels = await answer(read)
+        return Lookup(batch=batch, ids=body.ids, labels=labels.tolist(),
+                      embeddings=rows.tolist())
+
+    @app.get("/v1/vertices/{id}/neighbors", response_model=Neighbors, responses=errors,
+             dependencies=guarded)
+    async def neighbors(id: Annotated[int, _ID]) -> Neighbors:
+        """The vertex's in- and out-edges with their weights."""
+        def read(service: Service) -> Neighbors:
+            graph = service.engine.graph
+            slot = graph.slots([id])
+            return Neighbors(id=id, batch=service.batch_seq,
+                             **{"in": _edges(graph, *graph.in_edges(slot))},
+                             out=_edges(graph, *graph.out_edges(slot)))
+
+        return await answer(read)
+
+    @app.post("/v1/queries", response_model=QueryResult, responses=errors,
+              dependencies=guarded)
+    async def query(body: QueryRequest) -> QueryResult:
+        """Answer a query (DESIGN.md "Query serving") from the current state: exact
+        (``budget`` null) or SRPE with ``budget`` gamma; ``embeddings``: whether the
+        answer carries the query vertices' output embeddings. ``insert`` is refused (the
+        updates topic is the one writer of the graph)."""
+        since = time.time()
+        return await answer(lambda service: service.query(body, since))
+
+    @app.get("/v1/status", response_model=Status, responses=errors, dependencies=guarded)
+    async def status() -> Status:
+        """Where the service is: batches applied, consumed offsets, lag, counters."""
+        def read(service: Service) -> Status:
+            s, graph = service.stats, service.engine.graph
+            return Status(batch=service.batch_seq, lag=s.lag, vertices=graph.num_vertices,
+                          edges=graph.num_edges, events=s.events, applied=dict(s.updates),
+                          positions={str(p): o for p, o in
+                                     service.transport.positions().items()},
+                          label_changes=s.label_changes, dead_letters=dict(s.dead_letters),
+                          queries=dict(s.queries))
+
+        return await answer(read)
+
+    @app.get("/metrics", response_class=Response, dependencies=guarded,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def metrics() -> Response:
+        """The service's metrics in Prometheus' text format (empty before it first
+        runs)."""
+        service = reads.service
+        text = service.stats.exposition() if service is not None else b""
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"model": Problem}})
+    async def readyz() -> dict[str, str]:
+        """Readiness: the engine is bootstrapped or restored, and the loop serves."""
+        if not reads.ready:
+            raise NotServing("the engine is being bootstrapped or restored")
+        return {"status": "ready"}
+
+    return app
+
+
+_BEARER = HTTPBearer(auto_error=False)
+
+
+def _bearer(token: str) -> Callable[..., None]:
+    def check(credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                     Depends(_BEARER)]) -> None:
+        if credentials is None or not secrets.compare_digest(
+                credentials.credentials.encode(), token.encode()):
+            raise HTTPException(401, "a bearer token is required: Authorization: Bearer "
+                                "<the token the service was started with>",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def _problem(status: int, reason: str, error: str | None = None,
+             headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error response; ``error`` by default the status's phrase in snake case."""
+    error = error or HTTPStatus(status).phrase.lower().replace(" ", "_")
+    return JSONResponse(Problem(error=error, reason=reason).model_dump(), status, headers)
+
+
+def _layer(service: Service, layer: int) -> int:
+    """``layer`` as 0..L, or the 422 naming the layers there are."""
+    n = service.engine.num_layers
+    if not -(n + 1) <= layer <= n:
+        raise InvalidQueryError(f"layer {layer}: the model has layers 0..{n} (or "
+                                f"-{n + 1}..-1 counting from the last)")
+    return layer % (n + 1)
+
+
+def _rows(service: Service, ids: list[int], layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings of ``ids`` at ``layer`` and their labels."""
+    rows = service.engine.lookup(ids, layer)
+    labels = (rows if layer == service.engine.num_layers
+              else service.engine.lookup(ids, -1)).argmax(axis=1)
+    return rows, labels
+
+
+def _edges(graph, ptr: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> Edges:
+    ids = graph.ext[slots[ptr[0]:ptr[1]]]
+    order = np.argsort(ids)
+    return Edges(ids=ids[order].tolist(), weights=weights[ptr[0]:ptr[1]][order].tolist())
+
+
+class BodyLimit:
+    """ASGI middleware: a request body past ``limit`` bytes gets a 413 (declared in
+    Content-Length, or counted as it streams in)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.limit:
+            await _problem(413, self._reason)(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise HTTPException(413, self._reason)
+            return message
+
+        await self.app(scope, counted, send)
+
+    @property
+    def _reason(self) -> str:
+        return f"the request body is larger than {self.limit:,} bytes"

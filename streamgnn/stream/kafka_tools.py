@@ -1,0 +1,161 @@
+"""Kafka helpers behind the command line and the demo: `UpdateSender` (`streamgnn
+produce`), `follow` (`watch`), `request_reply` (`query`), topic creation
+(`ensure_topics`) and the broker reachability check.
+
+Owns these one-shot producer/consumer/admin uses only; the service's transport is
+`kafka.KafkaTransport`. Must not import torch, mpi4py or the router.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import orjson
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from streamgnn.stream.kafka import assigned, producer, records
+from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.transport import Record
+
+
+class UpdateSender:
+    """Sends JSON updates to the updates topic several per message (a JSON array of up to
+    ``per_message``), stamping ``event_time`` where missing. An update goes to partition
+    (its source vertex, or its vertex, mod the partition count), so each vertex's updates
+    stay in order; a message goes when full or ``linger_s`` after its first update.
+    Unparsable lines go alone, as they are (the service dead-letters them)."""
+
+    def __init__(self, kafka: KafkaConfig, topic: str, per_message: int = 100,
+                 linger_s: float = 0.02) -> None:
+        self.topic, self.per_message, self.linger_s = topic, per_message, linger_s
+        self._producer = producer(kafka)
+        self._partitions = len(self._producer.partitions_for(topic))
+        self._open: dict[int, tuple[float, list[bytes]]] = {}
+
+    def send(self, line: bytes) -> None:
+        now = time.time()
+        try:
+            update = orjson.loads(line)
+            update.setdefault("event_time", now)
+            key = int(update.get("src", update.get("id")))
+            item = orjson.dumps(update)
+        except (ValueError, AttributeError, TypeError):
+            self._producer.send(self.topic, value=line)
+            return
+        partition = key % self._partitions
+        items = self._open.setdefault(partition, (now, []))[1]
+        items.append(item)
+        if len(items) >= self.per_message:
+            self._ship(partition)
+        self._ship_lingering(now)
+
+    def idle(self, seconds: float) -> None:
+        """Sleep ``seconds`` (a paced producer between updates), shipping messages as
+        their linger time comes."""
+        until = time.time() + seconds
+        while (now := time.time()) < until:
+            self._ship_lingering(now)
+            due = min((opened + self.linger_s for opened, _ in self._open.values()),
+                      default=until)
+            time.sleep(max(0.0, min(until, due) - now))
+
+    def _ship_lingering(self, now: float) -> None:
+        for partition, (opened, _) in list(self._open.items()):
+            if now - opened >= self.linger_s:
+                self._ship(partition)
+
+    def _ship(self, partition: int) -> None:
+        _, items = self._open.pop(partition)
+        self._producer.send(self.topic, value=b"[" + b",".join(items) + b"]",
+                            partition=partition)
+
+    def flush(self) -> None:
+        for partition in list(self._open):
+            self._ship(partition)
+        self._producer.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._producer.close()
+
+
+def ensure_topics(kafka: KafkaConfig, names: list[str], partitions: int = 1,
+                  timeout_s: float = 15.0) -> None:
+    """Create the topics that do not exist yet."""
+    admin = _admin(kafka, timeout_s)
+    try:
+        missing = [n for n in names if n not in set(admin.list_topics())]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics([NewTopic(n, partitions, 1) for n in missing])
+    finally:
+        admin.close()
+
+
+def reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    """Whether some broker of ``bootstrap`` accepts connections."""
+    for address in bootstrap.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            socket.create_connection((host or "localhost", int(port)), timeout_s).close()
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _admin(kafka: KafkaConfig, timeout_s: float) -> KafkaAdminClient:
+    deadline = time.monotonic() + timeout_s
+    while not reachable(kafka.bootstrap_servers):
+        if time.monotonic() > deadline:
+            raise ConnectionError(f"no Kafka broker answers at {kafka.bootstrap_servers}: "
+                                  "start the embedded one (`streamgnn broker start`) or set "
+                                  "--bootstrap-servers")
+        time.sleep(0.1)
+    return kafka.admin(request_timeout_ms=10000)
+
+
+def request_reply(kafka: KafkaConfig, topic: str, value: bytes, reply_topic: str,
+                  is_reply: Callable[[bytes], bool], timeout_s: float) -> bytes | None:
+    """Send ``value`` to ``topic`` and wait up to ``timeout_s`` for the first record of
+    ``reply_topic`` published after it that ``is_reply``; None if none came."""
+    consumer, tps = assigned(kafka, reply_topic)
+    try:
+        consumer.seek_to_end()
+        for tp in tps:  # resolve the lazy seek now, before the request goes out
+            consumer.position(tp)
+        sender = producer(kafka)
+        sender.send(topic, value=value)
+        sender.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for record in records(reply_topic, consumer.poll(timeout_ms=100)):
+                if is_reply(record.value):
+                    return record.value
+        return None
+    finally:
+        consumer.close()
+
+
+def follow(kafka: KafkaConfig, topic: str, from_beginning: bool = False,
+           idle_s: float | None = None) -> Iterator[Record]:
+    """Records of ``topic`` as they arrive (from now, or from the beginning); stops after
+    ``idle_s`` seconds without one, if given."""
+    consumer, _ = assigned(kafka, topic)
+    if from_beginning:
+        consumer.seek_to_beginning()
+    else:
+        consumer.seek_to_end()
+    last = time.monotonic()
+    try:
+        while idle_s is None or time.monotonic() - last < idle_s:
+            for record in records(topic, consumer.poll(timeout_ms=200)):
+                last = time.monotonic()
+                yield record
+    finally:
+        consumer.close()
