@@ -4,6 +4,8 @@ test session, fresh topic names per test."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 import uuid
 
 import pytest
@@ -18,6 +20,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_ready(http, process: subprocess.Popen, seconds: float) -> None:
+    """Poll ``http`` (an httpx client of a `serve --http` in ``process``) until /readyz
+    says 200; fails if the process ends or ``seconds`` pass first."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if http.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:  # not listening yet
+            pass
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

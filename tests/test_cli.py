@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.kafka_fixtures import free_port
+from tests.kafka_fixtures import free_port, wait_until_ready
 
 
 def run(*args: str, cwd) -> str:
@@ -173,15 +173,8 @@ def test_serve_answers_rest_reads_of_the_vertices_it_serves(tmp_path, broker, to
         env={**os.environ, "COLUMNS": "200"})
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            wait_until_ready(http, serve, 300)
             deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:  # not listening yet
-                    pass
-                assert serve.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
             first = http.get(f"/v1/vertices/{v}").json()
             assert first["id"] == v and first["batch"] == 0 and first["layer"] == 2
             assert len(first["embedding"]) == 6 and 0 <= first["label"] < 6

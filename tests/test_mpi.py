@@ -199,7 +199,6 @@ def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, 
     """`serve --workers 2 --http`: the router holds no rows; a vertex read, a lookup and a
     query over REST fetch them from the worker ranks and equal a one-process engine."""
     import signal
-    import time
     import uuid
 
     import httpx
@@ -208,7 +207,7 @@ def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, 
     import streamgnn as sg
     from streamgnn.stream import Topics
     from streamgnn.stream.kafka_tools import ensure_topics
-    from tests.kafka_fixtures import free_port
+    from tests.kafka_fixtures import free_port, wait_until_ready
     from tests.test_stream import tiny_setup
 
     _, snapshot, _, model = tiny_setup()
@@ -227,15 +226,7 @@ def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, 
              "edges": [{"src": -1, "dst": ids[0]}, {"src": ids[1], "dst": -1}]}
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-            deadline = time.monotonic() + 240
-            while True:
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert job.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
+            wait_until_ready(http, job, 240)
             one = http.get(f"/v1/vertices/{ids[0]}", params={"layer": 1}).json()
             many = http.post("/v1/vertices/lookup", json={"ids": ids}).json()
             answer = http.post("/v1/queries", json=query).json()

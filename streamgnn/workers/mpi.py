@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -113,6 +114,9 @@ class MpiWorkers:
         return [from_bytes(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
 
 
+ABORT_GRACE_S = 1.0  # seconds a failing rank waits before aborting the job
+
+
 def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
                device: str = "cpu") -> None:
     """A worker rank's loop: hold one shard and do what rank 0 asks until it says stop.
@@ -124,6 +128,9 @@ def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
         sys.stderr.write(f"streamgnn worker rank {comm.Get_rank()} failed:\n"
                          f"{traceback.format_exc()}")
         sys.stderr.flush()
+        # mpiexec forwards a rank's output asynchronously and Abort kills its forwarders:
+        # under load the traceback was lost (1 run in ~10); give them a moment first
+        time.sleep(ABORT_GRACE_S)
         comm.Abort(1)
 
 
