@@ -69,7 +69,8 @@ class QueryGraph:
     naming a query id already in G, an edge endpoint in neither, or an edge joining two
     existing vertices."""
 
-    def __init__(self, graph: DynamicGraph, cols: QueryColumns) -> None:
+    def __init__(self, graph: DynamicGraph, cols: QueryColumns,
+                 scratch: np.ndarray | None = None) -> None:
         self.graph, self.cols = graph, cols
         self.n0 = n0 = graph.num_slots
         taken = np.flatnonzero(graph.contains(cols.ids))
@@ -78,7 +79,9 @@ class QueryGraph:
             raise DuplicateVertexError(f"query vertex {cols.ids[i]} is already in the "
                                        "graph (a query adds new vertices)", index=i)
         self.q = n0 + np.arange(len(cols.ids), dtype=np.int64)
-        self._pos: np.ndarray | None = None
+        # -1 over at least the virtual slots, left so after each use (`positions`)
+        self._pos = scratch if scratch is not None and len(scratch) >= n0 + len(cols.ids) \
+            else np.full(n0 + len(cols.ids), -1, np.int64)
         self.src, self.dst = self._virtual(cols.src, cols.dst)
         self.w = cols.weight.astype(np.float64)
         # existing vertices a query edge enters
@@ -156,8 +159,6 @@ class QueryGraph:
     def positions(self, targets: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """The position in distinct ``targets`` of each of ``slots``, -1 where absent
         (through one scratch array over the virtual slots, kept blank between calls)."""
-        if self._pos is None:
-            self._pos = np.full(self.n0 + len(self.q), -1, np.int64)
         self._pos[targets] = np.arange(len(targets))
         out = self._pos[slots]
         self._pos[targets] = -1
