@@ -91,7 +91,7 @@ def test_reaches_rows_numba_and_torch_equal_the_reference(seed, count):
 
 @given(seed=seeds, sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
        slots=st.sampled_from([50, 5000]))
-def test_slot_set_union_and_positions(seed, sizes, slots):
+def test_slot_set_union_positions_and_find(seed, sizes, slots):
     """Among 50 slots a union is found by a scan of the marks, among 5000 by a sort."""
     rng = np.random.default_rng(seed)
     sets = SlotSets(slots)
@@ -105,6 +105,10 @@ def test_slot_set_union_and_positions(seed, sizes, slots):
     queries = rng.choice(union, 2 * len(union)) if len(union) else union
     np.testing.assert_array_equal(sets.positions(union, queries),
                                   np.searchsorted(union, queries))
+    anywhere = rng.integers(0, 50, 30)  # members or not
+    at = np.minimum(np.searchsorted(union, anywhere), max(len(union) - 1, 0))
+    found = union[at] == anywhere if len(union) else np.zeros(len(anywhere), bool)
+    np.testing.assert_array_equal(sets.find(union, anywhere), np.where(found, at, -1))
     np.testing.assert_array_equal(sets.union(*parts), union)  # scratch left clean
 
 

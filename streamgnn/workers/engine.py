@@ -27,13 +27,14 @@ from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
 from streamgnn.npz import prefixed, read_arrays, under, write_arrays
-from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns, QueryRequest
+from streamgnn.queries import QueryColumns, QueryRequest
 from streamgnn.updates import AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.executors import Executors
 from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.query import QueryAnswer, QueryGraph, plan, run
 from streamgnn.workers.shard import ApplyResult, Shard
+from streamgnn.workers.slotsets import SlotSets
 
 T = TypeVar("T")
 _CHECKED = ValueLimits(float("inf"), float("inf"))  # a shard's input: the engine checked it
@@ -78,7 +79,7 @@ class Engine:
         self.executors = Executors(model, self.layers, self.device)
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         self._poisoned: str | None = None  # why the state can no longer be trusted
-        self._query_scratch = np.zeros(0, np.int64)  # `QueryGraph.positions`, kept blank
+        self._query_sets = SlotSets(0)  # over the virtual slots of a query (`QueryGraph`)
 
     def _cut(self, p: int) -> dict[str, np.ndarray]:
         """Shard ``p`` without layer state (`Shard.bootstrap` computes it): the vertices
@@ -239,10 +240,7 @@ class Engine:
             cols = req.checked(self.graph.num_features, self.graph.limits)
         else:
             cols = QueryColumns.from_request(req, self.graph.num_features, self.graph.limits)
-        size = self.graph.num_slots + len(cols.ids)
-        if len(self._query_scratch) < size:  # grown with headroom, reused by every query
-            self._query_scratch = np.full(size + size // 4 + MAX_QUERY_VERTICES, -1, np.int64)
-        qg = QueryGraph(self.graph, cols, self._query_scratch)
+        qg = QueryGraph(self.graph, cols, self._query_sets)
         budget, policy = settings["budget"], settings["policy"]
         if settings["insert"]:
             result = self.apply(

@@ -33,7 +33,8 @@ from streamgnn.errors import DuplicateVertexError, InvalidQueryError, UnknownVer
 from streamgnn.graph import DynamicGraph
 from streamgnn.graph.idmap import IdMap
 from streamgnn.models.layers import Layer
-from streamgnn.queries import QueryColumns
+from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
+from streamgnn.workers.slotsets import SlotSets
 
 
 @dataclass
@@ -67,11 +68,11 @@ class QueryGraph:
     """G plus a query's vertices and edges, read without changing G: existing vertices by
     slot, query vertex i at virtual slot ``N + i`` (N = G's slot count). Raises the error
     naming a query id already in G, an edge endpoint in neither, or an edge joining two
-    existing vertices."""
+    existing vertices. Set operations on virtual slots go through ``sets`` (the engine's,
+    kept between queries)."""
 
-    def __init__(self, graph: DynamicGraph, cols: QueryColumns,
-                 scratch: np.ndarray | None = None) -> None:
-        self.graph, self.cols = graph, cols
+    def __init__(self, graph: DynamicGraph, cols: QueryColumns, sets: SlotSets) -> None:
+        self.graph, self.cols, self.sets = graph, cols, sets
         self.n0 = n0 = graph.num_slots
         taken = np.flatnonzero(graph.contains(cols.ids))
         if len(taken):
@@ -79,13 +80,11 @@ class QueryGraph:
             raise DuplicateVertexError(f"query vertex {cols.ids[i]} is already in the "
                                        "graph (a query adds new vertices)", index=i)
         self.q = n0 + np.arange(len(cols.ids), dtype=np.int64)
-        # -1 over at least the virtual slots, left so after each use (`positions`)
-        self._pos = scratch if scratch is not None and len(scratch) >= n0 + len(cols.ids) \
-            else np.full(n0 + len(cols.ids), -1, np.int64)
+        sets.fit(len(graph.alive) + MAX_QUERY_VERTICES)  # every virtual slot, any query
         self.src, self.dst = self._virtual(cols.src, cols.dst)
         self.w = cols.weight.astype(np.float64)
         # existing vertices a query edge enters
-        self.degree_changed = distinct(self.dst[self.dst < n0])
+        self.degree_changed = sets.union(self.dst[self.dst < n0])
 
     def _virtual(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Virtual slots of the query edges' ends."""
@@ -124,7 +123,7 @@ class QueryGraph:
         old = targets < self.n0
         ptr, src, w = self.graph.in_edges(targets[old])
         at = np.repeat(np.flatnonzero(old), np.diff(ptr))
-        at_q = self.positions(targets, self.dst)
+        at_q = self.sets.find(targets, self.dst)
         into = at_q >= 0
         at = np.concatenate([at, at_q[into]])
         order = np.argsort(at, kind="stable")
@@ -156,22 +155,6 @@ class QueryGraph:
         out[slots] = True
         return out
 
-    def positions(self, targets: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        """The position in distinct ``targets`` of each of ``slots``, -1 where absent
-        (through one scratch array over the virtual slots, kept blank between calls)."""
-        self._pos[targets] = np.arange(len(targets))
-        out = self._pos[slots]
-        self._pos[targets] = -1
-        return out
-
-    def distinct(self, *parts: np.ndarray) -> np.ndarray:
-        """The sorted distinct slots of ``parts``: by sorting when they are few, else by
-        a mask over every slot."""
-        joined = np.concatenate(parts)
-        if 16 * len(joined) < self.n0:
-            return distinct(joined)
-        return np.flatnonzero(self.mask(joined))
-
     def in_weight(self, vertices: np.ndarray) -> np.ndarray:
         """Weighted in-degree of sorted distinct ``vertices`` (float64)."""
         return self._with_query_edges(vertices, self.graph.in_weight, self.w)
@@ -188,7 +171,7 @@ class QueryGraph:
         out = np.zeros(len(vertices), per_edge.dtype)
         old = vertices < self.n0
         out[old] = graph_values[vertices[old]]
-        at = self.positions(vertices, self.dst)
+        at = self.sets.find(vertices, self.dst)
         into = at >= 0
         return out + np.bincount(at[into], per_edge[into], len(vertices)).astype(out.dtype)
 
@@ -202,11 +185,11 @@ def plan(qg: QueryGraph, layers: list[Layer], budget: float | None, policy: str,
     num = len(layers)
     need: list[np.ndarray] = [qg.q] * (num + 1)
     for hop in range(num, 1, -1):
-        need[hop - 1] = qg.distinct(need[hop], qg.in_edges(need[hop])[1])
+        need[hop - 1] = qg.sets.union(need[hop], qg.in_edges(need[hop])[1])
     if budget is None:
         recompute, changed = [], qg.q
         for hop, layer in enumerate(layers, start=1):
-            sources = (qg.distinct(changed, qg.degree_changed) if layer.degree_normalised
+            sources = (qg.sets.union(changed, qg.degree_changed) if layer.degree_normalised
                        else changed)
             changed = need[hop][qg.reached(need[hop], sources)]
             recompute.append(changed)
@@ -231,7 +214,7 @@ def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
         return np.sort(np.random.default_rng(seed).choice(candidates, k, replace=False))
     degree = qg.in_degree(candidates)
     if policy == "top-ratio":
-        at = qg.positions(candidates, qg.dst)
+        at = qg.sets.find(candidates, qg.dst)
         from_query = np.bincount(at[at >= 0], minlength=len(candidates))
         score = from_query / np.maximum(degree, 1)
     elif policy == "degree":
@@ -260,11 +243,11 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         ptr, src, w = qg.in_edges(targets)
         count = np.diff(ptr)
         at = np.repeat(np.arange(len(targets)), count)
-        pos = qg.positions(here_ids, src)
+        pos = qg.sets.find(here_ids, src)
         mine = pos >= 0
         sent = received = 0
 
-        h, fetched = _rows(engine, qg, targets, hop - 1, qg.positions(here_ids, targets), here)
+        h, fetched = _rows(engine, qg, targets, hop - 1, qg.sets.find(here_ids, targets), here)
         received += fetched
         t = layer.transform(h) if layer.self_transform or layer.caches_t else None
         dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
@@ -319,7 +302,7 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         answer.received_bytes.append(received)
         width = h.shape[1] * h.element_size() + 8
         answer.work += len(src)
-        answer.pull_bytes.append(len(distinct(src[stored])) * width + fetched)
+        answer.pull_bytes.append(len(qg.sets.union(src[stored])) * width + fetched)
     return here
 
 
@@ -340,14 +323,3 @@ def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, pos: np.ndarr
         rows).to(here.device, here.dtype)
     return out, rows.nbytes + 8 * len(old)
 
-
-def distinct(values: np.ndarray) -> np.ndarray:
-    """Sorted distinct ``values`` (by sorting: numpy's hash-based ``unique`` is several
-    times slower on the few thousand values a query has)."""
-    if len(values) == 0:
-        return values
-    s = np.sort(values)
-    keep = np.empty(len(s), bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]

@@ -44,6 +44,19 @@ def _positions(members, queries, scratch):
     return out
 
 
+@njit(cache=True)
+def _find(members, queries, scratch, mark):
+    for i in range(len(members)):
+        scratch[members[i]] = i
+        mark[members[i]] = True
+    out = np.empty(len(queries), np.int64)
+    for j in range(len(queries)):
+        out[j] = scratch[queries[j]] if mark[queries[j]] else -1
+    for i in range(len(members)):
+        mark[members[i]] = False
+    return out
+
+
 class SlotSets:
     """Set operations on slots below ``size`` (grown with `fit`). ``scratch`` (int64, one
     per slot, contents meaningless between calls) may be borrowed by other kernels."""
@@ -71,3 +84,8 @@ class SlotSets:
         members."""
         return _positions(np.asarray(members, np.int64), np.asarray(queries, np.int64),
                           self.scratch)
+
+    def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
+        """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
+        return _find(np.asarray(members, np.int64), np.asarray(queries, np.int64),
+                     self.scratch, self._mark)
