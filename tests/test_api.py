@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -18,7 +19,7 @@ import streamgnn as sg
 from streamgnn.api.app import create_app
 from streamgnn.api.bind import parse_bind
 from streamgnn.api.server import HttpServer
-from streamgnn.router import Service, ServiceConfig
+from streamgnn.router import BatchReport, Service, ServiceConfig
 from streamgnn.router.reads import Reads
 from streamgnn.stream import encode
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
@@ -28,7 +29,8 @@ from tests.test_stream import tiny_setup
 class Running:
     """A service serving reads on a thread, and a client of its HTTP server."""
 
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None,
+                 on_batch: Callable[[BatchReport], None] | None = None) -> None:
         _, self.snapshot, self.events, model = tiny_setup()
         self.broker, self.config = MemoryBroker(), ServiceConfig(batch_size=20)
         self.reads = Reads()
@@ -39,7 +41,8 @@ class Running:
                                self.config, reads=self.reads)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.service.run,
-                                       kwargs={"stop": self.stop.is_set})
+                                       kwargs={"stop": self.stop.is_set,
+                                               "on_batch": on_batch})
 
     def __enter__(self) -> Running:
         self.thread.start()
@@ -90,6 +93,34 @@ def test_a_lookup_equals_engine_lookup_in_request_order(running):
     body = got.json()
     assert body["ids"] == ids and body["labels"] == labels.tolist()
     assert np.array_equal(np.array(body["embeddings"], np.float32), rows)
+
+
+def test_vertex_reads_are_answered_while_the_loop_is_busy():
+    """The loop is held right after a batch (as it is while it applies the next one):
+    vertex reads and lookups still answer, from the state after that batch. With reads
+    queued for the loop they would wait until it is released."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_: BatchReport) -> None:
+        held.set()
+        release.wait(120)
+
+    with Running(on_batch=hold) as r:
+        try:
+            r.produce(r.events)
+            assert held.wait(60)
+            engine, batch = r.service.engine, r.service.batch_seq
+            ids = [int(i) for i in r.snapshot.ids[:3]]
+            got = r.http.get(f"/v1/vertices/{ids[0]}", params={"layer": 1}, timeout=30)
+            assert got.status_code == 200 and got.json()["batch"] == batch >= 1
+            assert np.array_equal(np.array(got.json()["embedding"], np.float32),
+                                  engine.lookup(ids[:1], 1)[0])
+            got = r.http.post("/v1/vertices/lookup", json={"ids": ids}, timeout=30).json()
+            assert got["batch"] == batch and got["labels"] == engine.label(ids).tolist()
+            assert np.array_equal(np.array(got["embeddings"], np.float32), engine.lookup(ids))
+            assert r.service.batch_seq == batch  # the loop was held all along
+        finally:
+            release.set()
 
 
 def test_neighbors_are_the_graph_in_and_out_edges_with_weights(running):

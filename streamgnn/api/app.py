@@ -1,9 +1,12 @@
 """The REST app (DESIGN.md "REST"): current embeddings, labels, neighbours, query serving,
 status and metrics of a running `Service`, and health probes.
 
-Every ``/v1`` answer is computed by the service loop between two batches (`Reads`), so it
-comes from one consistent state and names that batch (``batch``: the batches applied
-before it); the engine is touched by the loop's thread only. Errors are JSON
+Every ``/v1`` answer comes from one consistent state between two batches and names that
+batch (``batch``: the batches applied before it): vertex rows from the service's
+`ReadView`, read at once on the server's thread (with MPI workers, and for every other
+read, computed by the service loop between two batches: `Reads`); the engine is touched
+by the loop's thread only. Vertex answers are serialised by orjson straight from the
+rows (the response models document them). Errors are JSON
 ``{"error": word, "reason": text}``: 404 for an unknown vertex (named), 422 for a bad body
 or query, 401 without the bearer token (when one is set), 413 past the body limit, 503
 while no service loop runs.
@@ -21,6 +24,7 @@ from http import HTTPStatus
 from typing import Annotated, Any
 
 import numpy as np
+import orjson
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -30,10 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from streamgnn.errors import InvalidQueryError, InvalidUpdateError, UnknownVertexError
+from streamgnn.errors import InvalidUpdateError, UnknownVertexError
 from streamgnn.queries import QueryRequest
 from streamgnn.router.reads import NotServing, Reads
 from streamgnn.router.service import Service
+from streamgnn.router.view import Rows, engine_rows
 from streamgnn.stream.schemas import QueryResult
 from streamgnn.updates import VertexId
 
@@ -143,28 +148,29 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
             raise NotServing(f"the service did not answer within {READ_TIMEOUT_S:g} s "
                              "(a long batch or checkpoint): retry") from None
 
+    async def rows(ids: list[int], layer: int) -> Rows:
+        view = reads.view
+        if view is not None:
+            return view.read(ids, layer)
+        return await answer(lambda service: engine_rows(
+            service.engine, service.batch_seq, np.array(ids, np.int64), layer))
+
     @app.get("/v1/vertices/{id}", response_model=Vertex, responses=errors,
              dependencies=guarded)
-    async def vertex(id: Annotated[int, _ID], layer: Annotated[int, _LAYER] = -1) -> Vertex:
+    async def vertex(id: Annotated[int, _ID], layer: Annotated[int, _LAYER] = -1
+                     ) -> Response:
         """One vertex's embedding at ``layer`` and its label."""
-        def read(service: Service) -> tuple:
-            at = _layer(service, layer)
-            return service.batch_seq, at, *_rows(service, [id], at)
-
-        batch, at, rows, labels = await answer(read)
-        return Vertex(id=id, label=int(labels[0]), layer=at, embedding=rows[0].tolist(),
-                      batch=batch)
+        got = await rows([id], layer)
+        return _json({"id": id, "label": int(got.labels[0]), "layer": got.layer,
+                      "embedding": got.rows[0], "batch": got.batch})
 
     @app.post("/v1/vertices/lookup", response_model=Lookup, responses=errors,
               dependencies=guarded)
-    async def lookup(body: LookupRequest) -> Lookup:
+    async def lookup(body: LookupRequest) -> Response:
         """Embeddings at ``layer`` and labels of ``ids`` (in order, repeats allowed)."""
-        def read(service: Service) -> tuple:
-            return service.batch_seq, *_rows(service, body.ids, _layer(service, body.layer))
-
-        batch, rows, labels = await answer(read)
-        return Lookup(batch=batch, ids=body.ids, labels=labels.tolist(),
-                      embeddings=rows.tolist())
+        got = await rows(body.ids, body.layer)
+        return _json({"batch": got.batch, "ids": body.ids, "labels": got.labels,
+                      "embeddings": got.rows})
 
     @app.get("/v1/vertices/{id}/neighbors", response_model=Neighbors, responses=errors,
              dependencies=guarded)
@@ -249,21 +255,10 @@ def _problem(status: int, reason: str, error: str | None = None,
     return JSONResponse(Problem(error=error, reason=reason).model_dump(), status, headers)
 
 
-def _layer(service: Service, layer: int) -> int:
-    """``layer`` as 0..L, or the 422 naming the layers there are."""
-    n = service.engine.num_layers
-    if not -(n + 1) <= layer <= n:
-        raise InvalidQueryError(f"layer {layer}: the model has layers 0..{n} (or "
-                                f"-{n + 1}..-1 counting from the last)")
-    return layer % (n + 1)
-
-
-def _rows(service: Service, ids: list[int], layer: int) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings of ``ids`` at ``layer`` and their labels."""
-    rows = service.engine.lookup(ids, layer)
-    labels = (rows if layer == service.engine.num_layers
-              else service.engine.lookup(ids, -1)).argmax(axis=1)
-    return rows, labels
+def _json(content: dict[str, Any]) -> Response:
+    """``content`` (numpy arrays and numbers included) as a JSON response."""
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY),
+                    media_type="application/json")
 
 
 def _edges(graph, ptr: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> Edges:

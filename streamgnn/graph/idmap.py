@@ -75,17 +75,25 @@ def _put_many(table, keys, slots):
         put1(table, keys[q], slots[q])
 
 
+@njit(cache=True)
+def _del_many(table, keys):
+    for q in range(len(keys)):
+        del1(table, keys[q])
+
+
 class IdMap:
-    """Batch lookups and inserts of external ids; ``reserve`` keeps the load factor at most
-    0.7 so probes stay short."""
+    """Batch lookups, inserts and deletes of external ids; ``reserve`` keeps the load
+    factor at most 0.7 so probes stay short. Each method changes the map in one step as
+    other threads see it (its kernels hold the GIL; a rehashed table is filled before it
+    replaces the old one), so a thread may `get` while another changes other ids."""
 
     def __init__(self, slot_capacity: int) -> None:
         self.ext = np.zeros(slot_capacity, np.int64)
-        self._alloc(slot_capacity)
+        self.table = self._empty(slot_capacity)
 
-    def _alloc(self, keys: int) -> None:
+    def _empty(self, keys: int) -> tuple:
         cells = 1 << max(4, int(keys / _MAX_LOAD).bit_length())
-        self.table = (np.full(cells, _EMPTY, np.int32), self.ext, np.zeros(2, np.int64))
+        return np.full(cells, _EMPTY, np.int32), self.ext, np.zeros(2, np.int64)
 
     def __len__(self) -> int:
         return int(self.table[2][0])
@@ -103,8 +111,9 @@ class IdMap:
         if int(counts[1]) + extra <= _MAX_LOAD * len(cells):
             return
         slots = cells[cells >= 0]
-        self._alloc(len(slots) + extra)
-        _put_many(self.table, self.ext[slots], slots)
+        table = self._empty(len(slots) + extra)
+        _put_many(table, self.ext[slots], slots)
+        self.table = table
 
     def grow_slots(self, capacity: int) -> None:
         ext = np.zeros(capacity, np.int64)
@@ -117,6 +126,10 @@ class IdMap:
         self.reserve(len(ext))
         _put_many(self.table, np.ascontiguousarray(ext, np.int64),
                   np.ascontiguousarray(slots, np.int32))
+
+    def delete(self, ext: np.ndarray) -> None:
+        """Unmap ids that are present (the caller checked)."""
+        _del_many(self.table, np.ascontiguousarray(ext, np.int64))
 
     @property
     def nbytes(self) -> int:

@@ -1,9 +1,13 @@
-"""`Reads`: reads of a running service's state asked from other threads (the REST API),
-run by the service loop itself between two batches. Each read sees the state after one
-batch and before the next, never a half-applied one, and can name that batch; only the
-loop's thread touches the engine (so reads work unchanged when the engine's shards live on
-MPI ranks). Between two batches the loop runs queued reads for at most about as long as
-its last batch took (at least one): reads cannot stall ingest by more than a batch, and
+"""`Reads`: how other threads (the REST API) read a running service's state. Each read
+sees the state after one batch and before the next, never a half-applied one, and can
+name that batch.
+
+Vertex rows come from the service's `ReadView` while the engine's shards run in this
+process: read on the caller's thread, at once, while the loop applies the next batch.
+Every other read (and vertex rows when the shards live on MPI ranks) is queued and run by
+the service loop itself between two batches, where only the loop's thread touches the
+engine. Between two batches the loop runs queued reads for at most about as long as its
+last batch took (at least one): reads cannot stall ingest by more than a batch, and
 ingest cannot starve reads.
 
 Must not import kafka or mpi4py.
@@ -19,6 +23,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamgnn.errors import StreamGNNError
+from streamgnn.router.view import ReadView
 
 if TYPE_CHECKING:
     from streamgnn.router.service import Service
@@ -32,7 +37,9 @@ class NotServing(StreamGNNError, RuntimeError):
 
 
 class Reads:
-    """The queue between threads that read and the service loop that answers."""
+    """The queue between threads that read and the service loop that answers, and the
+    serving loop's `ReadView` (None while no loop serves, or where the engine's rows live
+    on MPI ranks)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Callable[[Service], Any], Future]] = (
@@ -40,6 +47,7 @@ class Reads:
         self._lock = threading.Lock()
         self._serving: Service | None = None
         self.service: Service | None = None  # the last service that served (or serves)
+        self.view: ReadView | None = None
 
     @property
     def ready(self) -> bool:
@@ -57,14 +65,21 @@ class Reads:
         return future
 
     def open(self, service: Service) -> None:
-        """``service``'s loop answers reads from now on."""
+        """``service``'s loop answers reads from now on (call it on the loop's thread,
+        between two batches): vertex rows from a view of its engine, built here, where
+        the engine's shards run in this process."""
+        view = (ReadView(service.engine, service.batch_seq)
+                if service.engine.shards is not None else None)
         with self._lock:
             self._serving = self.service = service
+            self.view = view
 
     def close(self) -> None:
-        """The loop stops answering: reads still queued fail with `NotServing`."""
+        """The loop stops answering: reads still queued fail with `NotServing`, and the
+        view is dropped."""
         with self._lock:
             self._serving = None
+            self.view = None
         while True:
             try:
                 _, future = self._queue.get_nowait()

@@ -8,7 +8,8 @@ updates and consumed offsets every N batches or seconds. Between two batches it 
 query requests from a second transport (`_answer_queries`): each from the state after the
 last batch, published on ``query-results`` naming that batch; a request that cannot be
 answered gets an error result naming why, and never stops the loop. Reads other threads
-queue (`Reads`: the REST API) are answered there too.
+queue (`Reads`: the REST API) are answered there too; after each batch the loop refreshes
+the `ReadView` vertex reads are served from without waiting for it.
 
 Failure semantics (README, "Reliability"):
 - Bad input never stops the loop: any exception one message causes while it is decoded
@@ -516,6 +517,8 @@ class Service:
             update, origin = buffer[err.index]
             self._dead_letter(origin, err.kind, err.reason, update)
         self.batch_seq = seq
+        if self.reads is not None and self.reads.view is not None:
+            self.reads.view.publish(seq, result, self.engine)
         self._publish_changes(result.changed_labels, _ranges([o.record for _, o in buffer]),
                               times, at)
         seconds = time.perf_counter() - t

@@ -285,6 +285,11 @@ class Engine:
             merged.changed_labels.update(r.changed_labels)
         for name in ("recomputed", "pulled", "remote_reads", "combined_messages"):
             setattr(merged, name, np.sum([getattr(r, name) for r in results], axis=0).tolist())
+        ext = self.graph.ext
+        merged.removed = ext[diff.removed]
+        if all(r.rewritten for r in results):  # reported by shards in this process
+            merged.rewritten = [ext[np.concatenate([diff.changed, diff.added])], *(
+                np.concatenate(layer) for layer in zip(*(r.rewritten for r in results)))]
         return merged
 
 

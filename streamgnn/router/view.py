@@ -1,0 +1,210 @@
+"""`ReadView`: the rows the REST API's vertex reads serve (every layer's embedding of every
+vertex, and the labels from the output layer), readable from any thread while the
+service loop applies the next batch.
+
+The view keeps its own copy of the rows, one table per layer indexed by the engine
+graph's slots, and its own id -> slot map. After each batch the loop calls `publish`
+with the rows the batch rewrote (`ApplyResult.rewritten`) and the vertices it removed:
+their new rows are copied out of the engine into a small *overlay*, which is published
+at once (one reference swap) together with the batch number; then the loop copies the
+overlay into the tables. A reader takes the current overlay, gathers from the tables and
+patches in the overlay's rows: the rows the copy is writing are exactly the ones the
+overlay replaces, so a reader sees the state after one batch, whole, and never waits for
+the copy or for a batch. Before the copy starts, the loop waits for the readers of the
+overlay before (a reader holds one for the microseconds of a gather), whose base would
+change under them.
+
+Memory: one copy of every layer's rows at the graph's slot capacity (``nbytes``), an id
+map, and one batch's rewritten rows; nothing grows with the number of updates.
+
+Must not import kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from streamgnn.errors import InvalidQueryError, UnknownVertexError
+from streamgnn.graph.idmap import IdMap
+from streamgnn.workers import ApplyResult, Engine
+
+
+class Rows(NamedTuple):
+    """Rows of some vertices at ``layer`` (0..L) and their labels, from the state after
+    ``batch`` batches."""
+
+    batch: int
+    layer: int
+    rows: np.ndarray
+    labels: np.ndarray
+
+
+def layer_index(num_layers: int, layer: int) -> int:
+    """``layer`` (negative: counted from the last) as 0..``num_layers``, or the
+    `InvalidQueryError` naming the layers there are."""
+    if not -(num_layers + 1) <= layer <= num_layers:
+        raise InvalidQueryError(f"layer {layer}: the model has layers 0..{num_layers} (or "
+                                f"-{num_layers + 1}..-1 counting from the last)")
+    return layer % (num_layers + 1)
+
+
+def engine_rows(engine: Engine, batch: int, ids: np.ndarray, layer: int) -> Rows:
+    """The same answer as `ReadView.read`, from the engine itself (call it between two
+    batches, on the loop's thread: the path where the rows live on MPI ranks)."""
+    at = layer_index(engine.num_layers, layer)
+    rows = np.ascontiguousarray(engine.lookup(ids, at))
+    labels = (rows if at == engine.num_layers else engine.lookup(ids, -1)).argmax(axis=1)
+    return Rows(batch, at, rows, labels)
+
+
+@dataclass(eq=False)
+class ViewState:
+    """The state after batch ``batch`` as a reader sees it: ``tables`` (rows of every slot,
+    per layer) as of the batch before, or already this one where the loop's copy has
+    reached, overlaid by what this batch changed: per layer the slots it rewrote
+    (``keys``, ascending) and their rows after it (``rows``); the ids it removed and the
+    ids it added (or moved to a new slot), both ascending, with the added ids' slots."""
+
+    batch: int
+    num_layers: int
+    ids: IdMap
+    tables: list[np.ndarray]
+    keys: list[np.ndarray]
+    rows: list[np.ndarray]
+    removed: np.ndarray
+    added: np.ndarray
+    added_slots: np.ndarray
+    readers: int = 0
+
+    def read(self, ids: np.ndarray | list[int], layer: int) -> Rows:
+        """Rows of ``ids`` at ``layer`` and their labels (argmax of the output layer).
+        Raises `UnknownVertexError` naming the first id not in the graph, and
+        `InvalidQueryError` for a layer the model lacks."""
+        at = layer_index(self.num_layers, layer)
+        slots = self._slots(np.atleast_1d(np.asarray(ids, np.int64)))
+        rows = self._gather(slots, at)
+        last = rows if at == self.num_layers else self._gather(slots, self.num_layers)
+        return Rows(self.batch, at, rows, last.argmax(axis=1))
+
+    def _slots(self, ids: np.ndarray) -> np.ndarray:
+        slots = self.ids.get(ids).astype(np.int64)
+        slots[_find(self.removed, ids)[1]] = -1
+        at, hit = _find(self.added, ids)
+        slots[hit] = self.added_slots[at[hit]]
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            i = int(missing[0])
+            raise UnknownVertexError(f"vertex {ids[i]} is not in the graph", index=i)
+        return slots
+
+    def _gather(self, slots: np.ndarray, layer: int) -> np.ndarray:
+        out = self.tables[layer][slots]
+        at, hit = _find(self.keys[layer], slots)
+        out[hit] = self.rows[layer][at[hit]]
+        return out
+
+
+class ReadView:
+    """The vertex rows of an engine whose shards run in this process, as of the last
+    batch published; `read` from any thread."""
+
+    def __init__(self, engine: Engine, batch: int) -> None:
+        """A copy of ``engine``'s rows, the state after ``batch`` batches (call it between
+        two batches)."""
+        graph = engine.graph
+        ids, slots = graph.vertex_ids(), graph.vertex_slots()
+        self._ids = IdMap(len(graph.ext))
+        self._ids.insert(ids, slots)
+        tables = []
+        for layer in range(engine.num_layers + 1):
+            rows = engine.lookup(ids, layer)
+            table = np.zeros((len(graph.ext), rows.shape[1]), rows.dtype)
+            table[slots] = rows
+            tables.append(table)
+        none = np.zeros(0, np.int64)
+        self._current = ViewState(batch, engine.num_layers, self._ids, tables,
+                                  [none] * len(tables), [t[:0] for t in tables], none, none,
+                                  none)
+        self._readers = threading.Condition(threading.Lock())
+
+    @property
+    def num_layers(self) -> int:
+        return self._current.num_layers
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the row tables and the id map (the overlay comes on top: one batch's
+        rewritten rows)."""
+        return sum(t.nbytes for t in self._current.tables) + self._ids.nbytes
+
+    @contextmanager
+    def state(self) -> Iterator[ViewState]:
+        """The current state, held: it reads the same until released, whatever the loop
+        publishes meanwhile (the loop's next `publish` waits for it before it changes the
+        tables: hold it for a read, not longer)."""
+        with self._readers:
+            state = self._current
+            state.readers += 1
+        try:
+            yield state
+        finally:
+            with self._readers:
+                state.readers -= 1
+                if not state.readers:
+                    self._readers.notify_all()
+
+    def read(self, ids: np.ndarray | list[int], layer: int) -> Rows:
+        """`ViewState.read` of the current state: rows of ``ids`` at ``layer`` and their
+        labels, from the state after one batch, which the answer names."""
+        with self.state() as state:
+            return state.read(ids, layer)
+
+    def publish(self, batch: int, result: ApplyResult, engine: Engine) -> None:
+        """Make the state after ``batch`` (whose `ApplyResult` is ``result``) the one
+        read; call it on the loop's thread, right after the batch."""
+        graph = engine.graph
+        keys, rows = [], []
+        for layer, ids in enumerate(result.rewritten):
+            slots = graph.slots(ids).astype(np.int64)
+            order = np.argsort(slots)
+            keys.append(slots[order])
+            rows.append(engine.lookup(ids[order], layer))
+        new = keys[0]  # slots of the vertices added, moved or given new features
+        added = graph.ext[new[self._ids.get(graph.ext[new]) != new]]
+        order = np.argsort(added)
+        added, added_slots = added[order], graph.slots(added[order]).astype(np.int64)
+        removed = np.sort(result.removed)
+        tables = self._current.tables
+        if len(graph.ext) > len(tables[0]):  # the graph grew: the tables grow with it
+            tables = [_grown(t, len(graph.ext)) for t in tables]
+            self._ids.grow_slots(len(graph.ext))
+        state = ViewState(batch, self.num_layers, self._ids, tables, keys, rows, removed,
+                          added, added_slots)
+        with self._readers:
+            before, self._current = self._current, state
+            while before.readers:  # their tables are about to change under them
+                self._readers.wait()
+        for table, slots, layer_rows in zip(tables, keys, rows, strict=True):
+            table[slots] = layer_rows
+        self._ids.delete(removed)
+        self._ids.insert(added, added_slots)
+
+
+def _find(sorted_keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Position of each of ``values`` in ``sorted_keys`` and whether it is there."""
+    if not len(sorted_keys):
+        return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
+    return at, sorted_keys[at] == values
+
+
+def _grown(table: np.ndarray, rows: int) -> np.ndarray:
+    out = np.zeros((rows, *table.shape[1:]), table.dtype)
+    out[:len(table)] = table
+    return out
