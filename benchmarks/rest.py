@@ -1,16 +1,17 @@
 """REST benchmark: read latency while ingesting, and ingest throughput while reading.
 
-    python benchmarks/rest.py [--preset small] [--rate 2000] [--seconds 20]
+    python benchmarks/rest.py [--preset arxiv-like] [--rate 10000] [--seconds 20]
 
 One process serves (`Service` on the in-memory transport, the REST API on a uvicorn
-thread, reads answered by the loop between two batches, as `streamgnn serve --http`
-runs); a client process reads over HTTP, one request at a time (closed loop, httpx):
-single vertices (``GET /v1/vertices/{id}``) or 1,000-id lookups. Ingest is the soak
-benchmark's steady-size workload (100 updates per message, event time stamped).
+thread, vertex reads from the service's `ReadView`, as `streamgnn serve --http` runs); a
+client process reads over HTTP, one request at a time (closed loop, httpx): single
+vertices (``GET /v1/vertices/{id}``) or 1,000-id lookups (``POST /v1/vertices/lookup``).
+Ingest is the soak benchmark's steady-size workload (100 updates per message), encoded
+before each row starts so that producing costs the serving process next to nothing.
 
 Rows: reads alone; reads while ingesting at ``--rate`` updates/s (paced); ingest of a
-backlog for ``--seconds`` with no reads, and with a steady single-vertex read load.
-Prints a table and writes JSON.
+backlog for ``--seconds`` with no reads, with a steady read load of each kind, and with
+the REST API off (no view to refresh). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ import streamgnn as sg
 from streamgnn.allocator import keep_freed_memory
 from streamgnn.api.server import HttpServer
 from streamgnn.models.zoo import Checkpoint, ModelSpec
-from streamgnn.router import Service, ServiceConfig
+from streamgnn.router import BatchReport, Service, ServiceConfig
 from streamgnn.router.reads import Reads
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 
-console = Console(width=140)
+console = Console(width=160)
 
 
 def client(url: str, kind: str, seconds: float, ids_file: str) -> None:
@@ -51,6 +52,8 @@ def client(url: str, kind: str, seconds: float, ids_file: str) -> None:
     latencies, batches = [], set()
     no_delay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
     with httpx.Client(base_url=url, timeout=60, transport=no_delay) as http:
+        while http.get("/readyz").status_code != 200:  # the service builds its view
+            time.sleep(0.05)
         end = time.perf_counter() + seconds
         while (t := time.perf_counter()) < end:
             if kind == "vertex":
@@ -76,78 +79,97 @@ class Bench:
         torch.manual_seed(0)
         model = Checkpoint(spec, spec.build().state_dict())
         self.broker, self.config = MemoryBroker(), ServiceConfig(batch_size=args.batch_size)
+        self.topic = self.config.topics.updates
         self.reads = Reads()
         self.service = Service(sg.Engine.from_pyg(model.model(), data), model,
-                               MemoryTransport(self.broker, self.config.topics.updates),
-                               self.config, reads=self.reads)
+                               MemoryTransport(self.broker, self.topic), self.config,
+                               reads=self.reads)
         self.server = HttpServer(self.reads, "127.0.0.1", 0).start()
         self.updates = chunks(data, 1000, seed=1)
         self.ids_file = Path(tempfile.mkdtemp()) / "ids.npy"
         np.save(self.ids_file, data.ids)
+        self.batch_ms: list[float] = []
+        self.view_bytes = 0
 
-    def produce(self, n: int) -> None:
-        made = 0
-        while made < n:
-            chunk = next(self.updates)[:n - made]
-            now = time.time()
-            for i in range(0, len(chunk), 100):
-                part = chunk[i:i + 100]
-                for u in part:
-                    u["event_time"] = now
-                self.broker.produce(self.config.topics.updates, orjson.dumps(part))
-            made += len(chunk)
+    def encoded(self, n: int) -> list[bytes]:
+        """The next ``n`` updates as messages of 100."""
+        out: list[bytes] = []
+        while len(out) * 100 < n:
+            chunk = next(self.updates)
+            out += [orjson.dumps(chunk[i:i + 100]) for i in range(0, len(chunk), 100)]
+        return out
 
     def reader(self, kind: str, seconds: float) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, __file__, "--client", self.server.url, kind,
                                  str(seconds), str(self.ids_file)], stdout=subprocess.PIPE,
                                 text=True)
 
+    def on_batch(self, report: BatchReport) -> None:
+        self.batch_ms.append(report.seconds * 1000)
+        if self.reads.view is not None:
+            self.view_bytes = self.reads.view.nbytes
+
+    def serve(self, stop, reads: bool = True) -> dict:
+        """Run the service until ``stop()``; updates/s applied and batch times meanwhile.
+        ``reads=False``: without the read view (the REST API off)."""
+        self.service.reads = self.reads if reads else None
+        self.batch_ms = []
+        before = self.service.stats.applied
+        t = time.perf_counter()
+        self.service.run(stop=stop, on_batch=self.on_batch)
+        seconds = time.perf_counter() - t
+        ms = np.array(self.batch_ms or [0.0])
+        return {"ingest_per_s": (self.service.stats.applied - before) / seconds,
+                "batch_p50_ms": float(np.percentile(ms, 50)),
+                "batch_p99_ms": float(np.percentile(ms, 99))}
+
     def reads_while(self, kind: str, rate: float) -> dict:
         """A reader for ``--seconds`` while updates are produced at ``rate``/s (0: none)."""
+        messages = self.encoded(int(rate * (self.args.seconds + 5)))
         stop = threading.Event()
 
         def paced() -> None:
             start, sent = time.perf_counter(), 0
-            while not stop.is_set():
-                due = int((time.perf_counter() - start) * rate)
-                if due - sent >= 100:
-                    self.produce(due - sent)
-                    sent = due
+            while not stop.is_set() and sent < len(messages):
+                due = min(len(messages), int((time.perf_counter() - start) * rate / 100))
+                for message in messages[sent:due]:
+                    self.broker.produce(self.topic, message)
+                sent = max(sent, due)
                 time.sleep(0.005)
 
         reader = self.reader(kind, self.args.seconds)
         if rate:
             threading.Thread(target=paced, daemon=True).start()
-        before = self.service.stats.applied
-        t = time.perf_counter()
-        self.service.run(stop=lambda: reader.poll() is not None)
+        out = self.serve(lambda: reader.poll() is not None)
         stop.set()
-        out = json.loads(reader.stdout.read())
-        out["ingest_per_s"] = (self.service.stats.applied - before) / (time.perf_counter() - t)
+        out.update(json.loads(reader.stdout.read()))
         self.drain()
         return out
 
-    def ingest(self, with_reads: bool) -> dict:
-        """Updates/s draining a backlog larger than ``--seconds`` can take (for as long as
-        the reader reads, if ``with_reads``)."""
-        self.produce(self.args.backlog)
-        reader = self.reader("vertex", self.args.seconds) if with_reads else None
-        before = self.service.stats.applied
-        t = time.perf_counter()
-        end = t + self.args.seconds
-        self.service.run(stop=lambda: reader.poll() is not None if reader
-                         else time.perf_counter() >= end)
-        out = {"ingest_per_s": (self.service.stats.applied - before) /
-               (time.perf_counter() - t)}
+    def ingest(self, kind: str | None, reads: bool = True) -> dict:
+        """Updates/s draining a backlog larger than ``--seconds`` can take, while a reader
+        of ``kind`` reads (None: no reader)."""
+        for message in self.encoded(self.args.backlog):
+            self.broker.produce(self.topic, message)
+        reader = self.reader(kind, self.args.seconds) if kind else None
+        end = time.perf_counter() + self.args.seconds
+        out = self.serve(lambda: reader.poll() is not None if reader
+                         else time.perf_counter() >= end, reads)
         if reader is not None:
             out.update(json.loads(reader.stdout.read()))
         self.drain()
         return out
 
     def drain(self) -> None:
-        """Apply what is left, so the next row starts from an empty topic."""
+        """Apply what is left, so the next row starts from an empty topic; forget the
+        consumed records and the outputs (as Kafka's retention would)."""
+        self.service.reads = None
         self.service.run(stop=lambda: self.service.transport.lag() == 0
                          and not self.service.pending)
+        with self.broker.lock:
+            for name, parts in self.broker.topics.items():
+                for log in parts:
+                    log[:] = [None] * len(log) if name == self.topic else []
 
 
 def main() -> None:
@@ -155,44 +177,50 @@ def main() -> None:
         client(sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--rate", type=float, default=2000, help="paced ingest, updates/s")
+    ap.add_argument("--preset", default="arxiv-like")
+    ap.add_argument("--rate", type=float, default=10_000, help="paced ingest, updates/s")
     ap.add_argument("--seconds", type=float, default=20, help="per row")
     ap.add_argument("--batch-size", type=int, default=1000)
-    ap.add_argument("--backlog", type=int, default=200_000,
+    ap.add_argument("--backlog", type=int, default=400_000,
                     help="updates queued for the ingest rows (more than they can take)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/rest.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     keep_freed_memory()
     bench = Bench(args)
-    bench.produce(5000)  # numba's first compilations, outside every row
+    for message in bench.encoded(5000):  # numba's first compilations, outside every row
+        bench.broker.produce(bench.topic, message)
     bench.drain()
 
+    paced = f"{args.rate:,.0f}/s paced"
     rows = [("vertex", "none", bench.reads_while("vertex", 0)),
             ("lookup 1000", "none", bench.reads_while("lookup", 0)),
-            ("vertex", f"{args.rate:,.0f}/s paced", bench.reads_while("vertex", args.rate)),
-            ("lookup 1000", f"{args.rate:,.0f}/s paced",
-             bench.reads_while("lookup", args.rate)),
-            ("none", "backlog", bench.ingest(False)),
-            ("vertex", "backlog", bench.ingest(True))]
+            ("vertex", paced, bench.reads_while("vertex", args.rate)),
+            ("lookup 1000", paced, bench.reads_while("lookup", args.rate)),
+            ("none (REST off)", "backlog", bench.ingest(None, reads=False)),
+            ("none", "backlog", bench.ingest(None)),
+            ("vertex", "backlog", bench.ingest("vertex")),
+            ("lookup 1000", "backlog", bench.ingest("lookup"))]
     bench.server.stop()
     table = Table(title=f"REST on {args.preset}, batches of {args.batch_size}, one closed-loop "
                         f"reader, {args.seconds:g} s per row")
     for col in ("reads", "ingest", "reads/s", "p50 ms", "p99 ms", "max ms",
-                "batches seen", "updates/s applied"):
+                "batches seen", "updates/s applied", "batch p50 ms", "batch p99 ms"):
         table.add_column(col, justify="right")
     for kind, ingest, r in rows:
         reads = [f"{r[k]:,.1f}" for k in ("reads_per_s", "p50_ms", "p99_ms", "max_ms")
                  ] if "reads" in r else ["-"] * 4
         table.add_row(kind, ingest, *reads, str(r.get("batches_seen", "-")),
-                      f"{r['ingest_per_s']:,.0f}")
+                      f"{r['ingest_per_s']:,.0f}", f"{r['batch_p50_ms']:.1f}",
+                      f"{r['batch_p99_ms']:.1f}")
     console.print(table)
-    without, with_reads = rows[-2][2]["ingest_per_s"], rows[-1][2]["ingest_per_s"]
-    console.print(f"ingest with a steady read load / without: {with_reads / without:.2f}")
+    alone = rows[5][2]["ingest_per_s"]
+    for i in (4, 6, 7):
+        console.print(f"ingest, {rows[i][0]} / no reads: {rows[i][2]['ingest_per_s'] / alone:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"preset": args.preset, "rate": args.rate,
                                     "seconds": args.seconds, "batch_size": args.batch_size,
+                                    "view_bytes": bench.view_bytes,
                                     "rows": [{"reads": k, "ingest": i, **r}
                                              for k, i, r in rows]}, indent=1))
     console.print(f"-> {args.out}")

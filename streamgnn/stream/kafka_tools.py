@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import orjson
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from streamgnn.errors import StreamGNNError
 from streamgnn.stream.kafka import assigned, producer, records
 from streamgnn.stream.kafka_config import KafkaConfig
 from streamgnn.stream.transport import Record
+
+
+class SendFailed(StreamGNNError, RuntimeError):
+    """The broker did not take some of the updates sent (refused them, or they expired
+    unsent): how many, the first one's number and why."""
 
 
 class UpdateSender:
@@ -28,27 +36,45 @@ class UpdateSender:
     ``per_message``), stamping ``event_time`` where missing. An update goes to partition
     (its source vertex, or its vertex, mod the partition count), so each vertex's updates
     stay in order; a message goes when full or ``linger_s`` after its first update.
-    Unparsable lines go alone, as they are (the service dead-letters them)."""
+    Unparsable lines go alone, as they are (the service dead-letters them).
+
+    Every message's outcome is checked (a callback on its send future, so sending does
+    not wait for acknowledgements): once one has failed, the next `send` raises
+    `SendFailed` instead of sending more, and `flush` / `close` raise it after waiting for
+    the rest, naming the updates the broker did not take (numbered from 1 in the order
+    sent) and the reasons. Use it as a context manager to close it either way."""
 
     def __init__(self, kafka: KafkaConfig, topic: str, per_message: int = 100,
                  linger_s: float = 0.02) -> None:
         self.topic, self.per_message, self.linger_s = topic, per_message, linger_s
+        self.sent = 0  # updates handed to `send`
         self._producer = producer(kafka)
         self._partitions = len(self._producer.partitions_for(topic))
-        self._open: dict[int, tuple[float, list[bytes]]] = {}
+        self._open: dict[int, tuple[float, int, list[bytes]]] = {}  # since, first, items
+        self._lock = threading.Lock()  # failures come in on the producer's thread
+        self._failed: Counter[str] = Counter()  # updates not taken, by reason
+        self._first_failed: int | None = None
+
+    def __enter__(self) -> UpdateSender:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
 
     def send(self, line: bytes) -> None:
+        self._check()
         now = time.time()
+        self.sent += 1
         try:
             update = orjson.loads(line)
             update.setdefault("event_time", now)
             key = int(update.get("src", update.get("id")))
             item = orjson.dumps(update)
         except (ValueError, AttributeError, TypeError):
-            self._producer.send(self.topic, value=line)
+            self._send(line, None, self.sent, 1)
             return
         partition = key % self._partitions
-        items = self._open.setdefault(partition, (now, []))[1]
+        items = self._open.setdefault(partition, (now, self.sent, []))[2]
         items.append(item)
         if len(items) >= self.per_message:
             self._ship(partition)
@@ -60,28 +86,59 @@ class UpdateSender:
         until = time.time() + seconds
         while (now := time.time()) < until:
             self._ship_lingering(now)
-            due = min((opened + self.linger_s for opened, _ in self._open.values()),
+            due = min((opened + self.linger_s for opened, _, _ in self._open.values()),
                       default=until)
             time.sleep(max(0.0, min(until, due) - now))
 
     def _ship_lingering(self, now: float) -> None:
-        for partition, (opened, _) in list(self._open.items()):
+        for partition, (opened, _, _) in list(self._open.items()):
             if now - opened >= self.linger_s:
                 self._ship(partition)
 
     def _ship(self, partition: int) -> None:
-        _, items = self._open.pop(partition)
-        self._producer.send(self.topic, value=b"[" + b",".join(items) + b"]",
-                            partition=partition)
+        _, first, items = self._open.pop(partition)
+        self._send(b"[" + b",".join(items) + b"]", partition, first, len(items))
+
+    def _send(self, value: bytes, partition: int | None, first: int, count: int) -> None:
+        """Send updates ``first`` .. ``first + count - 1`` as one message."""
+        try:
+            sent = self._producer.send(self.topic, value=value, partition=partition)
+        except KafkaError as e:  # refused before it left (too large, no metadata, ...)
+            self._fail(first, count, e)
+            return
+        sent.add_errback(self._fail, first, count)
+
+    def _fail(self, first: int, count: int, error: BaseException) -> None:
+        detail = error.args[0] if error.args and error.args[0] else getattr(
+            error, "description", "")
+        with self._lock:
+            self._failed[f"{type(error).__name__}: {detail}" if detail
+                         else type(error).__name__] += count
+            self._first_failed = min(first, self._first_failed or first)
+
+    def _check(self) -> None:
+        with self._lock:
+            if not self._failed:
+                return
+            reasons = "; ".join(f"{reason} ({n:,} updates)"
+                                for reason, n in self._failed.most_common())
+            raise SendFailed(f"the broker did not take {sum(self._failed.values()):,} of "
+                             f"{self.sent:,} updates sent to {self.topic} (the first: update "
+                             f"#{self._first_failed}): {reasons}")
 
     def flush(self) -> None:
+        """Send what waits and wait for every acknowledgement; raises `SendFailed` if
+        some updates were not taken."""
         for partition in list(self._open):
             self._ship(partition)
         self._producer.flush()
+        self._check()
 
     def close(self) -> None:
-        self.flush()
-        self._producer.close()
+        try:
+            self.flush()
+        finally:
+            self._producer.close()
 
 
 def ensure_topics(kafka: KafkaConfig, names: list[str], partitions: int = 1,
