@@ -4,10 +4,10 @@ service loop applies the next batch.
 
 The view keeps its own copy of the rows, one table per layer indexed by the engine
 graph's slots, and its own id -> slot map. After each batch the loop calls `publish`
-with the rows the batch rewrote (`ApplyResult.rewritten`) and the vertices it removed:
-their new rows are copied out of the engine into a small *overlay*, which is published
-at once (one reference swap) together with the batch number; then the loop copies the
-overlay into the tables. A reader takes the current overlay, gathers from the tables and
+with the rows the batch rewrote (`ApplyResult.rewritten`: the engine's own new rows, no
+copy) and the vertices it removed: they are published at once as a small *overlay* (one
+reference swap) together with the batch number; then the loop copies the overlay into
+the tables. A reader takes the current overlay, gathers from the tables and
 patches in the overlay's rows: the rows the copy is writing are exactly the ones the
 overlay replaces, so a reader sees the state after one batch, whole, and never waits for
 the copy or for a batch. Before the copy starts, the loop waits for the readers of the
@@ -169,12 +169,7 @@ class ReadView:
         """Make the state after ``batch`` (whose `ApplyResult` is ``result``) the one
         read; call it on the loop's thread, right after the batch."""
         graph = engine.graph
-        keys, rows = [], []
-        for layer, ids in enumerate(result.rewritten):
-            slots = graph.slots(ids).astype(np.int64)
-            order = np.argsort(slots)
-            keys.append(slots[order])
-            rows.append(engine.lookup(ids[order], layer))
+        keys, rows = (list(side) for side in zip(*result.rewritten, strict=True))
         new = keys[0]  # slots of the vertices added, moved or given new features
         added = graph.ext[new[self._ids.get(graph.ext[new]) != new]]
         order = np.argsort(added)

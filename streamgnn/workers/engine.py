@@ -285,12 +285,27 @@ class Engine:
             merged.changed_labels.update(r.changed_labels)
         for name in ("recomputed", "pulled", "remote_reads", "combined_messages"):
             setattr(merged, name, np.sum([getattr(r, name) for r in results], axis=0).tolist())
-        ext = self.graph.ext
-        merged.removed = ext[diff.removed]
+        merged.removed = self.graph.ext[diff.removed]
         if all(r.rewritten for r in results):  # reported by shards in this process
-            merged.rewritten = [ext[np.concatenate([diff.changed, diff.added])], *(
-                np.concatenate(layer) for layer in zip(*(r.rewritten for r in results)))]
+            merged.rewritten = [self._features(diff), *(
+                self._rewritten(layer) for layer in zip(*(r.rewritten for r in results)))]
         return merged
+
+    def _features(self, diff: GraphDiff) -> tuple[np.ndarray, np.ndarray]:
+        """The feature rows ``diff`` wrote, by the graph's slots (ascending)."""
+        slots = np.sort(np.concatenate([diff.changed, diff.added]).astype(np.int64))
+        return slots, self.graph.x[slots]
+
+    def _rewritten(self, shards: tuple[tuple[np.ndarray, np.ndarray], ...]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """One layer's rows the shards wrote (their slots, their rows), by the graph's
+        slots (ascending)."""
+        if self.placement is None:
+            return shards[0]
+        slots = np.concatenate([self.graph.slots(shard.graph.ext[s]) for shard, (s, _) in
+                                zip(self.shards, shards, strict=True)]).astype(np.int64)
+        order = np.argsort(slots)
+        return slots[order], np.concatenate([rows for _, rows in shards])[order]
 
 
 QUERY_OPTIONS = ("budget", "policy", "insert")

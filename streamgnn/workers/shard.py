@@ -53,9 +53,10 @@ class ApplyResult:
     messages from ghosts, combined per destination and source partition (what a design
     combining messages at the sender would send);
     ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out;
-    ``rewritten`` lists per layer the external ids of the owned vertices whose row of
-    that layer the batch wrote (a shard: layers 1..L; `Engine.apply`: 0..L, layer 0 the
-    features, empty from MPI ranks), and ``removed`` the ids it deleted (engine only)."""
+    ``rewritten`` lists per layer the rows of owned vertices the batch wrote, as (slots
+    ascending, rows) (a shard: layers 1..L, its own slots; `Engine.apply`: layers 0..L,
+    0 the features, slots of the engine's graph; empty from MPI ranks), and ``removed``
+    the ids the batch deleted (engine only)."""
 
     changed_labels: dict[int, tuple[int | None, int]]
     rejected: list[InvalidUpdateError] = field(default_factory=list)
@@ -64,7 +65,7 @@ class ApplyResult:
     remote_reads: list[int] = field(default_factory=list)
     combined_messages: list[int] = field(default_factory=list)
     non_finite: int = 0  # the first layer the batch drove to NaN or inf (0: none)
-    rewritten: list[np.ndarray] = field(default_factory=list)
+    rewritten: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     removed: np.ndarray | None = None
 
 
@@ -467,8 +468,8 @@ class Shard:
             result.pulled.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
-            result.rewritten.append(g.ext[region])
             nothing = self.h[hop][:0]
+            result.rewritten.append((region, nothing.cpu().numpy()))
             return _Step(region, nothing, nothing, is_added[region])
 
         if self.state[hop - 1] is None:  # RC
@@ -502,7 +503,7 @@ class Shard:
         result.pulled.append(len(pull))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
-        result.rewritten.append(g.ext[region])
+        result.rewritten.append((region, new.cpu().numpy()))
         return _Step(region, before, new, is_added[region])
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
