@@ -114,7 +114,10 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     """The app over the service that ``reads`` reaches; with ``token``, ``/v1`` and
     ``/metrics`` need ``Authorization: Bearer <token>``."""
     app = FastAPI(title="streamgnn", summary="Current embeddings, labels and query "
-                  "serving of a streamgnn service", version="1")
+                  "serving of a streamgnn service", version="1",
+                  # no OpenTelemetry (metrics are /metrics): its per-request check of
+                  # the global providers was a tenth of a vertex read's time
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     guarded = [Depends(_bearer(token))] if token else []
     errors: dict[int | str, dict[str, Any]] = {
