@@ -56,6 +56,7 @@ def client(url: str, kind: str, seconds: float, ids_file: str) -> None:
         while http.get("/readyz").status_code != 200:  # the service builds its view
             time.sleep(0.05)
         end = time.perf_counter() + seconds
+        cpu = time.process_time()
         while (t := time.perf_counter()) < end:
             if kind == "vertex":
                 got = http.get(f"/v1/vertices/{int(rng.choice(ids))}")
@@ -65,8 +66,10 @@ def client(url: str, kind: str, seconds: float, ids_file: str) -> None:
             got.raise_for_status()
             latencies.append(time.perf_counter() - t)
             batches.add(got.json()["batch"])
+    cpu = time.process_time() - cpu
     ms = np.array(latencies) * 1000
     print(json.dumps({"reads": len(ms), "reads_per_s": len(ms) / seconds,
+                      "client_cpu_share": cpu / seconds,
                       "p50_ms": float(np.percentile(ms, 50)),
                       "p99_ms": float(np.percentile(ms, 99)),
                       "max_ms": float(ms.max()), "batches_seen": len(batches)}))
@@ -208,12 +211,12 @@ def main() -> None:
     bench.server.stop()
     table = Table(title=f"REST on {args.preset}, batches of {args.batch_size}, one closed-loop "
                         f"reader, {args.seconds:g} s per row, {args.threads} torch threads")
-    for col in ("reads", "ingest", "reads/s", "p50 ms", "p99 ms", "max ms",
+    for col in ("reads", "ingest", "reads/s", "p50 ms", "p99 ms", "max ms", "reader CPU",
                 "batches seen", "updates/s applied", "batch p50 ms", "batch p99 ms"):
         table.add_column(col, justify="right")
     for kind, ingest, r in rows:
-        reads = [f"{r[k]:,.1f}" for k in ("reads_per_s", "p50_ms", "p99_ms", "max_ms")
-                 ] if "reads" in r else ["-"] * 4
+        reads = [*(f"{r[k]:,.1f}" for k in ("reads_per_s", "p50_ms", "p99_ms", "max_ms")),
+                 f"{r['client_cpu_share']:.0%}"] if "reads" in r else ["-"] * 5
         table.add_row(kind, ingest, *reads, str(r.get("batches_seen", "-")),
                       f"{r['ingest_per_s']:,.0f}", f"{r['batch_p50_ms']:.1f}",
                       f"{r['batch_p99_ms']:.1f}")
@@ -226,7 +229,7 @@ def main() -> None:
                                     "seconds": args.seconds, "batch_size": args.batch_size,
                                     "threads": args.threads,
                                     "view_bytes": bench.view_bytes,
-                                    "rows": [{"reads": k, "ingest": i, **r}
+                                    "rows": [{"read": k, "ingest": i, **r}
                                              for k, i, r in rows]}, indent=1))
     console.print(f"-> {args.out}")
 
