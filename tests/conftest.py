@@ -74,11 +74,12 @@ def pyg_step(model: torch.nn.Module, i: int, h: torch.Tensor, ei: torch.Tensor,
 def device_kernels(monkeypatch):
     """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
     GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
-    reduce. Left for a GPU: where tensors live, and the engine's two row reductions
-    (`_argmax_rows`, `_rows_differ`), which branch on the device inside."""
+    reduce. Left for a GPU: where tensors live, and the engine's one row reduction
+    (`_argmax_rows`), which branches on the device inside."""
     from streamgnn.models import inference, layers, rowops, softmax_ops
 
-    for module, names in ((rowops, ("combine_rows", "add_rows", "max_rows", "reaches_rows")),
+    for module, names in ((rowops, ("combine_rows", "fold_rows", "max_rows", "reaches_rows",
+                                  "store_rows")),
                           (softmax_ops, ("fold_softmax", "attend_with_self_loop"))):
         for name in names:
             monkeypatch.setattr(module, f"{name}_numba", getattr(module, f"{name}_torch"))

@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 
 from streamgnn.graph import DynamicGraph, pair_keys
 from streamgnn.models.rowops import (
-    add_rows_numba,
-    add_rows_torch,
     combine_rows_numba,
     combine_rows_torch,
+    fold_rows_numba,
+    fold_rows_torch,
     max_rows_numba,
     max_rows_torch,
     reaches_rows_numba,
     reaches_rows_torch,
+    store_rows_numba,
+    store_rows_torch,
 )
 from streamgnn.models.softmax_ops import (
     attend_with_self_loop_numba,
@@ -48,18 +50,54 @@ def test_combine_rows_numba_and_torch_equal_the_reference(seed, dtype, messages,
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
-@given(seed=seeds, count=st.integers(0, 20))
-def test_add_rows_numba_and_torch_equal_the_reference(seed, count):
+@given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
+       messages=st.integers(0, 60), num=st.integers(0, 12))
+def test_fold_rows_numba_and_torch_add_messages_to_states_and_read_them_back(
+        seed, dtype, messages, num):
     rng = np.random.default_rng(seed)
-    index = torch.from_numpy(rng.choice(30, count, replace=False))
-    rows = torch.from_numpy(rng.normal(size=(count, 4)).astype(np.float32))
-    base = torch.from_numpy(rng.normal(size=(30, 4)))
+    t = torch.from_numpy(rng.normal(size=(9, 5))).to(dtype)
+    region = rng.choice(30, num, replace=False)
+    rows = rng.integers(0, 9, messages)
+    coef = rng.normal(size=messages)
+    local = rng.integers(0, max(num, 1), messages if num else 0)
+    rows, coef = rows[:len(local)], coef[:len(local)]
+    divisor = rng.integers(1, 4, num).astype(np.float64)
+    base = torch.from_numpy(rng.normal(size=(30, 5)))
     expected = base.numpy().copy()
-    expected[index.numpy()] += rows.double().numpy()
-    for kernel in (add_rows_numba, add_rows_torch):
+    np.add.at(expected, region[local], coef[:, None] * t.double().numpy()[rows])
+    for kernel in (fold_rows_numba, fold_rows_torch):
         state = base.clone()
-        kernel(state, index, rows)
-        np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12)
+        out = kernel(state, t, rows, coef, local, region, divisor)
+        np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12, atol=1e-12)
+        assert out.dtype == dtype
+        np.testing.assert_allclose(out.double().numpy(), expected[region] / divisor[:, None],
+                                   rtol=1e-6 if dtype == torch.float32 else 1e-12)
+
+
+@given(seed=seeds, count=st.integers(0, 20), keep_old=st.booleans(),
+       poison=st.sampled_from([None, np.nan, np.inf]))
+def test_store_rows_numba_and_torch_report_changed_rows_their_old_values_and_finiteness(
+        seed, count, keep_old, poison):
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(30, 4)).astype(np.float32)
+    index = rng.choice(30, count, replace=False)
+    rows = table[index].copy()
+    changes = rng.random(count) < 0.5
+    rows[changes, rng.integers(0, 4, count)[changes]] += 1.0
+    fresh = rng.random(count) < 0.2
+    if poison is not None and count:
+        rows[0, 0] = poison
+    expected = table.copy()
+    expected[index] = rows
+    moved = (rows != table[index]).any(axis=1) | fresh
+    for kernel in (store_rows_numba, store_rows_torch):
+        stored = torch.from_numpy(table.copy())
+        got_moved, old, finite = kernel(stored, index, torch.from_numpy(rows), fresh, keep_old)
+        np.testing.assert_array_equal(stored.numpy(), expected)
+        np.testing.assert_array_equal(got_moved, moved)
+        np.testing.assert_array_equal(
+            old.numpy(), table[index[moved & ~fresh]] if keep_old else np.zeros((0, 4)))
+        assert finite == (poison is None or not count)
 
 
 @given(seed=seeds, count=st.integers(0, 40))

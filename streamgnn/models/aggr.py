@@ -6,8 +6,9 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
   result into state rows,
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
 - ``apply_delta``: fold messages that stopped and started arriving into stored states,
-  returning the destinations whose state it cannot fix that way (they must be pulled),
-- and, for linear ones, ``combine`` messages into one delta per destination;
+  returning the destinations whose state it cannot fix that way (they must be pulled);
+  linear ones (sums of messages) never pull: ``fold`` takes their messages as rows of
+  the sources' t with coefficients, and ``combine`` sums such messages per destination;
 - ``merge`` the states of two disjoint sets of a destination's in-edges (computation-graph
   parallelism: each partition aggregates the in-neighbours it owns).
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamgnn.models.rowops import add_rows_, combine_rows, max_rows_, reaches_rows
+from streamgnn.models.rowops import combine_rows, fold_rows_, max_rows_, reaches_rows
 from streamgnn.models.softmax_ops import fold_softmax_
 
 
@@ -88,10 +89,17 @@ class SumAggregation(Aggregation):
         ``0..num``, in float64: one gather-scale-scatter."""
         return combine_rows(t, rows, coef, dst, num)
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        add_rows_(state, new_dst, new_msg)
-        add_rows_(state, old_dst, -old_msg)
-        return new_dst[:0]
+    def fold(self, state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
+             local: np.ndarray, region: np.ndarray, count: np.ndarray) -> Tensor:
+        """The delta rule: messages ``coef[k] * t[rows[k]]`` (those that start arriving
+        with positive, those that stop with negative coefficients) added to the states of
+        their destinations ``region[local[k]]``; returns the finalized states of the
+        destinations ``region`` (in-degrees ``count``) in ``t``'s dtype, in one pass."""
+        return fold_rows_(state, t, rows, coef, local, region, self.divisor(count))
+
+    def divisor(self, count: np.ndarray) -> np.ndarray:
+        """What `finalize` divides each state row by (float64)."""
+        return np.ones(len(count))
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
         return a + b
@@ -104,6 +112,9 @@ class MeanAggregation(SumAggregation):
 
     def finalize(self, state, count):
         return state / _column(count.clamp(min=1).to(state.dtype), state)
+
+    def divisor(self, count):
+        return np.maximum(count, 1).astype(np.float64)
 
 
 class MaxAggregation(Aggregation):

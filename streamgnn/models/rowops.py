@@ -1,6 +1,8 @@
-"""Row-wise scatter kernels on 2-D tensors, the inner loops of an aggregation's delta: a
-gather-scale-scatter (``combine_rows``), an in-place row add (``add_rows_``) and max
-(``max_rows_``), and a test whether rows reach the stored ones (``reaches_rows``).
+"""Row-wise scatter kernels on 2-D tensors, the inner loops of a superstep: a
+gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
+(``fold_rows_``), an in-place row max (``max_rows_``), a test
+whether rows reach the stored ones (``reaches_rows``), and the store of a superstep's new
+rows that reports which changed (``store_rows_``).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 
@@ -25,14 +27,6 @@ def _combine_loop(t, rows, coef, dst, num):
     return out
 
 
-@njit(cache=True)
-def _add_loop(state, index, rows):
-    for i in range(len(index)):
-        r = index[i]  # hoisted: numba then vectorises the inner loop
-        for j in range(state.shape[1]):
-            state[r, j] += rows[i, j]
-
-
 def combine_rows_numba(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
                        num: int) -> Tensor:
     return torch.from_numpy(_combine_loop(t.numpy(), rows, coef, dst, num))
@@ -52,19 +46,6 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
     in float64."""
     kernel = combine_rows_numba if t.device.type == "cpu" else combine_rows_torch
     return kernel(t, rows, coef, dst, num)
-
-
-def add_rows_numba(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    _add_loop(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
-
-
-def add_rows_torch(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    state.index_add_(0, index, rows.to(state.dtype))
-
-
-def add_rows_(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    """``state[index[i]] += rows[i]``, in place (``index`` distinct)."""
-    (add_rows_numba if state.device.type == "cpu" else add_rows_torch)(state, index, rows)
 
 
 @njit(cache=True)
@@ -115,3 +96,86 @@ def reaches_rows(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tens
     ``tol``) in some column."""
     kernel = reaches_rows_numba if state.device.type == "cpu" else reaches_rows_torch
     return kernel(state, index, rows, tol)
+
+
+@njit(cache=True)
+def _fold_loop(state, t, rows, coef, local, region, divisor, out):
+    for k in range(len(rows)):
+        r, d, c = rows[k], region[local[k]], coef[k]
+        for j in range(t.shape[1]):
+            state[d, j] += c * t[r, j]
+    for i in range(len(region)):
+        r, s = region[i], divisor[i]
+        for j in range(state.shape[1]):
+            out[i, j] = state[r, j] / s
+
+
+def fold_rows_numba(state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
+                    local: np.ndarray, region: np.ndarray, divisor: np.ndarray) -> Tensor:
+    out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
+    _fold_loop(state.numpy(), t.numpy(), rows, coef, local, region, divisor, out)
+    return torch.from_numpy(out)
+
+
+def fold_rows_torch(state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
+                    local: np.ndarray, region: np.ndarray, divisor: np.ndarray) -> Tensor:
+    index = torch.from_numpy(region).to(state.device)
+    state.index_add_(0, index, combine_rows_torch(t, rows, coef, local, len(region)))
+    out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
+    return out.to(t.dtype)
+
+
+def fold_rows_(state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
+               local: np.ndarray, region: np.ndarray, divisor: np.ndarray) -> Tensor:
+    """Messages ``coef[k] * t[rows[k]]`` added to the float64 state rows
+    ``region[local[k]]`` in place; returns the state rows of ``region`` (distinct slots),
+    each divided by ``divisor[i]``, in ``t``'s dtype."""
+    kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
+    return kernel(state, t, rows, coef, local, region, divisor)
+
+
+@njit(cache=True)
+def _store_loop(table, index, rows, fresh, old):
+    moved = np.zeros(len(index), np.bool_)
+    finite = True
+    k = 0
+    for i in range(len(index)):
+        r = index[i]
+        differs = fresh[i]
+        for j in range(rows.shape[1]):
+            v = rows[i, j]
+            finite &= np.isfinite(v)
+            differs |= table[r, j] != v
+        moved[i] = differs
+        if differs and not fresh[i] and k < len(old):
+            old[k] = table[r]
+            k += 1
+        table[r] = rows[i]
+    return moved, k, finite
+
+
+def store_rows_numba(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
+                     keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
+    old = np.empty((len(index) if keep_old else 0, table.shape[1]), table.numpy().dtype)
+    moved, kept, finite = _store_loop(table.numpy(), index, rows.numpy(), fresh, old)
+    return moved, torch.from_numpy(old[:kept]), finite
+
+
+def store_rows_torch(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
+                     keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
+    at = torch.from_numpy(index).to(table.device)
+    before = table.index_select(0, at)
+    table[at] = rows
+    moved = (rows != before).any(dim=-1).cpu().numpy() | fresh
+    kept = np.flatnonzero(moved & ~fresh) if keep_old else np.zeros(0, np.int64)
+    return moved, before[torch.from_numpy(kept).to(table.device)], bool(
+        torch.isfinite(rows).all())
+
+
+def store_rows_(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
+                keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
+    """``table[index[i]] = rows[i]`` (``index`` distinct). Returns which rows changed
+    (``fresh`` ones count as changed), with ``keep_old`` the rows they replaced of those
+    changed and not fresh (in order; else none), and whether every new row is finite."""
+    kernel = store_rows_numba if table.device.type == "cpu" else store_rows_torch
+    return kernel(table, index, rows, fresh, keep_old)

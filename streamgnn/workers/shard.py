@@ -36,6 +36,7 @@ from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.inference import aggregate, layer_by_layer
 from streamgnn.models.layers import Layer
+from streamgnn.models.rowops import store_rows_
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
@@ -75,21 +76,23 @@ class _Changed:
 
 @dataclass
 class _Step:
-    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` (None at
-    the last layer, whose old rows only mattered for labels: the engine keeps those) and
-    ``after``; ``fresh`` marks region vertices the batch added (no meaningful before)."""
+    """One superstep's outcome: the recomputed ``region`` and its new rows ``after``;
+    ``fresh`` marks region vertices the batch added, ``moved`` those whose row changed
+    (fresh ones included) and ``old_rows`` the rows replaced of those moved and not fresh
+    (none at the last layer, whose old rows only mattered for labels: the shard keeps
+    those); ``finite``: every new row is."""
 
     region: np.ndarray
-    before: Tensor | None
     after: Tensor
     fresh: np.ndarray
+    moved: np.ndarray
+    old_rows: Tensor
+    finite: bool = True
 
     def changed(self) -> _Changed:
         """The vertices whose embedding really changed: the next superstep's sources."""
-        moved = _rows_differ(self.after, self.before) | self.fresh
-        had_old = moved & ~self.fresh
-        return _Changed(self.region[moved], self.region[had_old], self.before.index_select(
-            0, torch.from_numpy(np.flatnonzero(had_old)).to(self.before.device)))
+        return _Changed(self.region[self.moved], self.region[self.moved & ~self.fresh],
+                        self.old_rows)
 
 
 @dataclass
@@ -105,6 +108,23 @@ class _BatchEdges:
     keys: np.ndarray             # sorted (src << 32 | dst) of the changed pairs
     degree_changed: np.ndarray   # live vertices whose in-edges changed
     empty_before: np.ndarray     # live destinations that had no in-edge before the batch
+
+
+@dataclass
+class _Sources:
+    """A superstep's message sources ``slots`` and their ``t`` (`Shard._source_rows`:
+    rows after the batch, then old ones; ``old``: each source's row before it); the
+    changed edges that exist after (``has``) and before (``had``) the batch into live
+    vertices; the source positions of the unchanged edges (``at1``) and changed ones
+    (``at2``)."""
+
+    slots: np.ndarray
+    t: Tensor
+    old: np.ndarray
+    has: np.ndarray
+    had: np.ndarray
+    at1: np.ndarray
+    at2: np.ndarray
 
 
 @dataclass
@@ -431,7 +451,7 @@ class Shard:
         layer = self.layers[hop - 1]
         step = self._superstep(hop, layer, b.changed, b.removed, b.removed_rows, b.is_added,
                                b.edges, b.result)
-        if not b.result.non_finite and not bool(torch.isfinite(step.after).all()):
+        if not b.result.non_finite and not step.finite:
             b.result.non_finite = hop  # the other shards go on to the barrier: report at end
         if hop < self.num_layers:
             b.changed = step.changed()
@@ -463,24 +483,28 @@ class Shard:
             result.remote_reads.append(0)
             result.combined_messages.append(0)
             nothing = self.h[hop][:0]
-            return _Step(region, nothing, nothing, is_added[region])
+            return _Step(region, nothing, is_added[region], np.zeros(0, bool), nothing)
 
-        if self.state[hop - 1] is None:  # RC
+        index = self._index(region)
+        count = g.in_degree[region]
+        if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
+            pulled, remote = self._pull(hop, layer, pull)
+            agg = layer.aggr.finalize(pulled, self._index(count))
+        elif layer.aggr.linear:  # messages fold into the states, read back in one pass
+            pull, remote = region[:0], 0
+            agg = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
+                             removed_rows, edges, region, count)
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
             pull = self._apply_delta(hop, layer, outbox, edges)
             if layer.aggr.destination_dependent:
                 pull = self.sets.union(pull, changed.slots, alive=owned)
-        pulled, remote = self._pull(hop, layer, pull) if len(pull) else (None, 0)
-
-        index = self._index(region)
-        # Without stored states, the pull covered the whole region.
-        state = pulled if self.state[hop - 1] is None else self.state[hop - 1].index_select(
-            0, index)
-        count = self._index(g.in_degree[region])
-        agg = layer.aggr.finalize(state, count).to(self.dtype)
+            remote = self._pull(hop, layer, pull)[1] if len(pull) else 0
+            agg = layer.aggr.finalize(self.state[hop - 1].index_select(0, index),
+                                      self._index(count))
+        agg = agg.to(self.dtype)
         root = self.root[hop - 1]
         if root is None:
             rows = self._rows(hop - 1, index)
@@ -490,36 +514,40 @@ class Shard:
             own = self._index(changed.slots)
             root[own] = layer.root(self._rows(hop - 1, own))
             new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
-        before = self.h[hop].index_select(0, index) if hop < self.num_layers else None
-        self.h[hop][index] = new
+        fresh = is_added[region]
+        moved, old_rows, finite = store_rows_(self.h[hop], region, new, fresh,
+                                              keep_old=hop < self.num_layers)
         result.recomputed.append(len(region))
         result.pulled.append(len(pull))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
-        return _Step(region, before, new, is_added[region])
+        return _Step(region, new, fresh, moved, old_rows, finite)
+
+    def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
+              v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
+              removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray,
+              count: np.ndarray) -> Tensor:
+        """A linear aggregation's superstep: the messages that stop and start arriving in
+        the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
+        the changed edges), one per row of t they carry, folded into the states; returns
+        the region's finalized states (``count``: in-degrees)."""
+        m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
+                                  edges)
+        scale_new, scale_old = self._source_scales(layer, m.slots)
+        rows, coef, local = linear_delta_messages(
+            m.old, m.at1, v1, w1, m.at2, edges.dst, edges.before, edges.after, m.has, m.had,
+            layer.edge_weighted, scale_new, scale_old, region, self.sets.scratch)
+        return layer.aggr.fold(self.state[hop - 1], m.t, rows, coef, local, region, count)
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
                   removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> _Messages:
-        """Messages that stop and start arriving in the region: along the unchanged edges
-        ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
-        aggregations get them combined per destination into one delta each."""
-        sets = self.sets
-        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
-        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
-        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
-        has, had = edges.has & live, edges.had & live
-        at1 = sets.positions(slots, sources)[at]
-        at2 = sets.positions(slots, edges.src)
-        if layer.aggr.linear:  # one message per row of t it carries
-            scale_new, scale_old = self._source_scales(layer, slots)
-            rows, coef, local = linear_delta_messages(
-                old, at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
-                layer.edge_weighted, scale_new, scale_old, region, sets.scratch)
-            combined = layer.aggr.combine(t, rows, coef, local, len(region))
-            return _Messages(self._index(region), combined, self._index(region[:0]), combined[:0])
-
-        t_new, t_old = t[:len(slots)], t.index_select(0, self._index(old))
+        """Messages that stop and start arriving in the region, as `_fold` sends them, for
+        aggregations that are not linear: one per edge, in both directions."""
+        m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
+                                  edges)
+        t, old, has, had, at1, at2 = m.t, m.old, m.has, m.had, m.at1, m.at2
+        t_new, t_old = t[:len(m.slots)], t.index_select(0, self._index(old))
         dst_new, dst_old = edges.dst[has], edges.dst[had]
         t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
         at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
@@ -534,6 +562,17 @@ class Shard:
                       torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]),
                                  layer.delta_messages(t_old, at2[had_t], before[had_t],
                                                       t_dst[2])]))
+
+    def _message_sources(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
+                         changed: _Changed, removed: np.ndarray, removed_rows: Tensor,
+                         edges: _BatchEdges) -> _Sources:
+        """The message sources of a superstep and their t (`_Sources`)."""
+        sets = self.sets
+        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
+        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
+        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
+        return _Sources(slots, t, old, edges.has & live, edges.had & live,
+                        sets.positions(slots, sources)[at], sets.positions(slots, edges.src))
 
     def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
                      removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
@@ -693,12 +732,7 @@ def _grown(t: Tensor, size: int) -> Tensor:
     return out
 
 
-# Row reductions: numpy is quicker than torch on the small CPU tensors of a batch.
+# A row reduction: numpy is quicker than torch on the small CPU tensors of a batch.
 def _argmax_rows(t: Tensor) -> np.ndarray:
     return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
 
-
-def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
-    if a.device.type == "cpu":
-        return (a.numpy() != b.numpy()).any(axis=1)
-    return (a != b).any(dim=-1).cpu().numpy()
