@@ -38,7 +38,7 @@ def _column(x: Tensor, like: Tensor) -> Tensor:
 
 class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
-    ``state_dtype``: what the engine stores states in (sums accumulate in float64)."""
+    ``state_dtype``: what the engine stores states in (attention's in float64)."""
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
@@ -74,10 +74,15 @@ class Aggregation:
 
 
 class SumAggregation(Aggregation):
+    """States in the embeddings' dtype. A delta adds to a state row with one rounding
+    per element; a row whose rounding errors since it was last computed from all
+    in-neighbours may add up to more than ``drift_limit`` roundings at its size is
+    recomputed so (re-anchored): long delta chains keep the error of a fresh sum."""
+
     name = "sum"
     linear = True
     spmm = "sum"
-    state_dtype = torch.float64
+    drift_limit = 256.0
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
@@ -89,13 +94,17 @@ class SumAggregation(Aggregation):
         ``0..num``, in float64: one gather-scale-scatter."""
         return combine_rows(t, rows, coef, dst, num)
 
-    def fold(self, state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
-             local: np.ndarray, region: np.ndarray, count: np.ndarray) -> Tensor:
+    def fold(self, state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
+             coef: np.ndarray, local: np.ndarray, region: np.ndarray,
+             count: np.ndarray) -> tuple[Tensor, np.ndarray]:
         """The delta rule: messages ``coef[k] * t[rows[k]]`` (those that start arriving
         with positive, those that stop with negative coefficients) added to the states of
-        their destinations ``region[local[k]]``; returns the finalized states of the
-        destinations ``region`` (in-degrees ``count``) in ``t``'s dtype, in one pass."""
-        return fold_rows_(state, t, rows, coef, local, region, self.divisor(count))
+        their destinations ``region[local[k]]``, whose rounding bounds ``drift`` grow;
+        returns the finalized states of the destinations ``region`` (in-degrees
+        ``count``) in ``t``'s dtype, in one pass, and which of them must be recomputed
+        from all in-neighbours (`fold_rows_`)."""
+        return fold_rows_(state, drift, t, rows, coef, local, region, self.divisor(count),
+                          self.drift_limit)
 
     def divisor(self, count: np.ndarray) -> np.ndarray:
         """What `finalize` divides each state row by (float64)."""

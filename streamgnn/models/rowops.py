@@ -99,39 +99,62 @@ def reaches_rows(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tens
 
 
 @njit(cache=True)
-def _fold_loop(state, t, rows, coef, local, region, divisor, out):
+def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale):
+    delta = np.zeros((len(region), t.shape[1]), np.float64)
     for k in range(len(rows)):
-        r, d, c = rows[k], region[local[k]], coef[k]
+        i, r, c = local[k], rows[k], coef[k]
         for j in range(t.shape[1]):
-            state[d, j] += c * t[r, j]
+            delta[i, j] += c * t[r, j]
+    unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
     for i in range(len(region)):
         r, s = region[i], divisor[i]
+        top = 0.0
         for j in range(state.shape[1]):
+            v = state[r, j] + delta[i, j]
+            state[r, j] = v
+            top = max(top, abs(v))
             out[i, j] = state[r, j] / s
+        drift[r] += unit * top
+        stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
-def fold_rows_numba(state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
-                    local: np.ndarray, region: np.ndarray, divisor: np.ndarray) -> Tensor:
+def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
+                    coef: np.ndarray, local: np.ndarray, region: np.ndarray,
+                    divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
     out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
-    _fold_loop(state.numpy(), t.numpy(), rows, coef, local, region, divisor, out)
-    return torch.from_numpy(out)
+    stale = np.empty(len(region), np.bool_)
+    _fold_loop(state.numpy(), drift.numpy(), t.numpy(), rows, coef, local, region, divisor,
+               limit, out, stale)
+    return torch.from_numpy(out), stale
 
 
-def fold_rows_torch(state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
-                    local: np.ndarray, region: np.ndarray, divisor: np.ndarray) -> Tensor:
+def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
+                    coef: np.ndarray, local: np.ndarray, region: np.ndarray,
+                    divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
     index = torch.from_numpy(region).to(state.device)
-    state.index_add_(0, index, combine_rows_torch(t, rows, coef, local, len(region)))
+    summed = state.index_select(0, index).double() + combine_rows_torch(
+        t, rows, coef, local, len(region))
+    state[index] = summed.to(state.dtype)
+    unit = torch.finfo(state.dtype).eps / 2
+    top = summed.abs().amax(dim=1) if len(region) else summed.new_zeros(0)
+    drift[index] += (unit * top).to(drift.dtype)
+    stale = drift[index] > limit * unit * top.clamp(min=1.0)
     out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
-    return out.to(t.dtype)
+    return out.to(t.dtype), stale.cpu().numpy()
 
 
-def fold_rows_(state: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
-               local: np.ndarray, region: np.ndarray, divisor: np.ndarray) -> Tensor:
-    """Messages ``coef[k] * t[rows[k]]`` added to the float64 state rows
-    ``region[local[k]]`` in place; returns the state rows of ``region`` (distinct slots),
-    each divided by ``divisor[i]``, in ``t``'s dtype."""
+def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
+               local: np.ndarray, region: np.ndarray, divisor: np.ndarray,
+               limit: float) -> tuple[Tensor, np.ndarray]:
+    """Messages ``coef[k] * t[rows[k]]`` summed per destination ``region[local[k]]`` in
+    float64 and added to its state row in place (one rounding per element). ``drift``
+    (per slot) accumulates a bound on the relative rounding error each state row took
+    since it was last computed from scratch. Returns the state rows of ``region``
+    (distinct slots), each divided by ``divisor[i]``, in ``t``'s dtype, and which rows
+    are stale: their drift above ``limit`` roundings at their size (or at 1 if smaller),
+    to be recomputed."""
     kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
-    return kernel(state, t, rows, coef, local, region, divisor)
+    return kernel(state, drift, t, rows, coef, local, region, divisor, limit)
 
 
 @njit(cache=True)

@@ -168,6 +168,7 @@ class Shard:
         self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
         self.sets = SlotSets(len(graph.alive))
         self.state = states
+        self.drift = [_no_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
         self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
         with torch.inference_mode():
@@ -261,10 +262,10 @@ class Shard:
         """Everything the shard knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``, so a restored shard repeats this one
         bit for bit; left out without ``with_graph``), and per layer k its embeddings
-        ``h/k``, aggregation states ``state/k``, kept root terms ``root/k`` and transforms
-        ``t/k`` where it keeps them."""
+        ``h/k``, aggregation states ``state/k`` with their rounding bounds ``drift/k``,
+        kept root terms ``root/k`` and transforms ``t/k`` where it keeps them."""
         out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
-        for name in ("h", "state", "root", "t"):
+        for name in ("h", "state", "drift", "root", "t"):
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:
                     out[f"{name}/{k}"] = rows.cpu().numpy()
@@ -284,7 +285,7 @@ class Shard:
         shard.graph = (graph if graph is not None
                        else DynamicGraph.from_arrays(under(arrays, "graph/")))
         shard.sets = SlotSets(len(shard.graph.alive))
-        for name in ("h", "state", "root", "t"):
+        for name in ("h", "state", "drift", "root", "t"):
             setattr(shard, name, [
                 None if (a := arrays.get(f"{name}/{k}")) is None
                 else torch.from_numpy(np.array(a)).to(device)
@@ -329,9 +330,9 @@ class Shard:
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
-        for state in self.state:  # a reused slot holds a deleted vertex's state
-            if state is not None and len(added):
-                state[self._index(added)] = 0
+        for rows in (*self.state, *self.drift):  # a reused slot held a deleted vertex's
+            if rows is not None and len(added):
+                rows[self._index(added)] = 0
         is_added = np.zeros(self.graph.num_slots, bool)
         is_added[added] = True
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
@@ -492,9 +493,13 @@ class Shard:
             pulled, remote = self._pull(hop, layer, pull)
             agg = layer.aggr.finalize(pulled, self._index(count))
         elif layer.aggr.linear:  # messages fold into the states, read back in one pass
-            pull, remote = region[:0], 0
-            agg = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
-                             removed_rows, edges, region, count)
+            agg, stale = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
+                                    removed_rows, edges, region, count)
+            pull, remote = region[stale], 0
+            if len(pull):  # re-anchored: summed again from all in-neighbours
+                pulled, remote = self._pull(hop, layer, pull)
+                agg[self._index(np.flatnonzero(stale))] = layer.aggr.finalize(
+                    pulled, self._index(count[stale])).to(agg.dtype)
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
@@ -526,18 +531,20 @@ class Shard:
     def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
               v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
               removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray,
-              count: np.ndarray) -> Tensor:
+              count: np.ndarray) -> tuple[Tensor, np.ndarray]:
         """A linear aggregation's superstep: the messages that stop and start arriving in
         the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
         the changed edges), one per row of t they carry, folded into the states; returns
-        the region's finalized states (``count``: in-degrees)."""
+        the region's finalized states (``count``: in-degrees) and which are stale
+        (`SumAggregation.fold`)."""
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges)
         scale_new, scale_old = self._source_scales(layer, m.slots)
         rows, coef, local = linear_delta_messages(
             m.old, m.at1, v1, w1, m.at2, edges.dst, edges.before, edges.after, m.has, m.had,
             layer.edge_weighted, scale_new, scale_old, region, self.sets.scratch)
-        return layer.aggr.fold(self.state[hop - 1], m.t, rows, coef, local, region, count)
+        return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], m.t, rows, coef,
+                               local, region, count)
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
@@ -644,6 +651,8 @@ class Shard:
                           scale, self._index(pull_at))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
+            if self.drift[hop - 1] is not None:
+                self.drift[hop - 1][self._index(pull)] = 0
         return state, remote
 
     # ---------------------------------------------------------------- helpers
@@ -720,10 +729,19 @@ class Shard:
         size = max(need, have * 5 // 4)
         self.h = [None, *(_grown(h, size) for h in self.h[1:])]
         self.state = [None if s is None else _grown(s, size) for s in self.state]
+        self.drift = [None if d is None else _grown(d, size) for d in self.drift]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
         self.t = [None if t is None else _grown(t, size) for t in self.t]
         self._labels = np.concatenate([self._labels,
                                        np.zeros(size - len(self._labels), np.int64)])
+
+
+def _no_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
+    """Rounding bounds of states just computed from all in-neighbours: zeros, for
+    aggregations whose deltas round (linear ones)."""
+    if state is None or not layer.aggr.linear:
+        return None
+    return torch.zeros(len(state), dtype=torch.float32, device=state.device)
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
