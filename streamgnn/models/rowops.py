@@ -1,6 +1,5 @@
-"""Row-wise scatter kernels on 2-D tensors, the inner loops of an aggregation's delta: a
-gather-scale-scatter (``combine_rows``), an in-place row add (``add_rows_``) and max
-(``max_rows_``), and a test whether rows reach the stored ones (``reaches_rows``).
+"""Row-wise scatter kernels on 2-D tensors, the inner loops of a sum's delta: a
+gather-scale-scatter (``combine_rows``) and an in-place row add (``add_rows_``).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 
@@ -65,53 +64,3 @@ def add_rows_torch(state: Tensor, index: Tensor, rows: Tensor) -> None:
 def add_rows_(state: Tensor, index: Tensor, rows: Tensor) -> None:
     """``state[index[i]] += rows[i]``, in place (``index`` distinct)."""
     (add_rows_numba if state.device.type == "cpu" else add_rows_torch)(state, index, rows)
-
-
-@njit(cache=True)
-def _max_loop(state, index, rows):
-    for i in range(len(index)):
-        r = index[i]
-        for j in range(state.shape[1]):
-            state[r, j] = max(state[r, j], rows[i, j])
-
-
-def max_rows_numba(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    _max_loop(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
-
-
-def max_rows_torch(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    state.index_reduce_(0, index, rows.to(state.dtype), "amax", include_self=True)
-
-
-def max_rows_(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    """``state[index[i]] = max(state[index[i]], rows[i])`` elementwise, in place (``index``
-    may repeat)."""
-    (max_rows_numba if state.device.type == "cpu" else max_rows_torch)(state, index, rows)
-
-
-@njit(cache=True)
-def _reaches_loop(state, index, rows, tol):
-    out = np.zeros(len(index), np.bool_)
-    for i in range(len(index)):
-        r = index[i]
-        for j in range(state.shape[1]):
-            if rows[i, j] >= state[r, j] - tol * abs(state[r, j]):
-                out[i] = True
-                break
-    return out
-
-
-def reaches_rows_numba(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    return torch.from_numpy(_reaches_loop(state.numpy(), index.numpy(), rows.numpy(), tol))
-
-
-def reaches_rows_torch(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    current = state.index_select(0, index)
-    return (rows >= current - tol * current.abs()).any(dim=-1)
-
-
-def reaches_rows(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    """Per row i, whether ``rows[i]`` reaches ``state[index[i]]`` (within the relative
-    ``tol``) in some column."""
-    kernel = reaches_rows_numba if state.device.type == "cpu" else reaches_rows_torch
-    return kernel(state, index, rows, tol)

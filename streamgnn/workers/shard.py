@@ -7,11 +7,11 @@ Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layer
 in-degree changed): every message that stops arriving (old value, old edge) and every
 message that starts arriving (new value, new edge) is sent, combined per destination and
 folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
-fix that way (max losing its maximum, attention at a vertex whose own input changed or
-whose denominator cancelled) are pulled: their state is recomputed from all
-in-neighbours. Then h^l is recomputed for the destinations and for vertices whose own
-h^{l-1} changed. ``recompute=True`` is the RC baseline: the same affected region, every
-destination pulled, no states kept.
+fix that way are pulled: their state is recomputed from all in-neighbours, whole
+(attention at a vertex whose own input changed or whose denominator cancelled) or in the
+columns that need it (max/min where the maximum may have left). Then h^l is recomputed
+for the destinations and for vertices whose own h^{l-1} changed. ``recompute=True`` is
+the RC baseline: the same affected region, every destination pulled, no states kept.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
 copies of remote in-neighbours (their features, in-degree and every layer's embedding row,
@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
-from streamgnn.models.inference import aggregate, layer_by_layer
+from streamgnn.models.aggr import Pull
+from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
@@ -47,7 +49,9 @@ from streamgnn.workers.slotsets import SlotSets
 class ApplyResult:
     """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
     label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
-    vertices per layer whose embedding was recomputed / whose state was re-aggregated;
+    vertices per layer whose embedding was recomputed / whose state was re-aggregated
+    (whole or in some columns; ``pulled_columns``: the (vertex, column) pairs of the
+    latter);
     with partitions, ``remote_reads`` counts per layer the ghost rows the pulls read (what
     a design fetching remote rows on demand would request) and ``combined_messages`` the
     messages from ghosts, combined per destination and source partition (what a design
@@ -61,6 +65,7 @@ class ApplyResult:
     remote_reads: list[int] = field(default_factory=list)
     combined_messages: list[int] = field(default_factory=list)
     non_finite: int = 0  # the first layer the batch drove to NaN or inf (0: none)
+    pulled_columns: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -164,6 +169,13 @@ class Shard:
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
+        # Beside the states of aggregations that keep ties (max/min), counted here.
+        self.ties = [None if s is None or layer.aggr.ties_dtype is None
+                     else torch.zeros(s.shape, dtype=layer.aggr.ties_dtype, device=device)
+                     for layer, s in zip(layers, states, strict=True)]
+        for hop, ties in enumerate(self.ties, start=1):
+            if ties is not None:
+                self._count_ties(hop)
 
     @classmethod
     def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
@@ -241,10 +253,10 @@ class Shard:
         """Everything the shard knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``, so a restored shard repeats this one
         bit for bit; left out without ``with_graph``), and per layer k its embeddings
-        ``h/k``, aggregation states ``state/k``, kept root terms ``root/k`` and transforms
-        ``t/k`` where it keeps them."""
+        ``h/k``, aggregation states ``state/k`` and their ``ties/k``, kept root terms
+        ``root/k`` and transforms ``t/k`` where it keeps them."""
         out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
-        for name in ("h", "state", "root", "t"):
+        for name in ("h", "state", "ties", "root", "t"):
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:
                     out[f"{name}/{k}"] = rows.cpu().numpy()
@@ -264,7 +276,7 @@ class Shard:
         shard.graph = (graph if graph is not None
                        else DynamicGraph.from_arrays(under(arrays, "graph/")))
         shard.sets = SlotSets(len(shard.graph.alive))
-        for name in ("h", "state", "root", "t"):
+        for name in ("h", "state", "ties", "root", "t"):
             setattr(shard, name, [
                 None if (a := arrays.get(f"{name}/{k}")) is None
                 else torch.from_numpy(np.array(a)).to(device)
@@ -309,9 +321,9 @@ class Shard:
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
-        for state in self.state:  # a reused slot holds a deleted vertex's state
-            if state is not None and len(added):
-                state[self._index(added)] = 0
+        for rows in (*self.state, *self.ties):  # a reused slot holds a deleted vertex's state
+            if rows is not None and len(added):
+                rows[self._index(added)] = 0
         is_added = np.zeros(self.graph.num_slots, bool)
         is_added[added] = True
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
@@ -460,20 +472,26 @@ class Shard:
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
+            result.pulled_columns.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
             nothing = self.h[hop][:0]
             return _Step(region, nothing, nothing, is_added[region])
 
+        columns = None  # a pull of some columns only
         if self.state[hop - 1] is None:  # RC
             pull = region
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
-            pull = self._apply_delta(hop, layer, outbox, edges)
+            lost = self._apply_delta(hop, layer, outbox, edges)
+            pull, columns = ((lost.dst.cpu().numpy(), None) if lost.cols is None
+                             else (region[:0], lost))
             if layer.aggr.destination_dependent:
                 pull = self.sets.union(pull, changed.slots, alive=owned)
         pulled, remote = self._pull(hop, layer, pull) if len(pull) else (None, 0)
+        if columns is not None and len(columns.dst):
+            remote += self._pull_columns(hop, layer, columns)
 
         index = self._index(region)
         # Without stored states, the pull covered the whole region.
@@ -493,7 +511,8 @@ class Shard:
         before = self.h[hop].index_select(0, index) if hop < self.num_layers else None
         self.h[hop][index] = new
         result.recomputed.append(len(region))
-        result.pulled.append(len(pull))
+        result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
+        result.pulled_columns.append(0 if columns is None else int(columns.cols.sum()))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
         return _Step(region, before, new, is_added[region])
@@ -571,11 +590,10 @@ class Shard:
         return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
     def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages,
-                     edges: _BatchEdges) -> np.ndarray:
-        pull = layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
+                     edges: _BatchEdges) -> Pull:
+        return layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
                                       outbox.old_msg, outbox.old_dst,
-                                      self._index(edges.empty_before))
-        return pull.cpu().numpy()
+                                      self._index(edges.empty_before), self.ties[hop - 1])
 
     def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
         if self.ghost is None:
@@ -591,7 +609,7 @@ class Shard:
         many distinct ghosts they read."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
-        remote = 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
+        remote = self._ghosts_read(src)
         if self.t[hop - 1] is not None:  # kept: read in place, by slot
             rows, t = slice(None), self.t[hop - 1]  # rows: all slots
             src_at, pull_at = src, pull
@@ -607,7 +625,37 @@ class Shard:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
         return state, remote
 
+    def _pull_columns(self, hop: int, layer: Layer, pull: Pull) -> int:
+        """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` from all their
+        in-neighbours (`Aggregation.pull_columns`), reading their rows of t in place where
+        t is h as stored; returns how many distinct ghosts they read."""
+        g = self.graph
+        ptr, src, w = g.in_edges(pull.dst.cpu().numpy())
+        table, src_at = None if layer.transforms else self._h_table(hop - 1), src
+        if table is None:  # t of the rows read
+            rows = self.sets.union(src)
+            table = self._t(hop, layer, self._index(rows))
+            src_at = self.sets.positions(rows, src)
+        factor = self._tensor(w) if layer.edge_weighted else None
+        layer.aggr.pull_columns(self.state[hop - 1], self.ties[hop - 1], pull, table, ptr,
+                                self._index(src_at), factor)
+        return self._ghosts_read(src)
+
+    @torch.inference_mode()
+    def _count_ties(self, hop: int, max_edges: int = 1 << 20) -> None:
+        """Layer ``hop``'s ties of every vertex this shard owns (bootstrap): all their
+        columns re-aggregated, vertices in chunks of at most ``max_edges`` in-edges."""
+        owned = np.flatnonzero(self.owned[:self.graph.num_slots])
+        width = self.state[hop - 1].shape[1]
+        for a, b in pairwise(chunk_bounds(self.graph.in_degree[owned], max_edges).tolist()):
+            cols = torch.ones((b - a, width), dtype=torch.bool, device=self.device)
+            self._pull_columns(hop, self.layers[hop - 1], Pull(self._index(owned[a:b]), cols))
+
     # ---------------------------------------------------------------- helpers
+    def _ghosts_read(self, src: np.ndarray) -> int:
+        """How many distinct ghosts the slots ``src`` name."""
+        return 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
+
     def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
         g, e = self.graph, diff.edges
         src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
@@ -683,6 +731,7 @@ class Shard:
         self.state = [None if s is None else _grown(s, size) for s in self.state]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
         self.t = [None if t is None else _grown(t, size) for t in self.t]
+        self.ties = [None if t is None else _grown(t, size) for t in self.ties]
         self._labels = np.concatenate([self._labels,
                                        np.zeros(size - len(self._labels), np.int64)])
 
