@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch import Tensor
 
 from streamgnn.graph import DynamicGraph, pair_keys
 from streamgnn.models.extremum_ops import (
@@ -98,18 +97,31 @@ def test_max_fold_numba_and_torch_keep_max_and_ties(seed, sign, dtype):
         expected_lost[i] = (left == 0) & ~reached
     expected = [_extremum(m, sign, d) for m in after]
 
-    def stacked(parts: list[np.ndarray]) -> tuple[Tensor, Tensor]:
-        return (torch.from_numpy(np.repeat(np.arange(num), [len(p) for p in parts])),
-                torch.from_numpy(np.concatenate(parts)).to(dtype))
+    # Messages as rows of a table times a factor (half of them 2 x half the row), to the
+    # destinations region[at] (slots 3 * i), shuffled.
+    region = 3 * np.arange(num)
+    rows = np.concatenate(before + arriving)
+    factor = np.where(rng.random(len(rows)) < 0.5, 2.0, 1.0).astype(np.float32)
+    table = torch.from_numpy(rows / factor[:, None]).to(dtype)
+    at = np.repeat(np.tile(np.arange(num), 2), [len(m) for m in before + arriving])
+    leaving = np.concatenate(gone + [np.zeros(len(m), bool) for m in arriving])
+    arriving_at = np.arange(len(rows)) >= sum(len(m) for m in before)
 
-    new_dst, new_msg = stacked(arriving)
-    old_dst, old_msg = stacked([m[g] for m, g in zip(before, gone)])
+    def messages(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        index = rng.permutation(np.flatnonzero(chosen))
+        return index, factor[index], at[index]
+
     for kernel in (fold_max_numba, fold_max_torch):
-        state = torch.from_numpy(np.array([s for s, _ in start])).to(dtype)
-        ties = torch.from_numpy(np.array([t for _, t in start])).to(torch.uint8)
-        dst, cols = kernel(state, ties, new_dst, new_msg, old_dst, old_msg, sign, 1e-6)
+        state = torch.zeros((3 * num, d), dtype=dtype)
+        ties = torch.zeros((3 * num, d), dtype=torch.uint8)
+        state[region] = torch.from_numpy(np.array([s for s, _ in start])).to(dtype)
+        ties[region] = torch.from_numpy(np.array([t for _, t in start])).to(torch.uint8)
+        dst, cols = kernel(state, ties, table, region, messages(arriving_at),
+                           messages(leaving), sign, 1e-6)
+        assert (np.diff(dst.numpy()) > 0).all()
         lost = np.zeros((num, d), bool)
-        lost[dst.numpy()] = cols.numpy()
+        lost[dst.numpy() // 3] = cols.numpy()
+        state, ties = state[region], ties[region]
         np.testing.assert_array_equal(lost, expected_lost)
         assert cols.numpy().any(axis=1).all()  # only destinations that lost a column
         np.testing.assert_array_equal(state.numpy()[~lost],
@@ -122,12 +134,14 @@ def test_max_fold_loses_a_column_to_a_near_miss_and_saturates_ties():
     """A message that leaves within the tolerance of the max but not equal to it may be
     the carrier computed in another order: the column is lost however many ties there
     are. A clear miss changes nothing; ties stop counting at 255 (a lower bound)."""
+    table = torch.tensor([[0.0, 0.0, 1.0], [1.0 - 1e-7, 0.5, 1.0], [0.5, 0.5, 0.5]])
+    one = np.ones(3, np.float32)
     for kernel in (fold_max_numba, fold_max_torch):
         state = torch.tensor([[1.0, 1.0, 1.0]])
         ties = torch.tensor([[2, 2, 255]], dtype=torch.uint8)
-        dst, cols = kernel(state, ties, torch.tensor([0]), torch.tensor([[0.0, 0.0, 1.0]]),
-                           torch.tensor([0, 0]), torch.tensor([[1.0 - 1e-7, 0.5, 1.0],
-                                                               [0.5, 0.5, 0.5]]), 1.0, 1e-6)
+        dst, cols = kernel(state, ties, table, np.array([0]),
+                           (np.array([0]), one[:1], np.array([0])),
+                           (np.array([1, 2]), one[:2], np.array([0, 0])), 1.0, 1e-6)
         assert dst.tolist() == [0] and cols.tolist() == [[True, False, False]]
         assert ties[0, 1:].tolist() == [2, 254]
 
@@ -137,28 +151,29 @@ def test_max_fold_loses_a_column_to_a_near_miss_and_saturates_ties():
 def test_max_column_pulls_numba_and_torch_equal_the_reference(seed, sign, weighted, dtype):
     """The chosen columns of each destination re-aggregated from its in-edges (max of
     ``sign * factor * row`` and its tie count; 0 and no tie without in-edges), the other
-    columns left as they were, reading a float32 table into float32 or float64 states."""
+    columns left as they were."""
     rng = np.random.default_rng(seed)
     num, d = 5, 6
-    table = torch.from_numpy(rng.integers(-2, 3, size=(8, d)).astype(np.float32))
+    table = torch.from_numpy(rng.integers(-2, 3, size=(8, d))).to(dtype)
     degree = rng.integers(0, 5, num)
-    ptr = np.concatenate([[0], np.cumsum(degree)])
-    src = rng.integers(0, 8, ptr[-1])
-    factor = rng.choice([0.5, 1.0, 2.0], ptr[-1]).astype(np.float32)
+    begin = rng.integers(0, 20, num)  # blocks of in-edges in arrays of 30, anywhere
+    end = begin + degree
+    src = rng.integers(0, 8, 30).astype(np.int32)
+    factor = rng.choice([0.5, 1.0, 2.0], 30).astype(np.float32)
     dst = rng.choice(12, num, replace=False)
     cols = rng.random((num, d)) < 0.5
     base = rng.normal(size=(12, d))
     base_ties = rng.integers(0, 9, size=(12, d)).astype(np.uint8)
     expected, expected_ties = base.copy(), base_ties.copy()
     for i, v in enumerate(dst):
-        f = factor[ptr[i]:ptr[i + 1], None] if weighted else 1.0
-        best, count = _extremum(f * table.double().numpy()[src[ptr[i]:ptr[i + 1]]], sign, d)
+        f = factor[begin[i]:end[i], None] if weighted else 1.0
+        best, count = _extremum(f * table.double().numpy()[src[begin[i]:end[i]]], sign, d)
         expected[v, cols[i]], expected_ties[v, cols[i]] = best[cols[i]], count[cols[i]]
     for kernel in (pull_max_columns_numba, pull_max_columns_torch):
         state = torch.from_numpy(base).to(dtype)
         ties = torch.from_numpy(base_ties.copy())
-        kernel(state, ties, torch.from_numpy(dst), torch.from_numpy(cols), table, ptr,
-               torch.from_numpy(src), torch.from_numpy(factor) if weighted else None, sign)
+        kernel(state, ties, torch.from_numpy(dst), torch.from_numpy(cols), table, begin, end,
+               src, factor if weighted else None, sign)
         np.testing.assert_array_equal(state.numpy(), expected.astype(state.numpy().dtype))
         np.testing.assert_array_equal(ties.numpy(), expected_ties)
 

@@ -5,9 +5,10 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
 - ``reduce`` all messages of some destinations (full inference, pulls) and ``pack`` the
   result into state rows,
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
-- ``apply_delta``: fold messages that stopped and started arriving into stored states,
-  returning the destinations whose state it cannot fix that way (a `Pull`: they must be
-  re-aggregated from all their in-edges, whole or in some columns),
+- ``apply_delta``: fold messages that stopped and started arriving into stored states
+  (max/min: ``apply_delta_rows``, messages as rows of a table), returning the
+  destinations whose state it cannot fix that way (a `Pull`: they must be re-aggregated
+  from all their in-edges, whole or in some columns, ``pull_columns``),
 - and, for linear ones, ``combine`` messages into one delta per destination;
 - ``merge`` the states of two disjoint sets of a destination's in-edges (computation-graph
   parallelism: each partition aggregates the in-neighbours it owns).
@@ -47,11 +48,25 @@ class Pull:
     cols: Tensor | None = None
 
 
+@dataclass
+class RowMessages:
+    """Messages ``factor[k] * t[rows[k]]`` to the destinations ``region[at[k]]`` (a
+    table ``t`` and ``region`` given beside them)."""
+
+    rows: np.ndarray
+    factor: np.ndarray
+    at: np.ndarray
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.rows, self.factor, self.at
+
+
 class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
     ``state_dtype``: what the engine stores states in (sums accumulate in float64).
     ``ties_dtype``: if set, the engine keeps beside each state row a row of ``ties`` of
-    that dtype, as wide as the state, which ``apply_delta`` and ``pull_columns`` keep."""
+    that dtype, as wide as the state, which ``apply_delta_rows`` and ``pull_columns``
+    keep; such aggregations take their deltas as rows (``apply_delta_rows``)."""
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
@@ -71,19 +86,24 @@ class Aggregation:
         return state
 
     def apply_delta(self, state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
-                    old_dst: Tensor, empty_before: Tensor, ties: Tensor | None = None) -> Pull:
+                    old_dst: Tensor, empty_before: Tensor) -> Pull:
         """Fold messages that start (``new``) and stop (``old``) arriving into the
-        ``state`` (and ``ties``) rows of their destinations; ``empty_before``:
-        destinations that had no in-edge. Returns what needs a pull (by default: every
-        destination, whole)."""
+        ``state`` rows of their destinations; ``empty_before``: destinations that had no
+        in-edge. Returns what needs a pull (by default: every destination, whole)."""
         return Pull(torch.cat([new_dst, old_dst]).unique())
 
+    def apply_delta_rows(self, state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
+                         new: RowMessages, old: RowMessages, empty_before: Tensor) -> Pull:
+        """``apply_delta`` for aggregations with ties, messages as rows of ``t``."""
+        raise NotImplementedError
+
     def pull_columns(self, state: Tensor, ties: Tensor | None, pull: Pull, table: Tensor,
-                     ptr: np.ndarray, src: Tensor, factor: Tensor | None) -> None:
+                     begin: np.ndarray, end: np.ndarray, src: np.ndarray,
+                     factor: np.ndarray | None) -> None:
         """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` in place (state and
         ties), destination i from its in-edges' messages ``factor[k] * table[src[k]]``,
-        k in ``ptr[i]:ptr[i+1]`` (``factor`` None: 1); for aggregations whose
-        ``apply_delta`` returns columns."""
+        k in ``begin[i]:end[i]`` (``factor`` None: 1); for aggregations whose deltas
+        return columns."""
         raise NotImplementedError
 
     def merge(self, a: Tensor, a_count: Tensor, b: Tensor, b_count: Tensor) -> Tensor:
@@ -112,8 +132,7 @@ class SumAggregation(Aggregation):
         ``0..num``, in float64: one gather-scale-scatter."""
         return combine_rows(t, rows, coef, dst, num)
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before,
-                    ties=None) -> Pull:
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Pull:
         add_rows_(state, new_dst, new_msg)
         add_rows_(state, old_dst, -old_msg)
         return Pull(new_dst[:0])
@@ -152,15 +171,15 @@ class MaxAggregation(Aggregation):
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amax")
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before,
-                    ties=None) -> Pull:
-        dst, cols = fold_max_(state, ties, new_dst, new_msg.to(state.dtype), old_dst,
-                              old_msg.to(state.dtype), self.sign, self.tolerance)
-        everything = cols.new_ones((len(empty_before), cols.shape[1]))
-        return Pull(torch.cat([dst, empty_before]), torch.cat([cols, everything]))
+    def apply_delta_rows(self, state, ties, t, region, new, old, empty_before) -> Pull:
+        dst, cols = fold_max_(state, ties, t, region, new.arrays(), old.arrays(), self.sign,
+                              self.tolerance)
+        everything = cols.new_ones((len(empty_before), state.shape[1]))
+        return Pull(torch.cat([dst.to(state.device), empty_before]),
+                    torch.cat([cols.to(state.device), everything]))
 
-    def pull_columns(self, state, ties, pull, table, ptr, src, factor) -> None:
-        pull_max_columns_(state, ties, pull.dst, pull.cols, table, ptr, src, factor,
+    def pull_columns(self, state, ties, pull, table, begin, end, src, factor) -> None:
+        pull_max_columns_(state, ties, pull.dst, pull.cols, table, begin, end, src, factor,
                           self.sign)
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
@@ -231,8 +250,7 @@ class SoftmaxAggregation(Aggregation):
         """Pack per-edge logits [E, heads] and values [E, heads, channels]."""
         return torch.cat([logits, values.flatten(1)], dim=1)
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before,
-                    ties=None) -> Pull:
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Pull:
         return Pull(fold_softmax_(state, new_msg, new_dst, old_msg, old_dst, self.heads,
                                   self.channels, self.cancellation))
 

@@ -5,12 +5,15 @@ a lower bound, saturating at 255, and 0 only where there is no in-edge.
 - ``fold_max_``: fold messages that start arriving into state rows in place (a larger
   message takes the column with one tie, an equal one adds a tie) and messages that stop
   arriving (a message at the max removes a tie), returning the columns where the last
-  known carrier of the max may have left: only re-aggregating those columns can fix them;
+  known carrier of the max may have left: only re-aggregating those columns can fix them.
+  Messages come as rows of a table times a factor, computed in the table's dtype as the
+  layer computes them.
 - ``pull_max_columns_``: re-aggregate given columns of given destinations from all their
-  in-edges, each message ``sign * factor * table[source]`` read from the table in place,
-  counting the ties exactly.
-Numba loops for CPU tensors; torch versions for other devices. Tests hold each pair to
-each other and to re-aggregating from scratch.
+  in-edges, read where they are stored, each message ``sign * factor * table[source]``
+  read from the table in place, counting the ties exactly.
+Numba loops for CPU tensors (one pass per destination over its messages or in-edges, no
+per-message tensors); torch versions for other devices. Tests hold each pair to each
+other and to re-aggregating from scratch.
 
 Owns these kernels only; must not import kafka, mpi4py or the graph store.
 """
@@ -26,67 +29,84 @@ MAX_TIES = 255  # uint8: more carriers are counted as this many (a lower bound)
 
 
 @njit(cache=True)
-def _fold_loop(state, ties, new_dst, new_msg, old_dst, old_msg, sign, tol):
-    d = state.shape[1]
-    for i in range(len(new_dst)):  # arriving
-        r = new_dst[i]
-        for j in range(d):
-            m = sign * new_msg[i, j]
-            if m > state[r, j]:
-                state[r, j] = m
-                ties[r, j] = 1
-            elif m == state[r, j] and ties[r, j] < MAX_TIES:
-                ties[r, j] += 1
-    # Leaving, grouped by destination. A message within ``tol`` of the max but not equal
-    # to it may be the carrier recomputed in another order: the column is lost.
-    order = np.argsort(old_dst)
-    dst = np.empty(len(old_dst), np.int64)
-    cols = np.zeros((len(old_dst), d), np.bool_)
+def _by_destination(at, num):
+    """Message indices grouped by destination position ``at`` in ``0..num``: CSR."""
+    ptr = np.zeros(num + 1, np.int64)
+    for k in range(len(at)):
+        ptr[at[k] + 1] += 1
+    for g in range(num):
+        ptr[g + 1] += ptr[g]
+    order = np.empty(len(at), np.int64)
+    fill = ptr[:-1].copy()
+    for k in range(len(at)):
+        order[fill[at[k]]] = k
+        fill[at[k]] += 1
+    return ptr, order
+
+
+@njit(cache=True)
+def _fold_loop(state, ties, t, region, new_rows, new_factor, new_at, old_rows, old_factor,
+               old_at, sign, tol):
+    d, num = state.shape[1], len(region)
+    new_ptr, new_order = _by_destination(new_at, num)
+    old_ptr, old_order = _by_destination(old_at, num)
+    lost_at = np.empty(num, np.int64)
+    cols = np.zeros((min(num, len(old_at)), d), np.bool_)
     n = 0
-    for k in range(len(order)):
-        i = order[k]
-        r = old_dst[i]
-        if n == 0 or dst[n - 1] != r:
-            dst[n] = r
+    for g in range(num):  # branch-free inner loops: the outcomes are unpredictable
+        s_row, ties_row = state[region[g]], ties[region[g]]
+        for k in range(new_ptr[g], new_ptr[g + 1]):  # arriving
+            i = new_order[k]
+            row, f = t[new_rows[i]], t.dtype.type(sign * new_factor[i])
+            for j in range(d):
+                m, s, c = f * row[j], s_row[j], ties_row[j]  # the layer's message, rounded
+                ties_row[j] = 1 if m > s else (c + 1 if m == s and c < MAX_TIES else c)
+                s_row[j] = max(m, s)
+        if old_ptr[g + 1] == old_ptr[g]:
+            continue
+        lost = cols[n]
+        for k in range(old_ptr[g], old_ptr[g + 1]):  # leaving, after the arrivals
+            i = old_order[k]
+            row, f = t[old_rows[i]], t.dtype.type(sign * old_factor[i])
+            for j in range(d):
+                m, s = f * row[j], s_row[j]
+                # within tol but not equal: maybe the carrier computed in another order
+                near = m >= s - tol * abs(s)
+                gone = near and m == s and ties_row[j] >= 2
+                ties_row[j] -= gone
+                lost[j] |= near and not gone
+        if lost.any():
+            lost_at[n] = g
             n += 1
-        for j in range(d):
-            s = state[r, j]
-            o = sign * old_msg[i, j]
-            if o >= s - tol * abs(s):
-                if o == s and ties[r, j] >= 2:
-                    ties[r, j] -= 1
-                else:
-                    cols[n - 1, j] = True
-    kept = 0
-    for g in range(n):  # destinations that lost no column need nothing
-        hit = False
-        for j in range(d):
-            hit |= cols[g, j]
-        if hit:
-            dst[kept] = dst[g]
-            cols[kept] = cols[g]
-            kept += 1
-    return dst[:kept], cols[:kept]
+    return region[lost_at[:n]], cols[:n]
 
 
-def fold_max_numba(state: Tensor, ties: Tensor, new_dst: Tensor, new_msg: Tensor,
-                   old_dst: Tensor, old_msg: Tensor, sign: float,
+def fold_max_numba(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
+                   new: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   old: tuple[np.ndarray, np.ndarray, np.ndarray], sign: float,
                    tol: float) -> tuple[Tensor, Tensor]:
-    dst, cols = _fold_loop(state.numpy(), ties.numpy(), new_dst.numpy(), new_msg.numpy(),
-                           old_dst.numpy(), old_msg.numpy(), sign, tol)
+    dst, cols = _fold_loop(state.numpy(), ties.numpy(), t.numpy(), region, *new, *old, sign,
+                           tol)
     return torch.from_numpy(dst), torch.from_numpy(cols)
 
 
-def fold_max_torch(state: Tensor, ties: Tensor, new_dst: Tensor, new_msg: Tensor,
-                   old_dst: Tensor, old_msg: Tensor, sign: float,
+def fold_max_torch(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
+                   new: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   old: tuple[np.ndarray, np.ndarray, np.ndarray], sign: float,
                    tol: float) -> tuple[Tensor, Tensor]:
+    def messages(rows: np.ndarray, factor: np.ndarray, at: np.ndarray) -> tuple[Tensor, Tensor]:
+        msg = t.index_select(0, torch.from_numpy(rows).to(t.device)).to(state.dtype)
+        msg *= torch.from_numpy(factor).to(state.device, state.dtype).unsqueeze(-1)
+        return torch.from_numpy(region[at]).to(state.device), sign * msg
+
     def per_destination(dst: Tensor, flags: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
         unique, at = torch.unique(dst, return_inverse=True)
         return unique, [torch.zeros((len(unique), state.shape[1]), dtype=torch.int32,
                                     device=state.device).index_add_(0, at, f.int())
                         for f in flags]
 
-    new_msg, old_msg = sign * new_msg, sign * old_msg
+    new_dst, new_msg = messages(*new)
+    old_dst, old_msg = messages(*old)
     before = state.index_select(0, new_dst.unique())
     state.index_reduce_(0, new_dst, new_msg, "amax", include_self=True)
     at, (equal,) = per_destination(new_dst, [new_msg == state.index_select(0, new_dst)])
@@ -103,23 +123,25 @@ def fold_max_torch(state: Tensor, ties: Tensor, new_dst: Tensor, new_msg: Tensor
     return dst[hit], lost[hit]
 
 
-def fold_max_(state: Tensor, ties: Tensor, new_dst: Tensor, new_msg: Tensor,
-              old_dst: Tensor, old_msg: Tensor, sign: float,
+def fold_max_(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
+              new: tuple[np.ndarray, np.ndarray, np.ndarray],
+              old: tuple[np.ndarray, np.ndarray, np.ndarray], sign: float,
               tol: float) -> tuple[Tensor, Tensor]:
-    """Fold ``sign * new_msg[i]`` arriving at ``new_dst[i]`` and ``sign * old_msg[i]``
-    leaving ``old_dst[i]`` into ``state`` and ``ties`` rows in place; a leaving message
-    within the relative ``tol`` of the max removes a tie if equal to it, else loses the
-    column, as does removing the last known tie. Returns the destinations that lost a
-    column (distinct, sorted) and a [n, d] bool of their lost columns."""
+    """Fold messages arriving (``new``) and leaving (``old``), each ``(rows, factor, at)``:
+    ``sign * factor[k] * t[rows[k]]`` at destination ``region[at[k]]``, into ``state``
+    and ``ties`` rows in place. A leaving message within the relative ``tol`` of the max
+    removes a tie if equal to it, else loses the column, as does removing the last known
+    tie. Returns the destinations that lost a column (slots, ascending) and a [n, d] bool
+    of their lost columns."""
     kernel = fold_max_numba if state.device.type == "cpu" else fold_max_torch
-    return kernel(state, ties, new_dst, new_msg, old_dst, old_msg, sign, tol)
+    return kernel(state, ties, t, region, new, old, sign, tol)
 
 
 @njit(cache=True)
-def _columns_loop(state, ties, dst, cols, table, ptr, src, factor, weighted, sign):
+def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weighted, sign):
     d = state.shape[1]
     at = np.empty(d, np.int64)
-    best = np.empty(d, np.float64)
+    best = np.empty(d, state.dtype)
     count = np.empty(d, np.int64)
     for i in range(len(dst)):
         n = 0
@@ -127,43 +149,47 @@ def _columns_loop(state, ties, dst, cols, table, ptr, src, factor, weighted, sig
             if cols[i, j]:
                 at[n] = j
                 n += 1
-        for c in range(n):
-            best[c] = -np.inf if ptr[i + 1] > ptr[i] else 0.0  # no in-edge: 0, as in PyG
-            count[c] = 0
-        for k in range(ptr[i], ptr[i + 1]):
-            u = src[k]
-            f = sign * (np.float64(factor[k]) if weighted else 1.0)
-            for c in range(n):
-                # float64 holds the product of two float32 exactly: one rounding on store
-                m = f * np.float64(table[u, at[c]])
+        best[:n] = -np.inf if end[i] > begin[i] else 0.0  # no in-edge: 0, as in PyG
+        count[:n] = 0
+        for k in range(begin[i], end[i]):
+            row = table[src[k]]
+            f = table.dtype.type(sign * factor[k] if weighted else sign)
+            for c in range(n):  # a new max is rare after the first few: branches pay
+                m = f * row[at[c]]  # the layer's message, rounded
                 if m > best[c]:
                     best[c] = m
                     count[c] = 1
                 elif m == best[c]:
                     count[c] += 1
-        r = dst[i]
+        s_row, ties_row = state[dst[i]], ties[dst[i]]
         for c in range(n):
-            state[r, at[c]] = best[c]
-            ties[r, at[c]] = min(count[c], MAX_TIES)
+            s_row[at[c]] = best[c]
+            ties_row[at[c]] = min(count[c], MAX_TIES)
 
 
 def pull_max_columns_numba(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor,
-                           table: Tensor, ptr: np.ndarray, src: Tensor,
-                           factor: Tensor | None, sign: float) -> None:
+                           table: Tensor, begin: np.ndarray, end: np.ndarray,
+                           src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
     weighted = factor is not None
-    _columns_loop(state.numpy(), ties.numpy(), dst.numpy(), cols.numpy(), table.numpy(), ptr,
-                  src.numpy(), factor.numpy() if weighted else np.zeros(0, np.float32),
-                  weighted, sign)
+    _columns_loop(state.numpy(), ties.numpy(), dst.numpy(), cols.numpy(), table.numpy(),
+                  begin, end, src, factor if weighted else np.zeros(0, np.float32), weighted,
+                  sign)
 
 
 def pull_max_columns_torch(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor,
-                           table: Tensor, ptr: np.ndarray, src: Tensor,
-                           factor: Tensor | None, sign: float) -> None:
-    counts = torch.from_numpy(np.diff(ptr)).to(state.device)
-    local = torch.repeat_interleave(torch.arange(len(dst), device=state.device), counts)
-    msg = table.index_select(0, src).to(state.dtype)
+                           table: Tensor, begin: np.ndarray, end: np.ndarray,
+                           src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
+    counts = end - begin
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    edges = np.arange(ptr[-1]) + np.repeat(begin - ptr[:-1], counts)  # positions in src
+
+    def device(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(state.device)
+
+    local = device(np.repeat(np.arange(len(counts)), counts))
+    msg = table.index_select(0, device(src[edges].astype(np.int64))).to(state.dtype)
     if factor is not None:
-        msg *= factor.to(state.dtype).unsqueeze(-1)
+        msg *= device(factor[edges]).to(state.dtype).unsqueeze(-1)
     msg = sign * msg
     best = state.new_zeros((len(dst), state.shape[1])).index_reduce_(
         0, local, msg, "amax", include_self=False)  # rows with no in-edge stay 0
@@ -174,12 +200,12 @@ def pull_max_columns_torch(state: Tensor, ties: Tensor, dst: Tensor, cols: Tenso
                             ties.index_select(0, dst))
 
 
-def pull_max_columns_(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor,
-                      table: Tensor, ptr: np.ndarray, src: Tensor, factor: Tensor | None,
-                      sign: float) -> None:
+def pull_max_columns_(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor, table: Tensor,
+                      begin: np.ndarray, end: np.ndarray, src: np.ndarray,
+                      factor: np.ndarray | None, sign: float) -> None:
     """Columns ``cols[i]`` (bool) of ``state[dst[i]]`` re-aggregated, in place, as the
-    max of ``sign * factor[k] * table[src[k]]`` over ``k`` in ``ptr[i]:ptr[i+1]`` (the
+    max of ``sign * factor[k] * table[src[k]]`` over ``k`` in ``begin[i]:end[i]`` (the
     destination's in-edges; ``factor`` None: 1), 0 for no in-edge; and ``ties`` there:
     how many messages equal the max. ``dst`` distinct."""
     kernel = pull_max_columns_numba if state.device.type == "cpu" else pull_max_columns_torch
-    kernel(state, ties, dst, cols, table, ptr, src, factor, sign)
+    kernel(state, ties, dst, cols, table, begin, end, src, factor, sign)

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
-from streamgnn.models.aggr import Pull
+from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.npz import prefixed, under
@@ -121,6 +121,17 @@ class _Messages:
     new_msg: Tensor
     old_dst: Tensor
     old_msg: Tensor
+
+
+@dataclass
+class _RowMessages:
+    """One superstep's messages for aggregations with ties (max/min), left as rows of the
+    sources' ``t`` times a factor, to destinations in ``region``, for the fold to read."""
+
+    t: Tensor
+    region: np.ndarray
+    new: RowMessages
+    old: RowMessages
 
 
 @dataclass
@@ -512,17 +523,19 @@ class Shard:
         self.h[hop][index] = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
-        result.pulled_columns.append(0 if columns is None else int(columns.cols.sum()))
+        result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
         return _Step(region, before, new, is_added[region])
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
-                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> _Messages:
+                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray
+                  ) -> _Messages | _RowMessages:
         """Messages that stop and start arriving in the region: along the unchanged edges
         ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
-        aggregations get them combined per destination into one delta each."""
+        aggregations get them combined per destination into one delta each; those with
+        ties (max/min, never degree-normalised) as rows of t and edge weights."""
         sets = self.sets
         slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
         t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
@@ -537,6 +550,16 @@ class Shard:
                 layer.edge_weighted, scale_new, scale_old, region, sets.scratch)
             combined = layer.aggr.combine(t, rows, coef, local, len(region))
             return _Messages(self._index(region), combined, self._index(region[:0]), combined[:0])
+        if layer.aggr.ties_dtype is not None:
+            def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
+                factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
+                return RowMessages(rows, factor, sets.positions(region, dst))
+
+            return _RowMessages(t, region, messages(
+                np.concatenate([at1, at2[has]]), np.concatenate([w1, edges.after[has]]),
+                np.concatenate([v1, edges.dst[has]])), messages(
+                old[np.concatenate([at1, at2[had]])], np.concatenate([w1, edges.before[had]]),
+                np.concatenate([v1, edges.dst[had]])))
 
         t_new, t_old = t[:len(slots)], t.index_select(0, self._index(old))
         dst_new, dst_old = edges.dst[has], edges.dst[had]
@@ -589,11 +612,15 @@ class Shard:
         part = layer.destination_part(self._t(hop, layer, self._index(region)))
         return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
-    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages,
+    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages | _RowMessages,
                      edges: _BatchEdges) -> Pull:
+        empty = self._index(edges.empty_before)
+        if isinstance(outbox, _RowMessages):
+            return layer.aggr.apply_delta_rows(self.state[hop - 1], self.ties[hop - 1],
+                                               outbox.t, outbox.region, outbox.new,
+                                               outbox.old, empty)
         return layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
-                                      outbox.old_msg, outbox.old_dst,
-                                      self._index(edges.empty_before), self.ties[hop - 1])
+                                      outbox.old_msg, outbox.old_dst, empty)
 
     def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
         if self.ghost is None:
@@ -628,18 +655,24 @@ class Shard:
     def _pull_columns(self, hop: int, layer: Layer, pull: Pull) -> int:
         """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` from all their
         in-neighbours (`Aggregation.pull_columns`), reading their rows of t in place where
-        t is h as stored; returns how many distinct ghosts they read."""
+        t is h as stored (and, without ghosts to count, the in-edges where the graph keeps
+        them); returns how many distinct ghosts they read."""
         g = self.graph
-        ptr, src, w = g.in_edges(pull.dst.cpu().numpy())
-        table, src_at = None if layer.transforms else self._h_table(hop - 1), src
-        if table is None:  # t of the rows read
-            rows = self.sets.union(src)
-            table = self._t(hop, layer, self._index(rows))
-            src_at = self.sets.positions(rows, src)
-        factor = self._tensor(w) if layer.edge_weighted else None
-        layer.aggr.pull_columns(self.state[hop - 1], self.ties[hop - 1], pull, table, ptr,
-                                self._index(src_at), factor)
-        return self._ghosts_read(src)
+        slots = pull.dst.cpu().numpy()
+        table = None if layer.transforms else self._h_table(hop - 1)
+        if table is not None and self.ghost is None:
+            begin, end, src, w = g.in_blocks(slots)
+            remote = 0
+        else:
+            ptr, src, w = g.in_edges(slots)
+            begin, end, remote = ptr[:-1], ptr[1:], self._ghosts_read(src)
+            if table is None:  # t of the rows read
+                rows = self.sets.union(src)
+                table = self._t(hop, layer, self._index(rows))
+                src = self.sets.positions(rows, src)
+        layer.aggr.pull_columns(self.state[hop - 1], self.ties[hop - 1], pull, table, begin,
+                                end, src, w if layer.edge_weighted else None)
+        return remote
 
     @torch.inference_mode()
     def _count_ties(self, hop: int, max_edges: int = 1 << 20) -> None:
@@ -745,6 +778,13 @@ def _grown(t: Tensor, size: int) -> Tensor:
 # Row reductions: numpy is quicker than torch on the small CPU tensors of a batch.
 def _argmax_rows(t: Tensor) -> np.ndarray:
     return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
+
+
+def _count(flags: Tensor) -> int:
+    """How many of the bools are set."""
+    if flags.device.type == "cpu":
+        return int(np.count_nonzero(flags.numpy()))
+    return int(flags.sum())
 
 
 def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
