@@ -63,7 +63,7 @@ def stream_split(preset: str, weighted: bool):
 
 def engine_bytes(engine: Engine) -> int:
     tensors = [t for shard in engine.shards for t in (
-        *shard.h[1:], *shard.state, *shard.root, *shard.t) if t is not None]
+        *shard.h[1:], *shard.state, *shard.ties, *shard.root, *shard.t) if t is not None]
     graph = engine.graph.nbytes()
     return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
 
@@ -131,7 +131,7 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         rc.apply(batch)
     for size in sizes:
         times = {"engine": [], "rc": []}
-        work = {"engine": [], "rc": []}  # (recomputed, pulled) vertices per layer
+        work = {"engine": [], "rc": []}  # recomputed, pulled vertices, pulled columns
         spent = time.perf_counter()
         while (time.perf_counter() - spent < budget and len(times["engine"]) < 300) or len(
                 times["engine"]) < 2:
@@ -142,7 +142,8 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
                     result = target.apply(batch)
                     _sync(target.device)
                     times[key].append(time.perf_counter() - t)
-                    work[key].append((result.recomputed, result.pulled))
+                    work[key].append((result.recomputed, result.pulled,
+                                      result.pulled_columns))
         full = full_forward_seconds(model, engine, full_repeat)
         row = {"workload": label, "layers": layers, "batch": size,
                "engine": percentiles(times["engine"]), "rc": percentiles(times["rc"]),
@@ -150,8 +151,9 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         for key in ("engine", "rc", "full"):
             row[key]["updates_per_s"] = size / (row[key]["median_ms"] / 1000)
         for key in ("engine", "rc"):  # means per layer
-            recomputed, pulled = np.mean(work[key], axis=0).round(1).tolist()
-            row[key] |= {"recomputed_per_layer": recomputed, "pulled_per_layer": pulled}
+            recomputed, pulled, columns = np.mean(work[key], axis=0).round(1).tolist()
+            row[key] |= {"recomputed_per_layer": recomputed, "pulled_per_layer": pulled,
+                         "pulled_columns_per_layer": columns}
         rows.append(row)
     ids = engine.vertex_ids()
     a, b = engine.lookup(ids), rc.lookup(ids)

@@ -180,13 +180,8 @@ class Shard:
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
-        # Beside the states of aggregations that keep ties (max/min), counted here.
-        self.ties = [None if s is None or layer.aggr.ties_dtype is None
-                     else torch.zeros(s.shape, dtype=layer.aggr.ties_dtype, device=device)
-                     for layer, s in zip(layers, states, strict=True)]
-        for hop, ties in enumerate(self.ties, start=1):
-            if ties is not None:
-                self._count_ties(hop)
+        self.ties: list[Tensor | None] = [None] * len(layers)
+        self._keep_ties()
 
     @classmethod
     def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
@@ -301,6 +296,7 @@ class Shard:
         shard._batch = None
         shard._owned = None
         shard.sent, shard.received, shard.busy = [], [], []
+        shard._keep_ties()  # arrays written before max/min kept ties have none
         return shard
 
     # ---------------------------------------------------------------- one batch
@@ -674,10 +670,20 @@ class Shard:
                                 end, src, w if layer.edge_weighted else None)
         return remote
 
+    def _keep_ties(self) -> None:
+        """Beside each state of an aggregation that keeps ties (max/min), the ties, counted
+        where there are none yet."""
+        for hop, (layer, state) in enumerate(zip(self.layers, self.state, strict=True),
+                                             start=1):
+            if state is not None and layer.aggr.ties_dtype and self.ties[hop - 1] is None:
+                self.ties[hop - 1] = torch.zeros(state.shape, dtype=layer.aggr.ties_dtype,
+                                                 device=self.device)
+                self._count_ties(hop)
+
     @torch.inference_mode()
     def _count_ties(self, hop: int, max_edges: int = 1 << 20) -> None:
-        """Layer ``hop``'s ties of every vertex this shard owns (bootstrap): all their
-        columns re-aggregated, vertices in chunks of at most ``max_edges`` in-edges."""
+        """Layer ``hop``'s ties of every vertex this shard owns: all their columns
+        re-aggregated, vertices in chunks of at most ``max_edges`` in-edges."""
         owned = np.flatnonzero(self.owned[:self.graph.num_slots])
         width = self.state[hop - 1].shape[1]
         for a, b in pairwise(chunk_bounds(self.graph.in_degree[owned], max_edges).tolist()):
