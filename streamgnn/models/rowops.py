@@ -1,8 +1,7 @@
-"""Row-wise scatter kernels on 2-D tensors, the inner loops of a superstep: a
+"""Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
-(``fold_rows_``), an in-place row max (``max_rows_``), a test
-whether rows reach the stored ones (``reaches_rows``), and the store of a superstep's new
-rows that reports which changed (``store_rows_``).
+(``fold_rows_``), and the store of a superstep's new rows that reports which changed
+(``store_rows_``).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 
@@ -46,56 +45,6 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
     in float64."""
     kernel = combine_rows_numba if t.device.type == "cpu" else combine_rows_torch
     return kernel(t, rows, coef, dst, num)
-
-
-@njit(cache=True)
-def _max_loop(state, index, rows):
-    for i in range(len(index)):
-        r = index[i]
-        for j in range(state.shape[1]):
-            state[r, j] = max(state[r, j], rows[i, j])
-
-
-def max_rows_numba(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    _max_loop(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
-
-
-def max_rows_torch(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    state.index_reduce_(0, index, rows.to(state.dtype), "amax", include_self=True)
-
-
-def max_rows_(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    """``state[index[i]] = max(state[index[i]], rows[i])`` elementwise, in place (``index``
-    may repeat)."""
-    (max_rows_numba if state.device.type == "cpu" else max_rows_torch)(state, index, rows)
-
-
-@njit(cache=True)
-def _reaches_loop(state, index, rows, tol):
-    out = np.zeros(len(index), np.bool_)
-    for i in range(len(index)):
-        r = index[i]
-        for j in range(state.shape[1]):
-            if rows[i, j] >= state[r, j] - tol * abs(state[r, j]):
-                out[i] = True
-                break
-    return out
-
-
-def reaches_rows_numba(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    return torch.from_numpy(_reaches_loop(state.numpy(), index.numpy(), rows.numpy(), tol))
-
-
-def reaches_rows_torch(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    current = state.index_select(0, index)
-    return (rows >= current - tol * current.abs()).any(dim=-1)
-
-
-def reaches_rows(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    """Per row i, whether ``rows[i]`` reaches ``state[index[i]]`` (within the relative
-    ``tol``) in some column."""
-    kernel = reaches_rows_numba if state.device.type == "cpu" else reaches_rows_torch
-    return kernel(state, index, rows, tol)
 
 
 @njit(cache=True)

@@ -7,11 +7,11 @@ Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layer
 in-degree changed): every message that stops arriving (old value, old edge) and every
 message that starts arriving (new value, new edge) is sent, combined per destination and
 folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
-fix that way (max losing its maximum, attention at a vertex whose own input changed or
-whose denominator cancelled) are pulled: their state is recomputed from all
-in-neighbours. Then h^l is recomputed for the destinations and for vertices whose own
-h^{l-1} changed. ``recompute=True`` is the RC baseline: the same affected region, every
-destination pulled, no states kept.
+fix that way are pulled: their state is recomputed from all in-neighbours, whole
+(attention at a vertex whose own input changed or whose denominator cancelled) or in the
+columns that need it (max/min where the maximum may have left). Then h^l is recomputed
+for the destinations and for vertices whose own h^{l-1} changed. ``recompute=True`` is
+the RC baseline: the same affected region, every destination pulled, no states kept.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
 copies of remote in-neighbours (their features, in-degree and every layer's embedding row,
@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
-from streamgnn.models.inference import aggregate, layer_by_layer
+from streamgnn.models.aggr import Pull, RowMessages
+from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import store_rows_
 from streamgnn.npz import prefixed, under
@@ -48,7 +50,9 @@ from streamgnn.workers.slotsets import SlotSets
 class ApplyResult:
     """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
     label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
-    vertices per layer whose embedding was recomputed / whose state was re-aggregated;
+    vertices per layer whose embedding was recomputed / whose state was re-aggregated
+    (whole or in some columns; ``pulled_columns``: the (vertex, column) pairs of the
+    latter);
     with partitions, ``remote_reads`` counts per layer the ghost rows the pulls read (what
     a design fetching remote rows on demand would request) and ``combined_messages`` the
     messages from ghosts, combined per destination and source partition (what a design
@@ -62,6 +66,7 @@ class ApplyResult:
     remote_reads: list[int] = field(default_factory=list)
     combined_messages: list[int] = field(default_factory=list)
     non_finite: int = 0  # the first layer the batch drove to NaN or inf (0: none)
+    pulled_columns: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -139,6 +144,17 @@ class _Messages:
 
 
 @dataclass
+class _RowMessages:
+    """One superstep's messages for aggregations with ties (max/min), left as rows of the
+    sources' ``t`` times a factor, to destinations in ``region``, for the fold to read."""
+
+    t: Tensor
+    region: np.ndarray
+    new: RowMessages
+    old: RowMessages
+
+
+@dataclass
 class _Batch:
     """What one batch carries from superstep to superstep."""
 
@@ -185,6 +201,8 @@ class Shard:
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
+        self.ties: list[Tensor | None] = [None] * len(layers)
+        self._keep_ties()
 
     @classmethod
     def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
@@ -262,10 +280,11 @@ class Shard:
         """Everything the shard knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``, so a restored shard repeats this one
         bit for bit; left out without ``with_graph``), and per layer k its embeddings
-        ``h/k``, aggregation states ``state/k`` with their rounding bounds ``drift/k``,
-        kept root terms ``root/k`` and transforms ``t/k`` where it keeps them."""
+        ``h/k``, aggregation states ``state/k`` with sums' rounding bounds ``drift/k`` and
+        max/min's ``ties/k``, kept root terms ``root/k`` and transforms ``t/k`` where it
+        keeps them."""
         out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
-        for name in ("h", "state", "drift", "root", "t"):
+        for name in ("h", "state", "drift", "ties", "root", "t"):
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:
                     out[f"{name}/{k}"] = rows.cpu().numpy()
@@ -285,7 +304,7 @@ class Shard:
         shard.graph = (graph if graph is not None
                        else DynamicGraph.from_arrays(under(arrays, "graph/")))
         shard.sets = SlotSets(len(shard.graph.alive))
-        for name in ("h", "state", "drift", "root", "t"):
+        for name in ("h", "state", "drift", "ties", "root", "t"):
             setattr(shard, name, [
                 None if (a := arrays.get(f"{name}/{k}")) is None
                 else torch.from_numpy(np.array(a)).to(device)
@@ -299,6 +318,7 @@ class Shard:
         shard._batch = None
         shard._owned = None
         shard.sent, shard.received, shard.busy = [], [], []
+        shard._keep_ties()  # arrays written before max/min kept ties have none
         return shard
 
     # ---------------------------------------------------------------- one batch
@@ -330,7 +350,7 @@ class Shard:
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
-        for rows in (*self.state, *self.drift):  # a reused slot held a deleted vertex's
+        for rows in (*self.state, *self.drift, *self.ties):  # reused slots: start empty
             if rows is not None and len(added):
                 rows[self._index(added)] = 0
         is_added = np.zeros(self.graph.num_slots, bool)
@@ -481,6 +501,7 @@ class Shard:
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
+            result.pulled_columns.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
             nothing = self.h[hop][:0]
@@ -488,6 +509,7 @@ class Shard:
 
         index = self._index(region)
         count = g.in_degree[region]
+        columns = None  # a pull of some columns only
         if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
             pulled, remote = self._pull(hop, layer, pull)
@@ -503,10 +525,14 @@ class Shard:
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
-            pull = self._apply_delta(hop, layer, outbox, edges)
+            lost = self._apply_delta(hop, layer, outbox, edges)
+            pull, columns = ((lost.dst.cpu().numpy(), None) if lost.cols is None
+                             else (region[:0], lost))
             if layer.aggr.destination_dependent:
                 pull = self.sets.union(pull, changed.slots, alive=owned)
             remote = self._pull(hop, layer, pull)[1] if len(pull) else 0
+            if columns is not None and len(columns.dst):
+                remote += self._pull_columns(hop, layer, columns)
             agg = layer.aggr.finalize(self.state[hop - 1].index_select(0, index),
                                       self._index(count))
         agg = agg.to(self.dtype)
@@ -523,7 +549,8 @@ class Shard:
         moved, old_rows, finite = store_rows_(self.h[hop], region, new, fresh,
                                               keep_old=hop < self.num_layers)
         result.recomputed.append(len(region))
-        result.pulled.append(len(pull))
+        result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
+        result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
         return _Step(region, new, fresh, moved, old_rows, finite)
@@ -548,12 +575,25 @@ class Shard:
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
-                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> _Messages:
+                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray
+                  ) -> _Messages | _RowMessages:
         """Messages that stop and start arriving in the region, as `_fold` sends them, for
-        aggregations that are not linear: one per edge, in both directions."""
+        aggregations that are not linear: one per edge, in both directions; those with
+        ties (max/min, never degree-normalised) as rows of t and edge weights."""
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges)
         t, old, has, had, at1, at2 = m.t, m.old, m.has, m.had, m.at1, m.at2
+        if layer.aggr.ties_dtype is not None:
+            def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
+                factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
+                return RowMessages(rows, factor, self.sets.positions(region, dst))
+
+            return _RowMessages(t, region, messages(
+                np.concatenate([at1, at2[has]]), np.concatenate([w1, edges.after[has]]),
+                np.concatenate([v1, edges.dst[has]])), messages(
+                old[np.concatenate([at1, at2[had]])], np.concatenate([w1, edges.before[had]]),
+                np.concatenate([v1, edges.dst[had]])))
+
         t_new, t_old = t[:len(m.slots)], t.index_select(0, self._index(old))
         dst_new, dst_old = edges.dst[has], edges.dst[had]
         t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
@@ -616,12 +656,15 @@ class Shard:
         part = layer.destination_part(self._t(hop, layer, self._index(region)))
         return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
-    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages,
-                     edges: _BatchEdges) -> np.ndarray:
-        pull = layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
-                                      outbox.old_msg, outbox.old_dst,
-                                      self._index(edges.empty_before))
-        return pull.cpu().numpy()
+    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages | _RowMessages,
+                     edges: _BatchEdges) -> Pull:
+        empty = self._index(edges.empty_before)
+        if isinstance(outbox, _RowMessages):
+            return layer.aggr.apply_delta_rows(self.state[hop - 1], self.ties[hop - 1],
+                                               outbox.t, outbox.region, outbox.new,
+                                               outbox.old, empty)
+        return layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
+                                      outbox.old_msg, outbox.old_dst, empty)
 
     def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
         if self.ghost is None:
@@ -637,7 +680,7 @@ class Shard:
         many distinct ghosts they read."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
-        remote = 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
+        remote = self._ghosts_read(src)
         if self.t[hop - 1] is not None:  # kept: read in place, by slot
             rows, t = slice(None), self.t[hop - 1]  # rows: all slots
             src_at, pull_at = src, pull
@@ -655,7 +698,53 @@ class Shard:
                 self.drift[hop - 1][self._index(pull)] = 0
         return state, remote
 
+    def _pull_columns(self, hop: int, layer: Layer, pull: Pull) -> int:
+        """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` from all their
+        in-neighbours (`Aggregation.pull_columns`), reading their rows of t in place where
+        t is h as stored (and, without ghosts to count, the in-edges where the graph keeps
+        them); returns how many distinct ghosts they read."""
+        g = self.graph
+        slots = pull.dst.cpu().numpy()
+        table = None if layer.transforms else self._h_table(hop - 1)
+        if table is not None and self.ghost is None:
+            begin, end, src, w = g.in_blocks(slots)
+            remote = 0
+        else:
+            ptr, src, w = g.in_edges(slots)
+            begin, end, remote = ptr[:-1], ptr[1:], self._ghosts_read(src)
+            if table is None:  # t of the rows read
+                rows = self.sets.union(src)
+                table = self._t(hop, layer, self._index(rows))
+                src = self.sets.positions(rows, src)
+        layer.aggr.pull_columns(self.state[hop - 1], self.ties[hop - 1], pull, table, begin,
+                                end, src, w if layer.edge_weighted else None)
+        return remote
+
+    def _keep_ties(self) -> None:
+        """Beside each state of an aggregation that keeps ties (max/min), the ties, counted
+        where there are none yet."""
+        for hop, (layer, state) in enumerate(zip(self.layers, self.state, strict=True),
+                                             start=1):
+            if state is not None and layer.aggr.ties_dtype and self.ties[hop - 1] is None:
+                self.ties[hop - 1] = torch.zeros(state.shape, dtype=layer.aggr.ties_dtype,
+                                                 device=self.device)
+                self._count_ties(hop)
+
+    @torch.inference_mode()
+    def _count_ties(self, hop: int, max_edges: int = 1 << 20) -> None:
+        """Layer ``hop``'s ties of every vertex this shard owns: all their columns
+        re-aggregated, vertices in chunks of at most ``max_edges`` in-edges."""
+        owned = np.flatnonzero(self.owned[:self.graph.num_slots])
+        width = self.state[hop - 1].shape[1]
+        for a, b in pairwise(chunk_bounds(self.graph.in_degree[owned], max_edges).tolist()):
+            cols = torch.ones((b - a, width), dtype=torch.bool, device=self.device)
+            self._pull_columns(hop, self.layers[hop - 1], Pull(self._index(owned[a:b]), cols))
+
     # ---------------------------------------------------------------- helpers
+    def _ghosts_read(self, src: np.ndarray) -> int:
+        """How many distinct ghosts the slots ``src`` name."""
+        return 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
+
     def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
         g, e = self.graph, diff.edges
         src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
@@ -732,6 +821,7 @@ class Shard:
         self.drift = [None if d is None else _grown(d, size) for d in self.drift]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
         self.t = [None if t is None else _grown(t, size) for t in self.t]
+        self.ties = [None if t is None else _grown(t, size) for t in self.ties]
         self._labels = np.concatenate([self._labels,
                                        np.zeros(size - len(self._labels), np.int64)])
 
@@ -754,3 +844,9 @@ def _grown(t: Tensor, size: int) -> Tensor:
 def _argmax_rows(t: Tensor) -> np.ndarray:
     return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
 
+
+def _count(flags: Tensor) -> int:
+    """How many of the bools are set."""
+    if flags.device.type == "cpu":
+        return int(np.count_nonzero(flags.numpy()))
+    return int(flags.sum())
