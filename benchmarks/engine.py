@@ -1,6 +1,6 @@
-"""Engine benchmark: RIPPLE++'s seven workloads on the 80/20 protocol with LinkBench's
-write mix; the incremental engine vs layer-wise recompute of the affected region (RC) vs
-a full PyG forward pass, measured in the same run.
+"""Engine benchmark: RIPPLE++'s seven workloads and GraphConv min on the 80/20 protocol
+with LinkBench's write mix; the incremental engine vs layer-wise recompute of the affected
+region (RC) vs a full PyG forward pass, measured in the same run.
 
     python benchmarks/engine.py [--preset arxiv-like] [--layers 2 3] [--batch-sizes 1 10 100 1000]
     python benchmarks/engine.py --profile --workloads "GraphConv sum" --layers 2 --batch-sizes 100
@@ -42,7 +42,7 @@ from streamgnn.workers import Engine
 
 console = Console(width=160)
 BLOCK = 10  # batches each side applies in a row
-# RIPPLE++'s workloads: (label, model, uses edge weights)
+# RIPPLE++'s workloads and max's mirror: (label, model, uses edge weights)
 WORKLOADS = [
     ("GraphConv sum", "graphconv-sum", False),
     ("GraphSAGE sum", "sage-sum", False),
@@ -50,6 +50,7 @@ WORKLOADS = [
     ("GIN sum", "gin", False),
     ("GraphConv weighted", "graphconv-sum", True),
     ("GraphConv max", "graphconv-max", False),
+    ("GraphConv min", "graphconv-min", False),
     ("GAT", "gat", False),
 ]
 
@@ -63,7 +64,7 @@ def stream_split(preset: str, weighted: bool):
 
 def engine_bytes(engine: Engine) -> int:
     tensors = [t for shard in engine.shards for t in (
-        *shard.h[1:], *shard.state, *shard.root, *shard.t) if t is not None]
+        *shard.h[1:], *shard.state, *shard.ties, *shard.root, *shard.t) if t is not None]
     graph = engine.graph.nbytes()
     return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
 
@@ -131,7 +132,7 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         rc.apply(batch)
     for size in sizes:
         times = {"engine": [], "rc": []}
-        work = {"engine": [], "rc": []}  # (recomputed, pulled) vertices per layer
+        work = {"engine": [], "rc": []}  # recomputed, pulled vertices, pulled columns
         spent = time.perf_counter()
         while (time.perf_counter() - spent < budget and len(times["engine"]) < 300) or len(
                 times["engine"]) < 2:
@@ -142,7 +143,8 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
                     result = target.apply(batch)
                     _sync(target.device)
                     times[key].append(time.perf_counter() - t)
-                    work[key].append((result.recomputed, result.pulled))
+                    work[key].append((result.recomputed, result.pulled,
+                                      result.pulled_columns))
         full = full_forward_seconds(model, engine, full_repeat)
         row = {"workload": label, "layers": layers, "batch": size,
                "engine": percentiles(times["engine"]), "rc": percentiles(times["rc"]),
@@ -150,8 +152,9 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         for key in ("engine", "rc", "full"):
             row[key]["updates_per_s"] = size / (row[key]["median_ms"] / 1000)
         for key in ("engine", "rc"):  # means per layer
-            recomputed, pulled = np.mean(work[key], axis=0).round(1).tolist()
-            row[key] |= {"recomputed_per_layer": recomputed, "pulled_per_layer": pulled}
+            recomputed, pulled, columns = np.mean(work[key], axis=0).round(1).tolist()
+            row[key] |= {"recomputed_per_layer": recomputed, "pulled_per_layer": pulled,
+                         "pulled_columns_per_layer": columns}
         rows.append(row)
     ids = engine.vertex_ids()
     a, b = engine.lookup(ids), rc.lookup(ids)
@@ -215,7 +218,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 10, 100, 1000])
     parser.add_argument("--workloads", nargs="+", default=[w[0] for w in WORKLOADS],
-                        help="labels to run (default: all seven)")
+                        help="labels to run (default: all)")
     parser.add_argument("--seconds", type=float, default=6.0,
                         help="time budget per batch size (engine and RC together)")
     parser.add_argument("--full-repeat", type=int, default=1)
@@ -224,8 +227,11 @@ def main() -> None:
                         help="profile the engine instead (first workload, depth, batch size)")
     parser.add_argument("--profile-batches", type=int, default=300)
     parser.add_argument("--device", default="cpu", help="where engine and RC run: cpu or cuda")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads (with both cores busy elsewhere, 2 threads wait on "
+                             "each other in every parallel torch call: use 1)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     keep_freed_memory()  # as `streamgnn serve` runs the engine
 
     if args.profile:
@@ -247,7 +253,8 @@ def main() -> None:
             results += rows
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({
-                "preset": args.preset, "device": args.device, "rows": results,
+                "preset": args.preset, "device": args.device, "threads": args.threads,
+                "rows": results,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
                 indent=2))
     console.print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"

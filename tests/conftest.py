@@ -74,12 +74,13 @@ def pyg_step(model: torch.nn.Module, i: int, h: torch.Tensor, ei: torch.Tensor,
 def device_kernels(monkeypatch):
     """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
     GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
-    reduce. Left for a GPU: where tensors live, and the engine's two row reductions
-    (`_argmax_rows`, `_rows_differ`), which branch on the device inside."""
-    from streamgnn.models import inference, layers, rowops, softmax_ops
+    reduce. Left for a GPU: where tensors live, and the engine's one row reduction
+    (`_argmax_rows`), which branches on the device inside."""
+    from streamgnn.models import extremum_ops, inference, layers, rowops, softmax_ops
 
-    for module, names in ((rowops, ("combine_rows", "add_rows", "max_rows", "reaches_rows")),
-                          (softmax_ops, ("fold_softmax", "attend_with_self_loop"))):
+    for module, names in ((rowops, ("combine_rows", "fold_rows", "store_rows")),
+                          (softmax_ops, ("fold_softmax", "attend_with_self_loop")),
+                          (extremum_ops, ("fold_max", "pull_max_columns"))):
         for name in names:
             monkeypatch.setattr(module, f"{name}_numba", getattr(module, f"{name}_torch"))
     monkeypatch.setattr(layers.GATLayer, "reduce_csr", lambda self, *args: None)

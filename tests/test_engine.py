@@ -88,7 +88,8 @@ def test_linkbench_batches_float32_within_contract(arch, seed, size):
 @pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin", "graphconv-max",
                                   "gat"])
 def test_drift_after_100k_updates(name):
-    """Long delta chains stay within the contract (sums accumulate in float64)."""
+    """Long delta chains stay within the contract (float32 sums are re-anchored when
+    their rounding bound grows: `SumAggregation.drift_limit`)."""
     torch.manual_seed(0)
     data = sg.datasets.synthetic("tiny", seed=0)
     model = ModelSpec(name, data.num_features, data.num_classes, hidden=32).build().eval()
@@ -167,11 +168,11 @@ def test_deterministic():
     assert np.array_equal(runs[0], runs[1])
 
 
-@pytest.mark.parametrize("name", ["graphconv-sum", "gat"])
+@pytest.mark.parametrize("name", ["graphconv-sum", "graphconv-max", "gat"])
 def test_restored_engine_continues_bit_for_bit(name):
-    """A snapshot keeps everything the engine carries between batches (states, root
-    terms, attention's kept t): restored, it applies the next batches exactly as the
-    original does."""
+    """A snapshot keeps everything the engine carries between batches (states, max's
+    ties, root terms, attention's kept t): restored, it applies the next batches exactly
+    as the original does."""
     data = sg.datasets.synthetic("tiny", seed=4)
     model = ModelSpec(name, data.num_features, data.num_classes, 16).build().eval()
     engine = Engine.from_pyg(model, data)
@@ -185,6 +186,30 @@ def test_restored_engine_continues_bit_for_bit(name):
         restored.apply(batch)
     ids = engine.vertex_ids()
     assert np.array_equal(engine.lookup(ids), restored.lookup(ids))
+    ours, theirs = engine.shards[0].arrays(), restored.shards[0].arrays()
+    assert ours.keys() == theirs.keys() and ("ties/0" in ours) == (name == "graphconv-max")
+    for key, rows in ours.items():
+        assert np.array_equal(rows, theirs[key], equal_nan=True), key
+
+
+def test_a_snapshot_without_ties_is_restored_with_them_counted():
+    """Arrays written before max/min kept ties have none: the restored engine counts them
+    and goes on exactly as the original."""
+    data = sg.datasets.synthetic("tiny", seed=4)
+    model = ModelSpec("graphconv-max", data.num_features, data.num_classes, 16).build().eval()
+    engine = Engine.from_pyg(model, data)
+    workload = LinkBenchWorkload(engine.graph, seed=3)
+    engine.apply(workload.batch(100))
+    snapshot = {k: v for k, v in copy.deepcopy(engine.snapshot()).items() if "/ties/" not in k}
+    assert len(snapshot) < len(engine.snapshot())
+    restored = Engine.restore(model, snapshot)
+    for _ in range(3):
+        batch = workload.batch(100)
+        engine.apply(batch)
+        restored.apply(batch)
+    ours, theirs = engine.shards[0].arrays(), restored.shards[0].arrays()
+    for key, rows in ours.items():
+        assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
 def test_changed_labels_are_exactly_the_label_changes():
@@ -252,29 +277,83 @@ def test_attention_pulls_when_removing_the_dominant_edge():
 
 
 @pytest.mark.parametrize("aggr,sign", [("max", 1.0), ("min", -1.0)])
-def test_extremum_deltas_pull_only_when_the_extremum_leaves(aggr, sign):
-    """max/min: a message that is not the extremum leaves without a pull, a new extremum
-    is taken in place, and only removing the extremum re-aggregates."""
+def test_extremum_deltas_pull_only_the_columns_whose_carriers_left(aggr, sign):
+    """max/min, column by column: removing a carrier of the extremum while another ties
+    with it, a message that does not reach it, or one whose new value beats it costs no
+    pull; removing its last carrier re-aggregates that column only; a vertex losing every
+    in-edge holds 0, and one gaining its first is re-aggregated whole. Edge weights and
+    features change messages both ways."""
     from torch_geometric.nn import GraphConv
 
     from streamgnn.models import GNN
 
-    conv = GraphConv(1, 1, aggr=aggr)
+    conv = GraphConv(2, 2, aggr=aggr)
     with torch.no_grad():
-        conv.lin_rel.weight.fill_(1.0)
+        conv.lin_rel.weight.copy_(torch.eye(2))
         conv.lin_rel.bias.zero_()
         conv.lin_root.weight.zero_()
     model = GNN([conv]).eval()
-    x = [[sign * 1.0], [sign * 5.0], [0.0], [sign * 7.0]]  # vertex 3 aggregates 1 and 2
-    data = sg.GraphData(ids=[1, 2, 3, 4], src=[1, 2], dst=[3, 3], x=x)
+    x = sign * np.array([[3, 0], [3, 0], [1, 0], [0, 2], [0, 0]], np.float32)
+    data = sg.GraphData(ids=[1, 2, 3, 4, 5], src=[1, 2, 3, 4], dst=[5] * 4, x=x)
     engine = Engine.from_pyg(model, data)
-    steps = [(sg.DeleteEdge(src=1, dst=3), 0, 5.0), (sg.AddEdge(src=4, dst=3), 0, 7.0),
-             (sg.DeleteEdge(src=4, dst=3), 1, 5.0)]
-    for update, pulled, value in steps:
-        result = engine.apply([update])
-        assert result.pulled[0] == pulled, update
-        np.testing.assert_allclose(engine.lookup([3]), [[sign * value]])
-    assert_exact(engine, model, torch.float32, 1e-6)
+    steps = [  # (updates, columns pulled at vertex 5, its value after)
+        ([sg.DeleteEdge(src=1, dst=5)], 0, [3, 2]),  # 2 still carries column 0
+        ([sg.DeleteEdge(src=2, dst=5)], 1, [1, 2]),  # the last carrier of column 0
+        ([sg.UpdateFeatures(id=4, x=sign * np.array([5.0, 1.0]))], 1, [5, 1]),  # 0 beaten
+        ([sg.UpdateEdge(src=3, dst=5, weight=2.0)], 0, [5, 1]),  # reaches neither
+        ([sg.UpdateEdge(src=4, dst=5, weight=0.5)], 2, [2.5, 0.5]),  # 4 carried both
+        ([sg.AddEdge(src=1, dst=5)], 0, [3, 0.5]),
+        ([sg.UpdateFeatures(id=1, x=sign * np.array([4.0, 0.0]))], 0, [4, 0.5]),  # beats
+        ([sg.DeleteEdge(src=s, dst=5) for s in (1, 3, 4)], 2, [0, 0]),  # no in-edge left
+        ([sg.AddEdge(src=2, dst=5)], 2, [3, 0]),  # the first in-edge again: whole
+    ]
+    for updates, columns, value in steps:
+        result = engine.apply(updates)
+        assert result.pulled_columns == [columns], updates
+        np.testing.assert_allclose(engine.lookup([5]), [sign * np.array(value)])
+        assert_exact(engine, model, torch.float32, 1e-6)
+
+
+def _recount_extremum(engine: Engine, hop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Layer ``hop``'s max/min states and ties of every slot, from scratch: the extremum of
+    each vertex's in-edge messages per column (0 without in-edges) and how many equal it."""
+    shard, layer, g = engine.shards[0], engine.layers[hop - 1], engine.graph
+    src, dst, w = g.edge_slots()
+    table = g.x[:g.num_slots].astype(np.float64) if hop == 1 else shard.h[hop - 1].numpy()
+    msg = layer.aggr.sign * table[src] * (w[:, None].astype(np.float64)
+                                          if layer.edge_weighted else 1.0)
+    best = np.full((g.num_slots, table.shape[1]), -np.inf)
+    np.maximum.at(best, dst, msg)
+    count = np.zeros(best.shape, np.int64)
+    np.add.at(count, dst, msg == best[dst])
+    return np.where(np.isinf(best), 0.0, best), count
+
+
+int_row = st.lists(st.sampled_from([-1.0, 0.0, 1.0]), min_size=F_IN, max_size=F_IN)
+tying_update = update_strategy(ids, st.sampled_from([0.5, 1.0, 2.0]), int_row)
+
+
+@given(arch=st.sampled_from(["graphconv-max", "graphconv-min", "sage-max"]),
+       seed=st.integers(0, 10_000), batches=st.lists(st.lists(tying_update, max_size=40),
+                                                     min_size=1, max_size=6))
+def test_extremum_ties_count_every_carrier(arch, seed, batches):
+    """Features from {-1, 0, 1} and weights from {0.5, 1, 2} tie everywhere (ReLU adds
+    zeros): after every batch each max/min state and its ties equal a recount from
+    scratch, and every layer equals PyG's forward."""
+    data = start_graph(seed)
+    data.x[:] = np.random.default_rng(seed).integers(-1, 2, data.x.shape)
+    model = randomise(ARCHS[arch](2), seed).double()
+    engine = Engine.from_pyg(model, data)
+    ref = Reference(data)
+    for candidates in batches:
+        engine.apply(valid_batch(ref, candidates))
+        alive = engine.graph.vertex_slots()
+        for hop in (1, 2):
+            state, ties = _recount_extremum(engine, hop)
+            shard = engine.shards[0]
+            np.testing.assert_array_equal(shard.state[hop - 1].numpy()[alive], state[alive])
+            np.testing.assert_array_equal(shard.ties[hop - 1].numpy()[alive], ties[alive])
+        assert_exact(engine, model, torch.float64, 1e-9)
 
 
 @pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean", "gcn", "gin"])

@@ -34,6 +34,10 @@ def assert_same(graph: DynamicGraph, ref: Reference) -> None:
         np.testing.assert_array_equal(graph.in_degree[slots], [indeg[v] for v in order])
         np.testing.assert_array_equal(graph.out_degree[slots], [outdeg[v] for v in order])
         np.testing.assert_allclose(graph.in_weight[slots], [wsum[v] for v in order], rtol=1e-12)
+        begin, end, src, w = graph.in_blocks(slots)  # in place: the same in-edges
+        for v, a, b in zip(order, begin, end, strict=True):
+            assert sorted(zip(graph.ext[src[a:b]].tolist(), w[a:b].tolist())) == sorted(
+                (u, wt) for (u, t), wt in ref.e.items() if t == v)
     assert graph.num_vertices == len(ref.x)
     assert graph.num_edges == len(ref.e)
 

@@ -231,6 +231,14 @@ class DynamicGraph:
         """(ptr, src slots, weights) of the in-edges of ``vertices``, CSR-style."""
         return self.inn.gather(vertices)
 
+    def in_blocks(self, vertices: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The in-edges of ``vertices`` where they are stored, without a copy: vertex i's
+        sources are ``src[begin[i]:end[i]]``, their weights alongside in ``w``; valid
+        until the graph next changes. Returns (begin, end, src, w)."""
+        begin = self.inn.start[vertices]
+        return begin, begin + self.inn.deg[vertices], self.inn.nbr, self.inn.w
+
     def out_edges(self, vertices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ptr, dst slots, weights) of the out-edges of ``vertices``, CSR-style."""
         return self.out.gather(vertices)

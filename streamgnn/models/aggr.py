@@ -5,9 +5,12 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
 - ``reduce`` all messages of some destinations (full inference, pulls) and ``pack`` the
   result into state rows,
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
-- ``apply_delta``: fold messages that stopped and started arriving into stored states,
-  returning the destinations whose state it cannot fix that way (they must be pulled),
-- and, for linear ones, ``combine`` messages into one delta per destination;
+- ``apply_delta``: fold messages that stopped and started arriving into stored states
+  (max/min: ``apply_delta_rows``, messages as rows of a table), returning the
+  destinations whose state it cannot fix that way (a `Pull`: they must be re-aggregated
+  from all their in-edges, whole or in some columns, ``pull_columns``); linear ones
+  (sums of messages) never pull: ``fold`` takes their messages as rows of the sources'
+  t with coefficients, and ``combine`` sums such messages per destination;
 - ``merge`` the states of two disjoint sets of a destination's in-edges (computation-graph
   parallelism: each partition aggregates the in-neighbours it owns).
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
@@ -21,7 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamgnn.models.rowops import add_rows_, combine_rows, max_rows_, reaches_rows
+from streamgnn.models.extremum_ops import fold_max_, pull_max_columns_
+from streamgnn.models.rowops import combine_rows, fold_rows_
 from streamgnn.models.softmax_ops import fold_softmax_
 
 
@@ -35,15 +39,42 @@ def _column(x: Tensor, like: Tensor) -> Tensor:
     return x.view(-1, *([1] * (like.dim() - 1)))
 
 
+@dataclass
+class Pull:
+    """Destinations whose state a delta could not fix in place, to be re-aggregated from
+    all their in-edges: ``dst`` whole, or with ``cols`` ([len(dst), d] bool) only in
+    those columns (`Aggregation.pull_columns`)."""
+
+    dst: Tensor
+    cols: Tensor | None = None
+
+
+@dataclass
+class RowMessages:
+    """Messages ``factor[k] * t[rows[k]]`` to the destinations ``region[at[k]]`` (a
+    table ``t`` and ``region`` given beside them)."""
+
+    rows: np.ndarray
+    factor: np.ndarray
+    at: np.ndarray
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.rows, self.factor, self.at
+
+
 class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
-    ``state_dtype``: what the engine stores states in (sums accumulate in float64)."""
+    ``state_dtype``: what the engine stores states in (attention's in float64).
+    ``ties_dtype``: if set, the engine keeps beside each state row a row of ``ties`` of
+    that dtype, as wide as the state, which ``apply_delta_rows`` and ``pull_columns``
+    keep; such aggregations take their deltas as rows (``apply_delta_rows``)."""
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
     destination_dependent = False  # messages depend on the destination's own input
     spmm: str | None = None
     state_dtype: torch.dtype | None = None  # None: the embeddings' dtype
+    ties_dtype: torch.dtype | None = None
 
     def reduce(self, msg: Tensor, index: Tensor, num: int, logits: Tensor | None = None):
         raise NotImplementedError
@@ -56,11 +87,25 @@ class Aggregation:
         return state
 
     def apply_delta(self, state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
-                    old_dst: Tensor, empty_before: Tensor) -> Tensor:
+                    old_dst: Tensor, empty_before: Tensor) -> Pull:
         """Fold messages that start (``new``) and stop (``old``) arriving into the
         ``state`` rows of their destinations; ``empty_before``: destinations that had no
-        in-edge. Returns the destinations that need a pull (by default: all)."""
-        return torch.cat([new_dst, old_dst]).unique()
+        in-edge. Returns what needs a pull (by default: every destination, whole)."""
+        return Pull(torch.cat([new_dst, old_dst]).unique())
+
+    def apply_delta_rows(self, state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
+                         new: RowMessages, old: RowMessages, empty_before: Tensor) -> Pull:
+        """``apply_delta`` for aggregations with ties, messages as rows of ``t``."""
+        raise NotImplementedError
+
+    def pull_columns(self, state: Tensor, ties: Tensor | None, pull: Pull, table: Tensor,
+                     begin: np.ndarray, end: np.ndarray, src: np.ndarray,
+                     factor: np.ndarray | None) -> None:
+        """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` in place (state and
+        ties), destination i from its in-edges' messages ``factor[k] * table[src[k]]``,
+        k in ``begin[i]:end[i]`` (``factor`` None: 1); for aggregations whose deltas
+        return columns."""
+        raise NotImplementedError
 
     def merge(self, a: Tensor, a_count: Tensor, b: Tensor, b_count: Tensor) -> Tensor:
         """The state rows over the in-edges of both ``a`` and ``b`` (disjoint sets, of
@@ -73,10 +118,15 @@ class Aggregation:
 
 
 class SumAggregation(Aggregation):
+    """States in the embeddings' dtype. A delta adds to a state row with one rounding
+    per element; a row whose rounding errors since it was last computed from all
+    in-neighbours may add up to more than ``drift_limit`` roundings at its size is
+    recomputed so (re-anchored): long delta chains keep the error of a fresh sum."""
+
     name = "sum"
     linear = True
     spmm = "sum"
-    state_dtype = torch.float64
+    drift_limit = 256.0
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
@@ -88,10 +138,21 @@ class SumAggregation(Aggregation):
         ``0..num``, in float64: one gather-scale-scatter."""
         return combine_rows(t, rows, coef, dst, num)
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        add_rows_(state, new_dst, new_msg)
-        add_rows_(state, old_dst, -old_msg)
-        return new_dst[:0]
+    def fold(self, state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
+             coef: np.ndarray, local: np.ndarray, region: np.ndarray,
+             count: np.ndarray) -> tuple[Tensor, np.ndarray]:
+        """The delta rule: messages ``coef[k] * t[rows[k]]`` (those that start arriving
+        with positive, those that stop with negative coefficients) added to the states of
+        their destinations ``region[local[k]]``, whose rounding bounds ``drift`` grow;
+        returns the finalized states of the destinations ``region`` (in-degrees
+        ``count``) in ``t``'s dtype, in one pass, and which of them must be recomputed
+        from all in-neighbours (`fold_rows_`)."""
+        return fold_rows_(state, drift, t, rows, coef, local, region, self.divisor(count),
+                          self.drift_limit)
+
+    def divisor(self, count: np.ndarray) -> np.ndarray:
+        """What `finalize` divides each state row by (float64)."""
+        return np.ones(len(count))
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
         return a + b
@@ -105,24 +166,41 @@ class MeanAggregation(SumAggregation):
     def finalize(self, state, count):
         return state / _column(count.clamp(min=1).to(state.dtype), state)
 
+    def divisor(self, count):
+        return np.maximum(count, 1).astype(np.float64)
+
 
 class MaxAggregation(Aggregation):
-    """Elementwise max (0 for no in-edges, as in PyG). A delta is applied in place unless a
-    message that stops arriving may have been the max, or there was no in-edge before:
-    then the destination is pulled."""
+    """Elementwise max (0 for no in-edges, as in PyG). State: the max of each column;
+    ties: per column, how many in-edges are known to carry it (uint8, saturating: a
+    lower bound). Messages that start arriving are taken in place (a larger one with one
+    tie, an equal one adds a tie); one at the max that stops arriving removes a tie. A
+    column is re-aggregated (from all in-edges, that column only) where its last known
+    tie leaves, and every column of a destination that had no in-edge (its 0 is a
+    placeholder, not a maximum). Ties matter after ReLU: a column that is 0 at all
+    in-neighbours has its max 0 many times over."""
 
     name = "max"
     spmm = "amax"
+    ties_dtype = torch.uint8
+    sign = 1.0  # the state holds the max of sign * message
+    # Relative: an old message recomputed in another order may differ from the stored
+    # max in the last bit.
+    tolerance = 1e-6
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amax")
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        # Tolerant: an old message recomputed in another order may differ in the last bit.
-        reached = reaches_rows(state, old_dst, old_msg.to(state.dtype), 1e-6)
-        max_rows_(state, new_dst, new_msg)
-        # A vertex with no in-edge holds 0, a placeholder and not a maximum.
-        return torch.cat([old_dst[reached], empty_before]).unique()
+    def apply_delta_rows(self, state, ties, t, region, new, old, empty_before) -> Pull:
+        dst, cols = fold_max_(state, ties, t, region, new.arrays(), old.arrays(), self.sign,
+                              self.tolerance)
+        everything = cols.new_ones((len(empty_before), state.shape[1]))
+        return Pull(torch.cat([dst.to(state.device), empty_before]),
+                    torch.cat([cols.to(state.device), everything]))
+
+    def pull_columns(self, state, ties, pull, table, begin, end, src, factor) -> None:
+        pull_max_columns_(state, ties, pull.dst, pull.cols, table, begin, end, src, factor,
+                          self.sign)
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
         both = torch.maximum(a, b)
@@ -132,11 +210,11 @@ class MaxAggregation(Aggregation):
 
 class MinAggregation(MaxAggregation):
     """Elementwise min (0 for no in-edges, as in PyG). A state row holds the max of the
-    negated messages, so max's delta rules apply unchanged: in place unless a message
-    that stops arriving may have been the min, or there was no in-edge before."""
+    negated messages, so max's rules apply unchanged."""
 
     name = "min"
     spmm = "amin"
+    sign = -1.0
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amin")
@@ -146,9 +224,6 @@ class MinAggregation(MaxAggregation):
 
     def finalize(self, state, count):
         return -state
-
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        return super().apply_delta(state, -new_msg, new_dst, -old_msg, old_dst, empty_before)
 
 
 @dataclass
@@ -195,9 +270,9 @@ class SoftmaxAggregation(Aggregation):
         """Pack per-edge logits [E, heads] and values [E, heads, channels]."""
         return torch.cat([logits, values.flatten(1)], dim=1)
 
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Tensor:
-        return fold_softmax_(state, new_msg, new_dst, old_msg, old_dst, self.heads,
-                             self.channels, self.cancellation)
+    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Pull:
+        return Pull(fold_softmax_(state, new_msg, new_dst, old_msg, old_dst, self.heads,
+                                  self.channels, self.cancellation))
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
         """Rescale both to the larger shift (OMEGA's merge, with numerator and

@@ -1,6 +1,7 @@
-"""Row-wise scatter kernels on 2-D tensors, the inner loops of an aggregation's delta: a
-gather-scale-scatter (``combine_rows``), an in-place row add (``add_rows_``) and max
-(``max_rows_``), and a test whether rows reach the stored ones (``reaches_rows``).
+"""Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
+gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
+(``fold_rows_``), and the store of a superstep's new rows that reports which changed
+(``store_rows_``).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 
@@ -25,14 +26,6 @@ def _combine_loop(t, rows, coef, dst, num):
     return out
 
 
-@njit(cache=True)
-def _add_loop(state, index, rows):
-    for i in range(len(index)):
-        r = index[i]  # hoisted: numba then vectorises the inner loop
-        for j in range(state.shape[1]):
-            state[r, j] += rows[i, j]
-
-
 def combine_rows_numba(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
                        num: int) -> Tensor:
     return torch.from_numpy(_combine_loop(t.numpy(), rows, coef, dst, num))
@@ -54,64 +47,107 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
     return kernel(t, rows, coef, dst, num)
 
 
-def add_rows_numba(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    _add_loop(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
+@njit(cache=True)
+def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale):
+    delta = np.zeros((len(region), t.shape[1]), np.float64)
+    for k in range(len(rows)):
+        i, r, c = local[k], rows[k], coef[k]
+        for j in range(t.shape[1]):
+            delta[i, j] += c * t[r, j]
+    unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
+    for i in range(len(region)):
+        r, s = region[i], divisor[i]
+        top = 0.0
+        for j in range(state.shape[1]):
+            v = state[r, j] + delta[i, j]
+            state[r, j] = v
+            top = max(top, abs(v))
+            out[i, j] = state[r, j] / s
+        drift[r] += unit * top
+        stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
-def add_rows_torch(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    state.index_add_(0, index, rows.to(state.dtype))
+def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
+                    coef: np.ndarray, local: np.ndarray, region: np.ndarray,
+                    divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
+    out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
+    stale = np.empty(len(region), np.bool_)
+    _fold_loop(state.numpy(), drift.numpy(), t.numpy(), rows, coef, local, region, divisor,
+               limit, out, stale)
+    return torch.from_numpy(out), stale
 
 
-def add_rows_(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    """``state[index[i]] += rows[i]``, in place (``index`` distinct)."""
-    (add_rows_numba if state.device.type == "cpu" else add_rows_torch)(state, index, rows)
+def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
+                    coef: np.ndarray, local: np.ndarray, region: np.ndarray,
+                    divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
+    index = torch.from_numpy(region).to(state.device)
+    summed = state.index_select(0, index).double() + combine_rows_torch(
+        t, rows, coef, local, len(region))
+    state[index] = summed.to(state.dtype)
+    unit = torch.finfo(state.dtype).eps / 2
+    top = summed.abs().amax(dim=1) if len(region) else summed.new_zeros(0)
+    drift[index] += (unit * top).to(drift.dtype)
+    stale = drift[index] > limit * unit * top.clamp(min=1.0)
+    out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
+    return out.to(t.dtype), stale.cpu().numpy()
+
+
+def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
+               local: np.ndarray, region: np.ndarray, divisor: np.ndarray,
+               limit: float) -> tuple[Tensor, np.ndarray]:
+    """Messages ``coef[k] * t[rows[k]]`` summed per destination ``region[local[k]]`` in
+    float64 and added to its state row in place (one rounding per element). ``drift``
+    (per slot) accumulates a bound on the relative rounding error each state row took
+    since it was last computed from scratch. Returns the state rows of ``region``
+    (distinct slots), each divided by ``divisor[i]``, in ``t``'s dtype, and which rows
+    are stale: their drift above ``limit`` roundings at their size (or at 1 if smaller),
+    to be recomputed."""
+    kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
+    return kernel(state, drift, t, rows, coef, local, region, divisor, limit)
 
 
 @njit(cache=True)
-def _max_loop(state, index, rows):
+def _store_loop(table, index, rows, fresh, old):
+    moved = np.zeros(len(index), np.bool_)
+    finite = True
+    k = 0
     for i in range(len(index)):
         r = index[i]
-        for j in range(state.shape[1]):
-            state[r, j] = max(state[r, j], rows[i, j])
+        differs = fresh[i]
+        for j in range(rows.shape[1]):
+            v = rows[i, j]
+            finite &= np.isfinite(v)
+            differs |= table[r, j] != v
+        moved[i] = differs
+        if differs and not fresh[i] and k < len(old):
+            old[k] = table[r]
+            k += 1
+        table[r] = rows[i]
+    return moved, k, finite
 
 
-def max_rows_numba(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    _max_loop(state.numpy(), index.numpy(), rows.to(state.dtype).numpy())
+def store_rows_numba(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
+                     keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
+    old = np.empty((len(index) if keep_old else 0, table.shape[1]), table.numpy().dtype)
+    moved, kept, finite = _store_loop(table.numpy(), index, rows.numpy(), fresh, old)
+    return moved, torch.from_numpy(old[:kept]), finite
 
 
-def max_rows_torch(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    state.index_reduce_(0, index, rows.to(state.dtype), "amax", include_self=True)
+def store_rows_torch(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
+                     keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
+    at = torch.from_numpy(index).to(table.device)
+    before = table.index_select(0, at)
+    table[at] = rows
+    moved = (rows != before).any(dim=-1).cpu().numpy() | fresh
+    kept = np.flatnonzero(moved & ~fresh) if keep_old else np.zeros(0, np.int64)
+    return moved, before[torch.from_numpy(kept).to(table.device)], bool(
+        torch.isfinite(rows).all())
 
 
-def max_rows_(state: Tensor, index: Tensor, rows: Tensor) -> None:
-    """``state[index[i]] = max(state[index[i]], rows[i])`` elementwise, in place (``index``
-    may repeat)."""
-    (max_rows_numba if state.device.type == "cpu" else max_rows_torch)(state, index, rows)
-
-
-@njit(cache=True)
-def _reaches_loop(state, index, rows, tol):
-    out = np.zeros(len(index), np.bool_)
-    for i in range(len(index)):
-        r = index[i]
-        for j in range(state.shape[1]):
-            if rows[i, j] >= state[r, j] - tol * abs(state[r, j]):
-                out[i] = True
-                break
-    return out
-
-
-def reaches_rows_numba(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    return torch.from_numpy(_reaches_loop(state.numpy(), index.numpy(), rows.numpy(), tol))
-
-
-def reaches_rows_torch(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    current = state.index_select(0, index)
-    return (rows >= current - tol * current.abs()).any(dim=-1)
-
-
-def reaches_rows(state: Tensor, index: Tensor, rows: Tensor, tol: float) -> Tensor:
-    """Per row i, whether ``rows[i]`` reaches ``state[index[i]]`` (within the relative
-    ``tol``) in some column."""
-    kernel = reaches_rows_numba if state.device.type == "cpu" else reaches_rows_torch
-    return kernel(state, index, rows, tol)
+def store_rows_(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
+                keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
+    """``table[index[i]] = rows[i]`` (``index`` distinct). Returns which rows changed
+    (``fresh`` ones count as changed), with ``keep_old`` the rows they replaced of those
+    changed and not fresh (in order; else none), and whether every new row is finite."""
+    kernel = store_rows_numba if table.device.type == "cpu" else store_rows_torch
+    return kernel(table, index, rows, fresh, keep_old)

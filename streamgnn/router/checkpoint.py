@@ -24,7 +24,7 @@ import numpy as np
 
 from streamgnn.npz import read_arrays, sha256
 
-FORMAT = "streamgnn-state/3"  # /3: npz files + manifest (was one torch pickle)
+FORMAT = "streamgnn-state/4"  # /4: float32 sum states with rounding bounds; /3: npz files
 MANIFEST = "manifest.json"
 
 

@@ -283,7 +283,8 @@ class Engine:
         merged = ApplyResult({}, diff.rejected)
         for r in results:
             merged.changed_labels.update(r.changed_labels)
-        for name in ("recomputed", "pulled", "remote_reads", "combined_messages"):
+        for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
+                     "combined_messages"):
             setattr(merged, name, np.sum([getattr(r, name) for r in results], axis=0).tolist())
         merged.removed = self.graph.ext[diff.removed]
         if all(r.rewritten for r in results):  # reported by shards in this process

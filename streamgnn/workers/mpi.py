@@ -300,14 +300,14 @@ def _result_arrays(r: ApplyResult) -> dict[str, np.ndarray]:
     return {"ids": np.fromiter(changes, np.int64, len(changes)),
             "old": np.array([-1 if o is None else o for o, _ in changes.values()], np.int64),
             "new": np.array([n for _, n in changes.values()], np.int64),
-            "counts": np.array([r.recomputed, r.pulled, r.remote_reads, r.combined_messages],
-                               np.int64),
+            "counts": np.array([r.recomputed, r.pulled, r.pulled_columns, r.remote_reads,
+                                r.combined_messages], np.int64),
             "non_finite": np.array(r.non_finite)}
 
 
 def _result(a: dict[str, np.ndarray]) -> ApplyResult:
     changes = {i: (None if o < 0 else o, n) for i, o, n in zip(
         a["ids"].tolist(), a["old"].tolist(), a["new"].tolist(), strict=True)}
-    recomputed, pulled, remote, combined = (row.tolist() for row in a["counts"])
+    recomputed, pulled, columns, remote, combined = (row.tolist() for row in a["counts"])
     return ApplyResult(changes, [], recomputed, pulled, remote, combined,
-                       int(a["non_finite"]))
+                       int(a["non_finite"]), columns)

@@ -7,11 +7,11 @@ Superstep l, for sources whose h^{l-1} changed (and, for degree-normalised layer
 in-degree changed): every message that stops arriving (old value, old edge) and every
 message that starts arriving (new value, new edge) is sent, combined per destination and
 folded into the stored states by the aggregation (``apply_delta``); destinations it cannot
-fix that way (max losing its maximum, attention at a vertex whose own input changed or
-whose denominator cancelled) are pulled: their state is recomputed from all
-in-neighbours. Then h^l is recomputed for the destinations and for vertices whose own
-h^{l-1} changed. ``recompute=True`` is the RC baseline: the same affected region, every
-destination pulled, no states kept.
+fix that way are pulled: their state is recomputed from all in-neighbours, whole
+(attention at a vertex whose own input changed or whose denominator cancelled) or in the
+columns that need it (max/min where the maximum may have left). Then h^l is recomputed
+for the destinations and for vertices whose own h^{l-1} changed. ``recompute=True`` is
+the RC baseline: the same affected region, every destination pulled, no states kept.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
 copies of remote in-neighbours (their features, in-degree and every layer's embedding row,
@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -34,8 +35,10 @@ from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
-from streamgnn.models.inference import aggregate, layer_by_layer
+from streamgnn.models.aggr import Pull, RowMessages
+from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
+from streamgnn.models.rowops import store_rows_
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
@@ -47,7 +50,9 @@ from streamgnn.workers.slotsets import SlotSets
 class ApplyResult:
     """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
     label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
-    vertices per layer whose embedding was recomputed / whose state was re-aggregated;
+    vertices per layer whose embedding was recomputed / whose state was re-aggregated
+    (whole or in some columns; ``pulled_columns``: the (vertex, column) pairs of the
+    latter);
     with partitions, ``remote_reads`` counts per layer the ghost rows the pulls read (what
     a design fetching remote rows on demand would request) and ``combined_messages`` the
     messages from ghosts, combined per destination and source partition (what a design
@@ -65,6 +70,7 @@ class ApplyResult:
     remote_reads: list[int] = field(default_factory=list)
     combined_messages: list[int] = field(default_factory=list)
     non_finite: int = 0  # the first layer the batch drove to NaN or inf (0: none)
+    pulled_columns: list[int] = field(default_factory=list)
     rewritten: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     removed: np.ndarray | None = None
 
@@ -81,21 +87,23 @@ class _Changed:
 
 @dataclass
 class _Step:
-    """One superstep's outcome: the recomputed ``region`` with its rows ``before`` (None at
-    the last layer, whose old rows only mattered for labels: the engine keeps those) and
-    ``after``; ``fresh`` marks region vertices the batch added (no meaningful before)."""
+    """One superstep's outcome: the recomputed ``region`` and its new rows ``after``;
+    ``fresh`` marks region vertices the batch added, ``moved`` those whose row changed
+    (fresh ones included) and ``old_rows`` the rows replaced of those moved and not fresh
+    (none at the last layer, whose old rows only mattered for labels: the shard keeps
+    those); ``finite``: every new row is."""
 
     region: np.ndarray
-    before: Tensor | None
     after: Tensor
     fresh: np.ndarray
+    moved: np.ndarray
+    old_rows: Tensor
+    finite: bool = True
 
     def changed(self) -> _Changed:
         """The vertices whose embedding really changed: the next superstep's sources."""
-        moved = _rows_differ(self.after, self.before) | self.fresh
-        had_old = moved & ~self.fresh
-        return _Changed(self.region[moved], self.region[had_old], self.before.index_select(
-            0, torch.from_numpy(np.flatnonzero(had_old)).to(self.before.device)))
+        return _Changed(self.region[self.moved], self.region[self.moved & ~self.fresh],
+                        self.old_rows)
 
 
 @dataclass
@@ -114,6 +122,23 @@ class _BatchEdges:
 
 
 @dataclass
+class _Sources:
+    """A superstep's message sources ``slots`` and their ``t`` (`Shard._source_rows`:
+    rows after the batch, then old ones; ``old``: each source's row before it); the
+    changed edges that exist after (``has``) and before (``had``) the batch into live
+    vertices; the source positions of the unchanged edges (``at1``) and changed ones
+    (``at2``)."""
+
+    slots: np.ndarray
+    t: Tensor
+    old: np.ndarray
+    has: np.ndarray
+    had: np.ndarray
+    at1: np.ndarray
+    at2: np.ndarray
+
+
+@dataclass
 class _Messages:
     """One superstep's messages, combined per destination by the aggregation: messages
     that start arriving (``new``) and stop arriving (``old``) at destination slots."""
@@ -122,6 +147,17 @@ class _Messages:
     new_msg: Tensor
     old_dst: Tensor
     old_msg: Tensor
+
+
+@dataclass
+class _RowMessages:
+    """One superstep's messages for aggregations with ties (max/min), left as rows of the
+    sources' ``t`` times a factor, to destinations in ``region``, for the fold to read."""
+
+    t: Tensor
+    region: np.ndarray
+    new: RowMessages
+    old: RowMessages
 
 
 @dataclass
@@ -154,6 +190,7 @@ class Shard:
         self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
         self.sets = SlotSets(len(graph.alive))
         self.state = states
+        self.drift = [_no_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
         self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
         self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
         with torch.inference_mode():
@@ -170,6 +207,8 @@ class Shard:
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
+        self.ties: list[Tensor | None] = [None] * len(layers)
+        self._keep_ties()
 
     @classmethod
     def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
@@ -247,10 +286,11 @@ class Shard:
         """Everything the shard knows beside the model, as plain arrays (what a checkpoint
         holds): the graph as laid out (``graph/...``, so a restored shard repeats this one
         bit for bit; left out without ``with_graph``), and per layer k its embeddings
-        ``h/k``, aggregation states ``state/k``, kept root terms ``root/k`` and transforms
-        ``t/k`` where it keeps them."""
+        ``h/k``, aggregation states ``state/k`` with sums' rounding bounds ``drift/k`` and
+        max/min's ``ties/k``, kept root terms ``root/k`` and transforms ``t/k`` where it
+        keeps them."""
         out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
-        for name in ("h", "state", "root", "t"):
+        for name in ("h", "state", "drift", "ties", "root", "t"):
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:
                     out[f"{name}/{k}"] = rows.cpu().numpy()
@@ -270,7 +310,7 @@ class Shard:
         shard.graph = (graph if graph is not None
                        else DynamicGraph.from_arrays(under(arrays, "graph/")))
         shard.sets = SlotSets(len(shard.graph.alive))
-        for name in ("h", "state", "root", "t"):
+        for name in ("h", "state", "drift", "ties", "root", "t"):
             setattr(shard, name, [
                 None if (a := arrays.get(f"{name}/{k}")) is None
                 else torch.from_numpy(np.array(a)).to(device)
@@ -284,6 +324,7 @@ class Shard:
         shard._batch = None
         shard._owned = None
         shard.sent, shard.received, shard.busy = [], [], []
+        shard._keep_ties()  # arrays written before max/min kept ties have none
         return shard
 
     # ---------------------------------------------------------------- one batch
@@ -315,9 +356,9 @@ class Shard:
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
-        for state in self.state:  # a reused slot holds a deleted vertex's state
-            if state is not None and len(added):
-                state[self._index(added)] = 0
+        for rows in (*self.state, *self.drift, *self.ties):  # reused slots: start empty
+            if rows is not None and len(added):
+                rows[self._index(added)] = 0
         is_added = np.zeros(self.graph.num_slots, bool)
         is_added[added] = True
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
@@ -437,7 +478,7 @@ class Shard:
         layer = self.layers[hop - 1]
         step = self._superstep(hop, layer, b.changed, b.removed, b.removed_rows, b.is_added,
                                b.edges, b.result)
-        if not b.result.non_finite and not bool(torch.isfinite(step.after).all()):
+        if not b.result.non_finite and not step.finite:
             b.result.non_finite = hop  # the other shards go on to the barrier: report at end
         if hop < self.num_layers:
             b.changed = step.changed()
@@ -466,28 +507,42 @@ class Shard:
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
+            result.pulled_columns.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
             nothing = self.h[hop][:0]
             result.rewritten.append((region, nothing.cpu().numpy()))
-            return _Step(region, nothing, nothing, is_added[region])
+            return _Step(region, nothing, is_added[region], np.zeros(0, bool), nothing)
 
-        if self.state[hop - 1] is None:  # RC
+        index = self._index(region)
+        count = g.in_degree[region]
+        columns = None  # a pull of some columns only
+        if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
+            pulled, remote = self._pull(hop, layer, pull)
+            agg = layer.aggr.finalize(pulled, self._index(count))
+        elif layer.aggr.linear:  # messages fold into the states, read back in one pass
+            agg, stale = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
+                                    removed_rows, edges, region, count)
+            pull, remote = region[stale], 0
+            if len(pull):  # re-anchored: summed again from all in-neighbours
+                pulled, remote = self._pull(hop, layer, pull)
+                agg[self._index(np.flatnonzero(stale))] = layer.aggr.finalize(
+                    pulled, self._index(count[stale])).to(agg.dtype)
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
-            pull = self._apply_delta(hop, layer, outbox, edges)
+            lost = self._apply_delta(hop, layer, outbox, edges)
+            pull, columns = ((lost.dst.cpu().numpy(), None) if lost.cols is None
+                             else (region[:0], lost))
             if layer.aggr.destination_dependent:
                 pull = self.sets.union(pull, changed.slots, alive=owned)
-        pulled, remote = self._pull(hop, layer, pull) if len(pull) else (None, 0)
-
-        index = self._index(region)
-        # Without stored states, the pull covered the whole region.
-        state = pulled if self.state[hop - 1] is None else self.state[hop - 1].index_select(
-            0, index)
-        count = self._index(g.in_degree[region])
-        agg = layer.aggr.finalize(state, count).to(self.dtype)
+            remote = self._pull(hop, layer, pull)[1] if len(pull) else 0
+            if columns is not None and len(columns.dst):
+                remote += self._pull_columns(hop, layer, columns)
+            agg = layer.aggr.finalize(self.state[hop - 1].index_select(0, index),
+                                      self._index(count))
+        agg = agg.to(self.dtype)
         root = self.root[hop - 1]
         if root is None:
             rows = self._rows(hop - 1, index)
@@ -497,37 +552,57 @@ class Shard:
             own = self._index(changed.slots)
             root[own] = layer.root(self._rows(hop - 1, own))
             new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
-        before = self.h[hop].index_select(0, index) if hop < self.num_layers else None
-        self.h[hop][index] = new
+        fresh = is_added[region]
+        moved, old_rows, finite = store_rows_(self.h[hop], region, new, fresh,
+                                              keep_old=hop < self.num_layers)
         result.recomputed.append(len(region))
-        result.pulled.append(len(pull))
+        result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
+        result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
         result.rewritten.append((region, new.cpu().numpy()))
-        return _Step(region, before, new, is_added[region])
+        return _Step(region, new, fresh, moved, old_rows, finite)
+
+    def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
+              v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
+              removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray,
+              count: np.ndarray) -> tuple[Tensor, np.ndarray]:
+        """A linear aggregation's superstep: the messages that stop and start arriving in
+        the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
+        the changed edges), one per row of t they carry, folded into the states; returns
+        the region's finalized states (``count``: in-degrees) and which are stale
+        (`SumAggregation.fold`)."""
+        m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
+                                  edges)
+        scale_new, scale_old = self._source_scales(layer, m.slots)
+        rows, coef, local = linear_delta_messages(
+            m.old, m.at1, v1, w1, m.at2, edges.dst, edges.before, edges.after, m.has, m.had,
+            layer.edge_weighted, scale_new, scale_old, region, self.sets.scratch)
+        return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], m.t, rows, coef,
+                               local, region, count)
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
-                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray) -> _Messages:
-        """Messages that stop and start arriving in the region: along the unchanged edges
-        ``sources[at] -> v1`` (weights ``w1``) and along the changed edges. Linear
-        aggregations get them combined per destination into one delta each."""
-        sets = self.sets
-        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
-        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
-        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
-        has, had = edges.has & live, edges.had & live
-        at1 = sets.positions(slots, sources)[at]
-        at2 = sets.positions(slots, edges.src)
-        if layer.aggr.linear:  # one message per row of t it carries
-            scale_new, scale_old = self._source_scales(layer, slots)
-            rows, coef, local = linear_delta_messages(
-                old, at1, v1, w1, at2, edges.dst, edges.before, edges.after, has, had,
-                layer.edge_weighted, scale_new, scale_old, region, sets.scratch)
-            combined = layer.aggr.combine(t, rows, coef, local, len(region))
-            return _Messages(self._index(region), combined, self._index(region[:0]), combined[:0])
+                  removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray
+                  ) -> _Messages | _RowMessages:
+        """Messages that stop and start arriving in the region, as `_fold` sends them, for
+        aggregations that are not linear: one per edge, in both directions; those with
+        ties (max/min, never degree-normalised) as rows of t and edge weights."""
+        m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
+                                  edges)
+        t, old, has, had, at1, at2 = m.t, m.old, m.has, m.had, m.at1, m.at2
+        if layer.aggr.ties_dtype is not None:
+            def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
+                factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
+                return RowMessages(rows, factor, self.sets.positions(region, dst))
 
-        t_new, t_old = t[:len(slots)], t.index_select(0, self._index(old))
+            return _RowMessages(t, region, messages(
+                np.concatenate([at1, at2[has]]), np.concatenate([w1, edges.after[has]]),
+                np.concatenate([v1, edges.dst[has]])), messages(
+                old[np.concatenate([at1, at2[had]])], np.concatenate([w1, edges.before[had]]),
+                np.concatenate([v1, edges.dst[had]])))
+
+        t_new, t_old = t[:len(m.slots)], t.index_select(0, self._index(old))
         dst_new, dst_old = edges.dst[has], edges.dst[had]
         t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
         at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
@@ -542,6 +617,17 @@ class Shard:
                       torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]),
                                  layer.delta_messages(t_old, at2[had_t], before[had_t],
                                                       t_dst[2])]))
+
+    def _message_sources(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
+                         changed: _Changed, removed: np.ndarray, removed_rows: Tensor,
+                         edges: _BatchEdges) -> _Sources:
+        """The message sources of a superstep and their t (`_Sources`)."""
+        sets = self.sets
+        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
+        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
+        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
+        return _Sources(slots, t, old, edges.has & live, edges.had & live,
+                        sets.positions(slots, sources)[at], sets.positions(slots, edges.src))
 
     def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
                      removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
@@ -578,12 +664,15 @@ class Shard:
         part = layer.destination_part(self._t(hop, layer, self._index(region)))
         return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
 
-    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages,
-                     edges: _BatchEdges) -> np.ndarray:
-        pull = layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
-                                      outbox.old_msg, outbox.old_dst,
-                                      self._index(edges.empty_before))
-        return pull.cpu().numpy()
+    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages | _RowMessages,
+                     edges: _BatchEdges) -> Pull:
+        empty = self._index(edges.empty_before)
+        if isinstance(outbox, _RowMessages):
+            return layer.aggr.apply_delta_rows(self.state[hop - 1], self.ties[hop - 1],
+                                               outbox.t, outbox.region, outbox.new,
+                                               outbox.old, empty)
+        return layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
+                                      outbox.old_msg, outbox.old_dst, empty)
 
     def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
         if self.ghost is None:
@@ -599,7 +688,7 @@ class Shard:
         many distinct ghosts they read."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
-        remote = 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
+        remote = self._ghosts_read(src)
         if self.t[hop - 1] is not None:  # kept: read in place, by slot
             rows, t = slice(None), self.t[hop - 1]  # rows: all slots
             src_at, pull_at = src, pull
@@ -613,9 +702,57 @@ class Shard:
                           scale, self._index(pull_at))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
+            if self.drift[hop - 1] is not None:
+                self.drift[hop - 1][self._index(pull)] = 0
         return state, remote
 
+    def _pull_columns(self, hop: int, layer: Layer, pull: Pull) -> int:
+        """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` from all their
+        in-neighbours (`Aggregation.pull_columns`), reading their rows of t in place where
+        t is h as stored (and, without ghosts to count, the in-edges where the graph keeps
+        them); returns how many distinct ghosts they read."""
+        g = self.graph
+        slots = pull.dst.cpu().numpy()
+        table = None if layer.transforms else self._h_table(hop - 1)
+        if table is not None and self.ghost is None:
+            begin, end, src, w = g.in_blocks(slots)
+            remote = 0
+        else:
+            ptr, src, w = g.in_edges(slots)
+            begin, end, remote = ptr[:-1], ptr[1:], self._ghosts_read(src)
+            if table is None:  # t of the rows read
+                rows = self.sets.union(src)
+                table = self._t(hop, layer, self._index(rows))
+                src = self.sets.positions(rows, src)
+        layer.aggr.pull_columns(self.state[hop - 1], self.ties[hop - 1], pull, table, begin,
+                                end, src, w if layer.edge_weighted else None)
+        return remote
+
+    def _keep_ties(self) -> None:
+        """Beside each state of an aggregation that keeps ties (max/min), the ties, counted
+        where there are none yet."""
+        for hop, (layer, state) in enumerate(zip(self.layers, self.state, strict=True),
+                                             start=1):
+            if state is not None and layer.aggr.ties_dtype and self.ties[hop - 1] is None:
+                self.ties[hop - 1] = torch.zeros(state.shape, dtype=layer.aggr.ties_dtype,
+                                                 device=self.device)
+                self._count_ties(hop)
+
+    @torch.inference_mode()
+    def _count_ties(self, hop: int, max_edges: int = 1 << 20) -> None:
+        """Layer ``hop``'s ties of every vertex this shard owns: all their columns
+        re-aggregated, vertices in chunks of at most ``max_edges`` in-edges."""
+        owned = np.flatnonzero(self.owned[:self.graph.num_slots])
+        width = self.state[hop - 1].shape[1]
+        for a, b in pairwise(chunk_bounds(self.graph.in_degree[owned], max_edges).tolist()):
+            cols = torch.ones((b - a, width), dtype=torch.bool, device=self.device)
+            self._pull_columns(hop, self.layers[hop - 1], Pull(self._index(owned[a:b]), cols))
+
     # ---------------------------------------------------------------- helpers
+    def _ghosts_read(self, src: np.ndarray) -> int:
+        """How many distinct ghosts the slots ``src`` name."""
+        return 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
+
     def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
         g, e = self.graph, diff.edges
         src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
@@ -689,10 +826,20 @@ class Shard:
         size = max(need, have * 5 // 4)
         self.h = [None, *(_grown(h, size) for h in self.h[1:])]
         self.state = [None if s is None else _grown(s, size) for s in self.state]
+        self.drift = [None if d is None else _grown(d, size) for d in self.drift]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
         self.t = [None if t is None else _grown(t, size) for t in self.t]
+        self.ties = [None if t is None else _grown(t, size) for t in self.ties]
         self._labels = np.concatenate([self._labels,
                                        np.zeros(size - len(self._labels), np.int64)])
+
+
+def _no_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
+    """Rounding bounds of states just computed from all in-neighbours: zeros, for
+    aggregations whose deltas round (linear ones)."""
+    if state is None or not layer.aggr.linear:
+        return None
+    return torch.zeros(len(state), dtype=torch.float32, device=state.device)
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
@@ -701,12 +848,13 @@ def _grown(t: Tensor, size: int) -> Tensor:
     return out
 
 
-# Row reductions: numpy is quicker than torch on the small CPU tensors of a batch.
+# A row reduction: numpy is quicker than torch on the small CPU tensors of a batch.
 def _argmax_rows(t: Tensor) -> np.ndarray:
     return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
 
 
-def _rows_differ(a: Tensor, b: Tensor) -> np.ndarray:
-    if a.device.type == "cpu":
-        return (a.numpy() != b.numpy()).any(axis=1)
-    return (a != b).any(dim=-1).cpu().numpy()
+def _count(flags: Tensor) -> int:
+    """How many of the bools are set."""
+    if flags.device.type == "cpu":
+        return int(np.count_nonzero(flags.numpy()))
+    return int(flags.sum())
