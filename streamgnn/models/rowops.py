@@ -57,14 +57,22 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
     for i in range(len(region)):
         r, s = region[i], divisor[i]
-        top = 0.0
         for j in range(state.shape[1]):
-            v = state[r, j] + delta[i, j]
-            state[r, j] = v
-            top = max(top, abs(v))
+            state[r, j] += delta[i, j]
             out[i, j] = state[r, j] / s
+        top = float(_largest(state[r]))
         drift[r] += unit * top
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
+
+
+@njit(cache=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def _largest(row):
+    """max |row| in the row's dtype, vectorised (fast-math: a row holding NaN or inf gives
+    an unspecified answer; such rows fail the store's finiteness check anyway)."""
+    top = row.dtype.type(0)
+    for j in range(len(row)):
+        top = max(top, abs(row[j]))
+    return top
 
 
 def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
