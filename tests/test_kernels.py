@@ -68,7 +68,7 @@ def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_a
     summed = base.double().numpy().copy()  # (a float64 base would share its memory)
     np.add.at(summed, region[local], coef[:, None] * t.double().numpy()[rows])
     expected = torch.from_numpy(summed).to(dtype).numpy()  # one rounding per element
-    top = np.abs(summed[region]).max(axis=1, initial=0.0)
+    top = np.abs(expected[region].astype(np.float64)).max(axis=1, initial=0.0)  # stored rows
     grown = drift.numpy().copy()
     grown[region] += (unit * top).astype(np.float32)
     stale = grown[region] > limit * unit * np.maximum(top, 1.0)

@@ -49,11 +49,7 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
 
 @njit(cache=True)
 def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale):
-    delta = np.zeros((len(region), t.shape[1]), np.float64)
-    for k in range(len(rows)):
-        i, r, c = local[k], rows[k], coef[k]
-        for j in range(t.shape[1]):
-            delta[i, j] += c * t[r, j]
+    delta = _combine_loop(t, rows, coef, local, len(region))
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
     for i in range(len(region)):
         r, s = region[i], divisor[i]
@@ -91,9 +87,10 @@ def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
     index = torch.from_numpy(region).to(state.device)
     summed = state.index_select(0, index).double() + combine_rows_torch(
         t, rows, coef, local, len(region))
-    state[index] = summed.to(state.dtype)
+    stored = summed.to(state.dtype)
+    state[index] = stored
     unit = torch.finfo(state.dtype).eps / 2
-    top = summed.abs().amax(dim=1) if len(region) else summed.new_zeros(0)
+    top = stored.abs().amax(dim=1).double() if len(region) else summed.new_zeros(0)
     drift[index] += (unit * top).to(drift.dtype)
     stale = drift[index] > limit * unit * top.clamp(min=1.0)
     out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
