@@ -1,4 +1,5 @@
-"""How the engine's process asks glibc's malloc to treat freed memory.
+"""How the engine's process asks the C library and the kernel for memory: malloc keeping
+freed memory (`keep_freed_memory`), and tables on 2 MB pages (`huge_pages`).
 
 By default malloc hands blocks above 128 KB back to the kernel on free (mmap) and trims
 the heap's free top, so every batch's temporaries (message rows, gathered states) fault
@@ -7,17 +8,29 @@ project is measured on, a 3-layer GAT batch of 1,000 updates spent more than hal
 time in them. `keep_freed_memory` makes malloc serve every block from its heap and keep
 what is freed for reuse: the process's resident memory then stays at its peak.
 
-Owns this process setting only; must not import torch, kafka or mpi4py.
+The engine's per-vertex tables (every layer's embeddings and states, the features, the
+adjacency) are read and written a row at a time at random: with 4 KB pages nearly every row
+costs a TLB miss. `huge_pages` puts such a table in its own mapping, aligned to 2 MB and
+advised as huge-page memory (transparent huge pages in "madvise" mode, the common default):
+a batch's random row accesses then cost 1.3 to 1.7x less (GraphConv sum, arxiv-like).
+
+Owns these process settings only; must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import sys
+
+import numpy as np
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 _M_MMAP_MAX = -4
+_MADV_HUGEPAGE = 14  # from the kernel's mman-common.h
+_HUGE_PAGE = 2 << 20
+_HUGE_MIN_BYTES = 8 * _HUGE_PAGE  # smaller tables: as numpy allocates them
 
 
 def keep_freed_memory() -> bool:
@@ -30,3 +43,37 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def huge_pages(array: np.ndarray) -> np.ndarray:
+    """``array`` copied into a `huge_zeros` table (else ``array`` itself)."""
+    out = huge_zeros(array.shape, array.dtype)
+    if out is None:
+        return array
+    out[...] = array
+    return out
+
+
+def huge_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """A zero table that the kernel backs with 2 MB pages where it can, in its own mapping
+    (returned to the system once no longer referenced); None when it would be under 16 MB
+    or this is not Linux."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes < _HUGE_MIN_BYTES or not sys.platform.startswith("linux"):
+        return None
+    mapping = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = np.frombuffer(mapping, np.uint8)
+    start = -raw.ctypes.data % _HUGE_PAGE
+    _advise_huge(raw.ctypes.data + start, nbytes - nbytes % _HUGE_PAGE)
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _advise_huge(address: int, length: int) -> None:
+    """Advise the kernel to back ``length`` bytes at ``address`` with huge pages; a kernel
+    that cannot (THP off) keeps 4 KB pages."""
+    try:
+        madvise = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").madvise
+    except (OSError, AttributeError):
+        return
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise(address, length, _MADV_HUGEPAGE)

@@ -357,6 +357,12 @@ def serve(
     http_token: Annotated[str | None, typer.Option(
         envvar="STREAMGNN_HTTP_TOKEN", help="Bearer token every /v1 and /metrics request "
         "must send (Authorization: Bearer TOKEN); required beyond loopback.")] = None,
+    torch_threads: Annotated[int | None, typer.Option(
+        envvar="STREAMGNN_TORCH_THREADS", min=0, help="Threads torch runs a batch's dense "
+        "work on, in each process. Default: OMP_NUM_THREADS if set, else 1: a batch's "
+        "hundreds of small operations each wait for every thread, and on cores shared "
+        "with the REST server, the Kafka client or other processes more threads run "
+        "slower (see README, Threads). 0: torch's default, one per core.")] = None,
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
     exact, publish label-changes and dead-letters, checkpoint state and offsets; answer
@@ -381,6 +387,7 @@ def serve(
         raise typer.BadParameter(str(e), param_hint="--http") from None
     if workers and os.environ.get(_MPI_JOB) != "1":
         raise typer.Exit(_supervise(workers, max_restarts, _rank_files(state_dir)))
+    _set_torch_threads(torch_threads)
     comm = _mpi_world()
     mpi_workers = None
     if comm is not None:
@@ -412,6 +419,16 @@ def serve(
         raise
     if mpi_workers is not None:
         mpi_workers.stop()
+
+
+def _set_torch_threads(threads: int | None) -> None:
+    """`serve --torch-threads`: None takes OMP_NUM_THREADS, else 1; 0 keeps torch's own."""
+    if threads is None:
+        threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 _MPI_JOB = "STREAMGNN_MPI_JOB"

@@ -1,11 +1,15 @@
 """`keep_freed_memory`: after it, memory freed by the process is reused without faulting
-its pages in again (the point of it), in a process of its own."""
+its pages in again (the point of it), in a process of its own; `huge_pages` /
+`huge_zeros`: large tables copied onto memory the kernel backs with 2 MB pages."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 PROBE = """
@@ -33,3 +37,45 @@ def test_freed_memory_is_reused_without_page_faults():
     default = faults("default")  # each 64 MB block is mapped afresh and faults in again
     assert default > 100
     assert faults("keep") * 20 < default
+
+
+def test_huge_pages_copies_large_tables_and_leaves_small_ones():
+    from streamgnn.allocator import huge_pages, huge_zeros
+
+    small = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert huge_pages(small) is small and huge_zeros((3, 4), np.float32) is None
+    table = np.random.default_rng(0).random((40_000, 128)).astype(np.float32)  # 20 MB
+    copy = huge_pages(table)
+    assert copy is not table and copy.dtype == table.dtype and np.array_equal(copy, table)
+    assert copy.ctypes.data % (2 << 20) == 0 and copy.flags.writeable
+    zeros = huge_zeros((200_000, 128), np.uint8)  # 25 MB
+    assert zeros.shape == (200_000, 128) and not zeros.any()
+
+
+THP_PROBE = """
+import re
+import numpy as np
+from streamgnn.allocator import huge_zeros
+def huge_kb():
+    return int(re.search(r"AnonHugePages:\\s+(\\d+)", open("/proc/self/smaps_rollup").read())[1])
+before = huge_kb()
+table = huge_zeros((64 << 20,), np.uint8)
+table[:] = 1  # fault the pages in
+print(huge_kb() - before)
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "absent"
+    return re.search(r"\[(\w+)\]", text)[1]
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
+                    reason="transparent huge pages off on this kernel")
+def test_huge_zeros_are_backed_by_huge_pages():
+    out = subprocess.run([sys.executable, "-c", THP_PROBE], capture_output=True, text=True,
+                         check=True)
+    assert int(out.stdout) >= 32 << 10  # at least half of the 64 MB on 2 MB pages

@@ -128,6 +128,27 @@ def test_vertices_outside_the_l_hop_region_are_not_touched():
     assert_exact(engine, model, torch.float32, 1e-4)
 
 
+@pytest.mark.parametrize("arch", ["graphconv-narrowing", "graphconv-max", "pyg-gat"])
+def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
+    """Every per-vertex table on a mapping of its own (`huge_pages`; the threshold set to 0
+    so this small graph takes the path arxiv-size tables take), grown by added vertices."""
+    from streamgnn import allocator
+
+    monkeypatch.setattr(allocator, "_HUGE_MIN_BYTES", 0)
+    data = random_graph(np.random.default_rng(3), n=300, m=1500, d=F_IN, hubs=3)
+    model = randomise(ARCHS[arch](2), 3)
+    engine = Engine.from_pyg(model, data)
+    shard = engine.shards[0]
+    workload = LinkBenchWorkload(engine.graph, seed=3)
+    for _ in range(4):
+        engine.apply(workload.batch(300))
+    assert len(shard.h[1]) > 300  # grown
+    tables = [t for name in ("h", "state", "ties", "root", "t")
+              for t in getattr(shard, name) if t is not None]
+    assert all(t.data_ptr() % (2 << 20) == 0 for t in tables)
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_cuda_engine_stays_exact(arch):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from streamgnn.allocator import huge_pages, huge_zeros
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.aggr import Pull, RowMessages
@@ -209,6 +210,7 @@ class Shard:
         self.busy: list[float] = []    # ... and its compute seconds between them
         self.ties: list[Tensor | None] = [None] * len(layers)
         self._keep_ties()
+        self._tables_on_huge_pages()
 
     @classmethod
     def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
@@ -245,6 +247,15 @@ class Shard:
             states.append(state)
         return cls(layers, graph, hs, states, device, dtype, ghost, holders,
                    np.array(arrays["ghost_owner"]))
+
+    def _tables_on_huge_pages(self) -> None:
+        """The per-vertex tables, read a row at a time at random, moved onto 2 MB pages
+        (CPU; `huge_pages`)."""
+        if self.device.type != "cpu":
+            return
+        for name in ("h", "state", "ties", "root", "t"):
+            setattr(self, name, [None if rows is None else torch.from_numpy(
+                huge_pages(rows.contiguous().numpy())) for rows in getattr(self, name)])
 
     @property
     def num_layers(self) -> int:
@@ -325,6 +336,7 @@ class Shard:
         shard._owned = None
         shard.sent, shard.received, shard.busy = [], [], []
         shard._keep_ties()  # arrays written before max/min kept ties have none
+        shard._tables_on_huge_pages()
         return shard
 
     # ---------------------------------------------------------------- one batch
@@ -843,7 +855,10 @@ def _no_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
-    out = t.new_zeros((size, *t.shape[1:]))
+    """``t`` with ``size`` rows, the new ones zero (large CPU tables on 2 MB pages)."""
+    shape = (size, *t.shape[1:])
+    table = huge_zeros(shape, t.numpy().dtype) if t.device.type == "cpu" else None
+    out = t.new_zeros(shape) if table is None else torch.from_numpy(table)
     out[:len(t)] = t
     return out
 
