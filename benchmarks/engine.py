@@ -64,7 +64,8 @@ def stream_split(preset: str, weighted: bool):
 
 def engine_bytes(engine: Engine) -> int:
     tensors = [t for shard in engine.shards for t in (
-        *shard.h[1:], *shard.state, *shard.ties, *shard.root, *shard.t) if t is not None]
+        *shard.h[1:], *shard.state, *shard.drift, *shard.ties, *shard.root, *shard.t)
+        if t is not None]
     graph = engine.graph.nbytes()
     return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
 

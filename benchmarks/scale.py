@@ -1,12 +1,15 @@
-"""Scale run: a large preset bootstrapped and streamed by rank 0 + N worker ranks.
+"""Scale run: a large preset bootstrapped and streamed, in one process or by rank 0 + N
+worker ranks.
 
+    python benchmarks/scale.py --preset products-like                # one process
     mpiexec -n 5 python benchmarks/scale.py --preset products-like   # 4 workers
 
-Rank 0 builds the graph (the 80 % snapshot), places it (METIS) and sends each worker its
-partition; the workers compute their first state layer by layer, exchanging ghost rows
-between layers. Then LinkBench batches of ``--batch`` updates are streamed. Prints and
-writes (benchmarks/results/scale-<preset>.json): bootstrap seconds, updates/s, and the
-peak resident memory of every rank.
+Rank 0 builds the graph (the 80 % snapshot); in one process the engine bootstraps it
+there; under mpiexec rank 0 places it (METIS) and sends each worker its partition, and the
+workers compute their first state layer by layer, exchanging ghost rows between layers.
+Then LinkBench batches of ``--batch`` updates are streamed. Prints and writes
+(benchmarks/results/scale-<preset>-<model>-<workers>w.json, 0 workers: one process):
+bootstrap seconds, engine state, updates/s, and the peak resident memory of every rank.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from engine import engine_bytes
 from mpi4py import MPI
 
 import streamgnn as sg
+from streamgnn.allocator import keep_freed_memory
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
@@ -40,6 +45,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    keep_freed_memory()  # as `streamgnn serve` runs the engine
     comm = MPI.COMM_WORLD
     meta = np.zeros(2, np.int64)  # features, classes: rank 0 knows them
     data = None
@@ -57,7 +63,8 @@ def main() -> None:
 
     def run(workers) -> dict:
         t = time.perf_counter()
-        engine = Engine.from_pyg(model, data, partitions=workers.size, workers=workers)
+        engine = (Engine.from_pyg(model, data) if workers is None else
+                  Engine.from_pyg(model, data, partitions=workers.size, workers=workers))
         bootstrap = time.perf_counter() - t
         print(f"bootstrapped in {bootstrap:.0f} s", flush=True)
         workload = LinkBenchWorkload(engine.graph, seed=1)
@@ -69,19 +76,23 @@ def main() -> None:
             engine.apply(batch)
             times.append(time.perf_counter() - t)
         stats = engine.stats()
-        return {"preset": args.preset, "model": args.model, "workers": workers.size,
-                "bootstrap_s": bootstrap, "batch": args.batch,
+        return {"preset": args.preset, "model": args.model,
+                "workers": 0 if workers is None else workers.size,
+                "bootstrap_s": bootstrap, "engine_state_mb": (
+                    engine_bytes(engine) / 2**20 if workers is None else None),
+                "batch": args.batch,
                 "median_batch_s": float(np.median(times)),
                 "updates_per_s": args.batch / float(np.median(times)),
                 "halo": [s["halo"] for s in stats], "vertices": [s["vertices"] for s in stats],
                 "peak_rss_mb_rank0": peak_rss_mb()}
 
-    result = spmd(model, run)
+    result = run(None) if comm.Get_size() == 1 else spmd(model, run)
     peaks = comm.gather(peak_rss_mb(), root=0)  # after spmd: the workers have stopped
     if comm.Get_rank() == 0:
         result["peak_rss_mb"] = peaks
         print(json.dumps(result, indent=2), flush=True)
-        out = Path(f"benchmarks/results/scale-{args.preset}.json")
+        out = Path(f"benchmarks/results/scale-{args.preset}-{args.model}-"
+                   f"{result['workers']}w.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
 

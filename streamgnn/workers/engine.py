@@ -284,8 +284,9 @@ class Engine:
         for r in results:
             merged.changed_labels.update(r.changed_labels)
         for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
-                     "combined_messages"):
-            setattr(merged, name, np.sum([getattr(r, name) for r in results], axis=0).tolist())
+                     "combined_messages"):  # per layer, summed over the partitions
+            setattr(merged, name, [sum(counts) for counts in zip(
+                *(getattr(r, name) for r in results), strict=True)])
         merged.removed = self.graph.ext[diff.removed]
         if all(r.rewritten for r in results):  # reported by shards in this process
             merged.rewritten = [self._features(diff), *(
