@@ -185,6 +185,18 @@ def test_split_stream_replays_to_the_original():
     np.testing.assert_array_equal(now.x[now.positions(data.ids)], data.x)
 
 
+def test_held_out_updates_read_like_a_list():
+    """`split_stream`'s updates are built when read: indexing, slicing and iterating
+    agree with each other, as a list's would."""
+    _, events = sg.datasets.split_stream(sg.datasets.synthetic("tiny", seed=3), 0.2, 1)
+    every = list(events)
+    assert len(every) == len(events) > 100
+    assert events[5:40:3] == every[5:40:3] and events[-1] == every[-1]
+    assert events[len(events) - 1:] == every[-1:] and events[len(events):] == []
+    with pytest.raises(IndexError):
+        events[len(events)]
+
+
 def test_diff_of_update_then_delete_reports_features_from_before_the_batch():
     data = _start(1)
     graph = DynamicGraph.from_data(data)

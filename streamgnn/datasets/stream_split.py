@@ -6,6 +6,9 @@ Owns the split only; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 
 from streamgnn.datasets.graph_data import GraphData
@@ -13,7 +16,7 @@ from streamgnn.updates import AddEdge, AddVertex, Update
 
 
 def split_stream(data: GraphData, frac: float = 0.2,
-                 seed: int = 0) -> tuple[GraphData, list[Update]]:
+                 seed: int = 0) -> tuple[GraphData, HeldOut]:
     """Hold out ``frac`` of the vertices, chosen at random, with every edge touching them.
 
     Returns the snapshot induced by the other vertices and the held-out part as updates:
@@ -43,14 +46,32 @@ def split_stream(data: GraphData, frac: float = 0.2,
     times = np.concatenate([arrival[held_v], edge_time])
     order = np.argsort(times, kind="stable")
 
-    events: list[Update] = []
-    nv = len(held_v)
-    for k in order.tolist():
-        if k < nv:
-            v = held_v[k]
-            events.append(AddVertex(id=int(data.ids[v]), x=data.x[v].tolist()))
-        else:
-            e = held_e[k - nv]
-            events.append(AddEdge(src=int(data.src[e]), dst=int(data.dst[e]),
-                                  weight=float(data.weight[e])))
-    return snapshot, events
+    return snapshot, HeldOut(data, held_v, held_e, order)
+
+
+class HeldOut(Sequence[Update]):
+    """The held-out updates in arrival order, each built when it is read: a large preset
+    holds out tens of millions of edges, too many to keep as objects."""
+
+    def __init__(self, data: GraphData, vertices: np.ndarray, edges: np.ndarray,
+                 order: np.ndarray) -> None:
+        self._data, self._vertices, self._edges, self._order = data, vertices, edges, order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, k: int) -> Update: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[Update]: ...
+
+    def __getitem__(self, k: int | slice) -> Update | list[Update]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        j = int(self._order[k])  # IndexError past the end, as a list
+        nv, data = len(self._vertices), self._data
+        if j < nv:
+            v = self._vertices[j]
+            return AddVertex(id=int(data.ids[v]), x=data.x[v].tolist())
+        e = self._edges[j - nv]
+        return AddEdge(src=int(data.src[e]), dst=int(data.dst[e]), weight=float(data.weight[e]))
