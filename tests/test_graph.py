@@ -197,6 +197,39 @@ def test_held_out_updates_read_like_a_list():
         events[len(events)]
 
 
+@given(st.lists(st.lists(st.sampled_from(["delete", "add"]), min_size=1, max_size=8),
+                min_size=1, max_size=6), st.integers(0, 1000))
+def test_slot_map_follows_reused_slots_on_both_sides(rounds, seed):
+    """`SlotMap` answers what the target's id map would, while vertices are deleted and
+    added (slots reused) on both graphs in different orders."""
+    from streamgnn.graph.slotmap import SlotMap
+
+    rng = np.random.default_rng(seed)
+    data = _start(seed)
+    source, target = DynamicGraph.from_data(data), DynamicGraph.from_data(data)
+    spare = [sg.AddVertex(id=1000 + k, x=[0.0] * D) for k in range(5)]
+    target.apply(spare)  # the target reuses these slots first: its slots differ
+    target.apply([sg.DeleteVertex(id=u.id) for u in spare])
+    to_target = SlotMap(source, target)
+    next_id = 100
+    for ops in rounds:
+        batch = []
+        for op in ops:
+            alive = source.ext[source.vertex_slots()]
+            if op == "delete" and len(alive) > 1:
+                batch.append(sg.DeleteVertex(id=int(rng.choice(alive))))
+            else:
+                batch.append(sg.AddVertex(id=next_id, x=[0.0] * D))
+                next_id += 1
+        batch = [u for i, u in enumerate(batch) if not any(  # each vertex once a batch
+            getattr(v, "id", None) == u.id for v in batch[:i])]
+        source.apply(batch)
+        target.apply(batch[::-1] if all(isinstance(u, sg.AddVertex) for u in batch)
+                     else batch)
+        slots = source.vertex_slots()
+        assert to_target(slots).tolist() == target.slots(source.ext[slots]).tolist()
+
+
 def test_diff_of_update_then_delete_reports_features_from_before_the_batch():
     data = _start(1)
     graph = DynamicGraph.from_data(data)

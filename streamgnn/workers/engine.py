@@ -24,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from streamgnn.datasets import GraphData
 from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph.slotmap import SlotMap
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
 from streamgnn.npz import prefixed, read_arrays, under, write_arrays
@@ -80,6 +81,7 @@ class Engine:
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
         self._poisoned: str | None = None  # why the state can no longer be trusted
         self._query_sets = SlotSets(0)  # over the virtual slots of a query (`QueryGraph`)
+        self._slot_maps: list[SlotMap] = []  # per local shard: its slots -> the graph's
 
     def _cut(self, p: int) -> dict[str, np.ndarray]:
         """Shard ``p`` without layer state (`Shard.bootstrap` computes it): the vertices
@@ -304,8 +306,10 @@ class Engine:
         slots (ascending)."""
         if self.placement is None:
             return shards[0]
-        slots = np.concatenate([self.graph.slots(shard.graph.ext[s]) for shard, (s, _) in
-                                zip(self.shards, shards, strict=True)]).astype(np.int64)
+        if [m.source for m in self._slot_maps] != [shard.graph for shard in self.shards]:
+            self._slot_maps = [SlotMap(shard.graph, self.graph) for shard in self.shards]
+        slots = np.concatenate([to_engine(s) for to_engine, (s, _) in
+                                zip(self._slot_maps, shards, strict=True)])
         order = np.argsort(slots)
         return slots[order], np.concatenate([rows for _, rows in shards])[order]
 
