@@ -38,7 +38,7 @@ from streamgnn.errors import InvalidUpdateError, UnknownVertexError
 from streamgnn.queries import QueryRequest
 from streamgnn.router.reads import NotServing, Reads
 from streamgnn.router.service import Service
-from streamgnn.router.view import Rows, engine_rows
+from streamgnn.router.view import EdgeList, Rows, engine_neighbours, engine_rows
 from streamgnn.stream.schemas import QueryResult
 from streamgnn.updates import VertexId
 
@@ -179,14 +179,12 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
              dependencies=guarded)
     async def neighbors(id: Annotated[int, _ID]) -> Neighbors:
         """The vertex's in- and out-edges with their weights."""
-        def read(service: Service) -> Neighbors:
-            graph = service.engine.graph
-            slot = graph.slots([id])
-            return Neighbors(id=id, batch=service.batch_seq,
-                             **{"in": _edges(graph, *graph.in_edges(slot))},
-                             out=_edges(graph, *graph.out_edges(slot)))
-
-        return await answer(read)
+        view = reads.view
+        got = (view.neighbours(id) if view is not None else
+               await answer(lambda service: engine_neighbours(service.engine,
+                                                              service.batch_seq, id)))
+        return Neighbors(id=id, batch=got.batch, **{"in": _edges(got.ins)},
+                         out=_edges(got.outs))
 
     @app.post("/v1/queries", response_model=QueryResult, responses=errors,
               dependencies=guarded)
@@ -264,10 +262,9 @@ def _json(content: dict[str, Any]) -> Response:
                     media_type="application/json")
 
 
-def _edges(graph, ptr: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> Edges:
-    ids = graph.ext[slots[ptr[0]:ptr[1]]]
-    order = np.argsort(ids)
-    return Edges(ids=ids[order].tolist(), weights=weights[ptr[0]:ptr[1]][order].tolist())
+def _edges(edges: EdgeList) -> Edges:
+    order = np.argsort(edges.ids)
+    return Edges(ids=edges.ids[order].tolist(), weights=edges.weights[order].tolist())
 
 
 class BodyLimit:

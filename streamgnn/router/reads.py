@@ -2,9 +2,9 @@
 sees the state after one batch and before the next, never a half-applied one, and can
 name that batch.
 
-Vertex rows come from the service's `ReadView` while the engine's shards run in this
-process: read on the caller's thread, at once, while the loop applies the next batch.
-Every other read (and vertex rows when the shards live on MPI ranks) is queued and run by
+Vertex rows and neighbours come from the service's `ReadView` while the engine's shards
+run in this process: read on the caller's thread, at once, while the loop applies the next
+batch. Every other read (and those when the shards live on MPI ranks) is queued and run by
 the service loop itself between two batches, where only the loop's thread touches the
 engine. Between two batches the loop runs queued reads for at most about as long as its
 last batch took (at least one): reads cannot stall ingest by more than a batch, and

@@ -1,6 +1,6 @@
-"""`ReadView`: the rows the REST API's vertex reads serve (every layer's embedding of every
-vertex, and the labels from the output layer), readable from any thread while the
-service loop applies the next batch.
+"""`ReadView`: what the REST API's vertex and neighbour reads serve (every layer's
+embedding of every vertex, the labels from the output layer, every vertex's edges),
+readable from any thread while the service loop applies the next batch.
 
 The view keeps its own copy of the rows, one table per layer indexed by the engine
 graph's slots, and its own id -> slot map. After each batch the loop calls `publish`
@@ -13,6 +13,10 @@ overlay replaces, so a reader sees the state after one batch, whole, and never w
 the copy or for a batch. Before the copy starts, the loop waits for the readers of the
 overlay before (a reader holds one for the microseconds of a gather), whose base would
 change under them.
+
+Edges are read from the engine's own graph under `Engine.graph_lock` (held by a batch
+only while it changes the graph); while a batch runs, its change (`Engine.last_diff`) is
+taken back for the vertex read, so neighbours show the same state as the rows.
 
 Memory: one copy of every layer's rows at the graph's slot capacity (``nbytes``), an id
 map, and one batch's rewritten rows; nothing grows with the number of updates.
@@ -31,8 +35,24 @@ from typing import NamedTuple
 import numpy as np
 
 from streamgnn.errors import InvalidQueryError, UnknownVertexError
+from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.graph.idmap import IdMap
 from streamgnn.workers import ApplyResult, Engine
+
+
+class EdgeList(NamedTuple):
+    """A vertex's in- or out-neighbours (ids, in no order) and the edges' weights."""
+
+    ids: np.ndarray
+    weights: np.ndarray
+
+
+class Neighbours(NamedTuple):
+    """A vertex's in- and out-edges in the state after ``batch`` batches."""
+
+    batch: int
+    ins: EdgeList
+    outs: EdgeList
 
 
 class Rows(NamedTuple):
@@ -52,6 +72,12 @@ def layer_index(num_layers: int, layer: int) -> int:
         raise InvalidQueryError(f"layer {layer}: the model has layers 0..{num_layers} (or "
                                 f"-{num_layers + 1}..-1 counting from the last)")
     return layer % (num_layers + 1)
+
+
+def engine_neighbours(engine: Engine, batch: int, id: int) -> Neighbours:
+    """The same answer as `ReadView.neighbours`, from the engine itself (call it between
+    two batches, on the loop's thread)."""
+    return _neighbours(engine.graph, batch, id, None)
 
 
 def engine_rows(engine: Engine, batch: int, ids: np.ndarray, layer: int) -> Rows:
@@ -132,6 +158,9 @@ class ReadView:
                                   [none] * len(tables), [t[:0] for t in tables], none, none,
                                   none)
         self._readers = threading.Condition(threading.Lock())
+        self._engine = engine
+        self._graph_batch = batch  # the batch `neighbours` names ...
+        self._graph_diff = engine.last_diff  # ... and the graph's last change it includes
 
     @property
     def num_layers(self) -> int:
@@ -165,9 +194,21 @@ class ReadView:
         with self.state() as state:
             return state.read(ids, layer)
 
+    def neighbours(self, id: int) -> Neighbours:
+        """In- and out-edges of vertex ``id`` in the state after the last batch published,
+        read from the engine's graph while the next batch runs: where that batch already
+        changed the graph (`Engine.last_diff`), its change is taken back for the answer.
+        Raises `UnknownVertexError` for an id not in that state."""
+        engine = self._engine
+        with engine.graph_lock:  # the graph does not change meanwhile
+            pending = None if engine.last_diff is self._graph_diff else engine.last_diff
+            return _neighbours(engine.graph, self._graph_batch, id, pending)
+
     def publish(self, batch: int, result: ApplyResult, engine: Engine) -> None:
         """Make the state after ``batch`` (whose `ApplyResult` is ``result``) the one
         read; call it on the loop's thread, right after the batch."""
+        with engine.graph_lock:
+            self._graph_batch, self._graph_diff = batch, engine.last_diff
         graph = engine.graph
         keys, rows = (list(side) for side in zip(*result.rewritten, strict=True))
         new = keys[0]  # slots of the vertices added, moved or given new features
@@ -189,6 +230,49 @@ class ReadView:
             table[slots] = layer_rows
         self._ids.delete(removed)
         self._ids.insert(added, added_slots)
+
+
+def _neighbours(graph: DynamicGraph, batch: int, id: int, pending: GraphDiff | None
+                ) -> Neighbours:
+    """Vertex ``id``'s edges in ``graph`` as it was before its ``pending`` change."""
+    slot = _slot_before(graph, id, pending)
+    ins = _edges_before(graph.in_edges(np.array([slot])), slot, pending, "dst")
+    outs = _edges_before(graph.out_edges(np.array([slot])), slot, pending, "src")
+    return Neighbours(batch, *(EdgeList(graph.ext[nbr], w) for nbr, w in (ins, outs)))
+
+
+def _slot_before(graph: DynamicGraph, id: int, pending: GraphDiff | None) -> int:
+    """The slot vertex ``id`` had before the ``pending`` change of ``graph`` (which keeps
+    the ids of the slots it removed), or `UnknownVertexError`."""
+    slot = int(graph.find([id])[0])
+    if pending is not None:
+        removed = pending.removed[graph.ext[pending.removed] == id]
+        if len(removed):
+            return int(removed[0])
+        if slot >= 0 and np.isin(slot, pending.added):
+            slot = -1
+    if slot < 0:
+        raise UnknownVertexError(f"vertex {id} is not in the graph", index=0)
+    return slot
+
+
+def _edges_before(edges: tuple[np.ndarray, np.ndarray, np.ndarray], slot: int,
+                  pending: GraphDiff | None, side: str) -> tuple[np.ndarray, np.ndarray]:
+    """One vertex's neighbours (slots) and weights, ``edges`` as the graph holds them now
+    (CSR of one vertex), with the ``pending`` change taken back: of the pairs it changed
+    at ``slot`` (as ``side``, "src" or "dst"), those present after it leave and those
+    present before it come back with their old weights."""
+    _, nbr, w = edges
+    if pending is not None:
+        log = pending.edges
+        mine = getattr(log, side) == slot
+        other = (log.dst if side == "src" else log.src)[mine]
+        before = log.before[mine]
+        kept = ~np.isin(nbr, other)
+        back = ~np.isnan(before)
+        nbr = np.concatenate([nbr[kept], other[back].astype(nbr.dtype)])
+        w = np.concatenate([w[kept], before[back].astype(w.dtype)])
+    return nbr, w
 
 
 def _find(sorted_keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

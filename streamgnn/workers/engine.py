@@ -13,6 +13,7 @@ Owns the public engine API; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Annotated, Protocol, TypeVar
@@ -82,6 +83,10 @@ class Engine:
         self._poisoned: str | None = None  # why the state can no longer be trusted
         self._query_sets = SlotSets(0)  # over the virtual slots of a query (`QueryGraph`)
         self._slot_maps: list[SlotMap] = []  # per local shard: its slots -> the graph's
+        # `apply` changes the graph holding this lock; then ``last_diff`` is that change:
+        # other threads read the graph under it (`ReadView.neighbours`)
+        self.graph_lock = threading.Lock()
+        self.last_diff: GraphDiff | None = None
 
     def _cut(self, p: int) -> dict[str, np.ndarray]:
         """Shard ``p`` without layer state (`Shard.bootstrap` computes it): the vertices
@@ -273,7 +278,8 @@ class Engine:
         and leaves the engine unusable (every later call raises it): restore a snapshot."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
-        diff = self.graph.apply(batch, skip_invalid)
+        with self.graph_lock:
+            diff = self.last_diff = self.graph.apply(batch, skip_invalid)
         if self.placement is None:
             results = self.workers.apply_diff(diff)
         else:
