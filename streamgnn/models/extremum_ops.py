@@ -25,6 +25,8 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from streamgnn.models.rowops import AHEAD, prefetch_row
+
 MAX_TIES = 255  # uint8: more carriers are counted as this many (a lower bound)
 
 
@@ -54,6 +56,9 @@ def _fold_loop(state, ties, t, region, new_rows, new_factor, new_at, old_rows, o
     cols = np.zeros((min(num, len(old_at)), d), np.bool_)
     n = 0
     for g in range(num):  # branch-free inner loops: the outcomes are unpredictable
+        if g + AHEAD < num:
+            prefetch_row(state, region[g + AHEAD])
+            prefetch_row(ties, region[g + AHEAD])
         s_row, ties_row = state[region[g]], ties[region[g]]
         for k in range(new_ptr[g], new_ptr[g + 1]):  # arriving
             i = new_order[k]
@@ -152,6 +157,8 @@ def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weight
         best[:n] = -np.inf if end[i] > begin[i] else 0.0  # no in-edge: 0, as in PyG
         count[:n] = 0
         for k in range(begin[i], end[i]):
+            if k + AHEAD < end[i]:
+                prefetch_row(table, src[k + AHEAD])
             row = table[src[k]]
             f = table.dtype.type(sign * factor[k] if weighted else sign)
             for c in range(n):  # a new max is rare after the first few: branches pay

@@ -22,6 +22,8 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from streamgnn.models.rowops import prefetch_row
+
 
 @njit(cache=True)
 def _fold_loop(state, new_msg, new_dst, old_msg, old_dst, heads, channels, cancellation):
@@ -115,6 +117,7 @@ def _reduce_loop(values, a_src, a_dst, ptr, src, dst, slope):
         for k in range(h):
             out[i, k] = -np.inf
         for e in range(ptr[i], ptr[i + 1]):  # the shift: each head's largest logit
+            prefetch_row(values, src[e])  # read in the next loop
             for k in range(h):
                 x = a_src[src[e], k] + a_dst[d, k]
                 out[i, k] = max(out[i, k], x if x > 0 else slope * x)

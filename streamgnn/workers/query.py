@@ -279,6 +279,8 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
                    "dst_part": None if dst_part is None else dst_part[
                        torch.from_numpy(local).to(device)].cpu().numpy()}
             sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
+            if engine.placement is None:  # one shard, on this graph: its slots are ours
+                req["slots"] = src[edges]
             requests.append(req)
             locals_.append(local)
         for local, reply, req in zip(locals_, engine.workers.partials(requests), requests,

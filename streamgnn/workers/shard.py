@@ -275,13 +275,15 @@ class Shard:
 
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
-                 num: int, dst_part: np.ndarray | None) -> np.ndarray:
+                 num: int, dst_part: np.ndarray | None, slots: np.ndarray | None = None
+                 ) -> np.ndarray:
         """A query's partial aggregates at layer ``hop`` over edges from vertices this
-        shard owns (external ids ``src``) to destinations ``dst`` in ``0..num`` (message
-        factors ``w``; attention: the destinations' parts ``dst_part``), from the stored
-        rows of h^(hop-1): `Layer.partial`."""
+        shard owns (external ids ``src``, or their ``slots`` in this shard's graph where
+        the caller has them) to destinations ``dst`` in ``0..num`` (message factors ``w``;
+        attention: the destinations' parts ``dst_part``), from the stored rows of
+        h^(hop-1): `Layer.partial`."""
         layer = self.layers[hop - 1]
-        slots = self.graph.slots(src).astype(np.int64)
+        slots = (self.graph.slots(src) if slots is None else slots).astype(np.int64)
         table, raw = self.t[hop - 1], False
         if table is None:
             table, raw = self._h_table(hop - 1), True
