@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class _LabelFeed(threading.Thread):
 
 
 def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
-             snapshot: GraphData, events: list[Update], checkpoint: Checkpoint,
+             snapshot: GraphData, events: Sequence[Update], checkpoint: Checkpoint,
              batch_size: int, device: str, console: Console) -> Summary:
     """The demo against ``broker`` (started here unless it runs), reached with ``kafka``'s
     client settings."""
@@ -89,7 +90,7 @@ def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
 
 
 def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
-                      events: list[Update], checkpoint: Checkpoint, batch_size: int,
+                      events: Sequence[Update], checkpoint: Checkpoint, batch_size: int,
                       device: str, console: Console) -> Summary:
     prefix = f"demo-{uuid.uuid4().hex[:6]}-"
     topics = Topics.prefixed(prefix)

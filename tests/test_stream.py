@@ -264,7 +264,7 @@ def test_service_is_exact_and_dead_letters_bad_input(kafka, topics):
     early = events[first_edge]  # arrives before the vertex it names: must wait, not fail
     late_vertex = next(u for u in events if isinstance(u, sg.AddVertex)
                        and u.id in (early.src, early.dst))
-    stream = [e for e in events if e is not early]
+    stream = [*events[:first_edge], *events[first_edge + 1:]]
     existing = int(snapshot.ids[0])
     dim = full.num_features
     bad = {  # raw message -> the dead letter it must produce
