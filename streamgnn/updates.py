@@ -90,6 +90,8 @@ VERTEX_UPDATES = (AddVertex, DeleteVertex, UpdateFeatures)
 UPDATE_TYPES = (AddEdge, DeleteEdge, UpdateEdge, AddVertex, DeleteVertex, UpdateFeatures)
 """Op codes: an update type's position here (edge updates first)."""
 OP_CODES = {cls: code for code, cls in enumerate(UPDATE_TYPES)}
+OP_NAMES = tuple(cls.model_fields["op"].default for cls in UPDATE_TYPES)
+"""Each op code's ``op`` string."""
 ADD_EDGE, DELETE_EDGE, UPDATE_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES = range(6)
 NO_X, BAD_WIDTH = -1, -2  # xrow of an update without features / with the wrong number
 
@@ -161,6 +163,38 @@ class UpdateBatch:
                     xrow[i], b[i] = BAD_WIDTH, len(u.x)
         x = np.array(rows, np.float32).reshape(len(rows), num_features)
         return cls(op, a, b, w, xrow, x)
+
+    @classmethod
+    def concat(cls, parts: Sequence[UpdateBatch]) -> UpdateBatch:
+        """``parts`` (at least one, their features equally wide) as one batch, in order."""
+        firsts = np.cumsum([0] + [len(p.x) for p in parts[:-1]])
+        return cls(*(np.concatenate([getattr(p, name) for p in parts])
+                     for name in ("op", "a", "b", "w")),
+                   np.concatenate([np.where(p.xrow >= 0, p.xrow + first, p.xrow)
+                                   for p, first in zip(parts, firsts, strict=True)]),
+                   np.concatenate([p.x for p in parts]))
+
+    def __getitem__(self, rows: slice | np.ndarray) -> UpdateBatch:
+        """The updates at ``rows`` (a slice, or positions), in that order."""
+        xrow = self.xrow[rows]
+        featured = xrow >= 0
+        taken = self.x[xrow[featured]]
+        xrow = xrow.copy()
+        xrow[featured] = np.arange(len(taken))
+        return UpdateBatch(self.op[rows], self.a[rows], self.b[rows], self.w[rows], xrow, taken)
+
+    def update(self, i: int, event_id: str | None = None,
+               event_time: float | None = None) -> Update:
+        """Update ``i`` as an object (not for a ``BAD_WIDTH`` one: its features are gone)."""
+        code, a, b = int(self.op[i]), int(self.a[i]), int(self.b[i])
+        kind, meta = UPDATE_TYPES[code], {"event_id": event_id, "event_time": event_time}
+        if code == DELETE_EDGE:
+            return kind(src=a, dst=b, **meta)
+        if code <= UPDATE_EDGE:
+            return kind(src=a, dst=b, weight=float(self.w[i]), **meta)
+        if code == DELETE_VERTEX:
+            return kind(id=a, **meta)
+        return kind(id=a, x=self.x[self.xrow[i]].tolist(), **meta)
 
     def __len__(self) -> int:
         return len(self.op)

@@ -7,20 +7,24 @@ imports none of them.
 """
 
 from streamgnn.stream.schemas import (
+    Columns,
     DeadLetter,
     DecodeError,
     LabelChange,
     LabelChanges,
     QueryResult,
+    Rows,
     SourceRange,
     Topics,
     decode_update,
     decode_updates,
     encode,
+    encode_columns,
     label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
 
-__all__ = ["DeadLetter", "DecodeError", "LabelChange", "LabelChanges",
-           "QueryResult", "Record", "SourceRange", "Topics",
-           "Transport", "decode_update", "decode_updates", "encode", "label_changes_json"]
+__all__ = ["Columns", "DeadLetter", "DecodeError", "LabelChange", "LabelChanges",
+           "QueryResult", "Record", "Rows", "SourceRange", "Topics", "Transport",
+           "decode_update", "decode_updates", "encode", "encode_columns",
+           "label_changes_json"]

@@ -1,33 +1,52 @@
 """The JSON messages on streamgnn's topics, as pydantic models, and the topic names.
 
 In: the six update types (`streamgnn.updates`, with ``event_id``/``event_time``) on
-``graph-updates``, one per message (a JSON object) or several in order (a JSON array: the
-cheap way to stream at a high rate); `QueryRequest` on ``query-requests``. Out:
+``graph-updates``, one per message (a JSON object), several in order (a JSON array), or a
+batch of them as columns with binary features (`Columns`: the cheapest to decode, so the
+way to stream at a high rate); `QueryRequest` on ``query-requests``. Out:
 `LabelChanges` on ``label-changes``, `QueryResult` on ``query-results``, `DeadLetter` on
 ``dead-letters``.
 
-Pydantic (orjson for the hottest output); must not import kafka, torch or mpi4py.
+Pydantic and numpy (orjson for the hottest output); must not import kafka, torch or
+mpi4py.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
+import numpy as np
 import orjson
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from streamgnn.queries import QueryRequest
 from streamgnn.updates import (
+    ADD_EDGE,
+    ADD_VERTEX,
+    BAD_WIDTH,
+    NO_X,
+    OP_NAMES,
     UPDATE_ADAPTER,
+    UPDATE_EDGE,
+    UPDATE_FEATURES,
     AddEdge,
     AddVertex,
+    DeleteEdge,
+    DeleteVertex,
     Update,
+    UpdateBatch,
     UpdateEdge,
     UpdateFeatures,
+    VertexId,
+    _Update,
 )
 
 
@@ -163,7 +182,155 @@ class DecodeError(ValueError):
         super().__init__(reason)
 
 
+class Columns(BaseModel):
+    """A batch of updates as columns (``"op": "columns"``), applied in order: row i is
+    update i. ``ops`` holds op codes (0 add_edge, 1 delete_edge, 2 update_edge,
+    3 add_vertex, 4 delete_vertex, 5 update_features), ``a`` the source (edge updates) or
+    the vertex, ``b`` the destination, ``w`` the weight (add_edge, update_edge); a column
+    that does not apply to a row is ignored there (write 0). ``x`` is base64 of the
+    feature rows of the add_vertex and update_features rows, in row order, each
+    ``width`` little-endian float32 values. ``event_time`` (seconds since the epoch) is
+    per row; ``event_id``, if given, names the message (dead letters of its rows carry it).
+
+    A message that is not such an object, or whose columns do not line up (lengths, x not
+    base64 or not as long as its feature rows need), is dead-lettered whole; a row with
+    an unknown op code, or a NaN/inf/beyond-float32 weight or feature, alone (its
+    ``index``; the other rows are applied), as in an array of JSON updates."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: Literal["columns"] = "columns"
+    ops: list[VertexId]
+    a: list[VertexId]
+    b: list[VertexId]
+    w: list[float]
+    width: int = Field(0, ge=0)
+    x: str = ""
+    event_time: list[float] | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The updates of a `Columns` message that may go on: ``batch`` row j is the message's
+    row ``index[j]``, with event time ``times[j]`` (NaN: none); ``errors`` are the other
+    rows (their positions and why)."""
+
+    batch: UpdateBatch
+    index: np.ndarray
+    times: np.ndarray
+    event_id: str | None = None
+    errors: tuple[tuple[int, DecodeError], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def __getitem__(self, rows: slice | np.ndarray) -> Rows:
+        """Rows ``rows`` (a slice, or positions) of these, without the errors."""
+        return Rows(self.batch[rows], self.index[rows], self.times[rows], self.event_id)
+
+    def update(self, j: int) -> Update:
+        """Row ``j`` as an update object."""
+        time_ = float(self.times[j])
+        return self.batch.update(j, self.event_id, None if math.isnan(time_) else time_)
+
+
+def encode_columns(batch: UpdateBatch, event_time: np.ndarray | None = None,
+                   event_id: str | None = None) -> bytes:
+    """``batch`` as a `Columns` message (``event_time``: per update); raises ValueError
+    for what the message cannot carry (a ``BAD_WIDTH`` row, a NaN or inf weight)."""
+    featured = batch.xrow[(batch.op == ADD_VERTEX) | (batch.op == UPDATE_FEATURES)]
+    if (featured == BAD_WIDTH).any():
+        raise ValueError("a feature vector of the wrong length cannot go in columns")
+    if not np.isfinite(batch.w).all():
+        raise ValueError("a NaN or inf weight cannot go in columns (JSON has no such number)")
+    message = {"op": "columns", "ops": batch.op.tolist(), "a": batch.a.tolist(),
+               "b": batch.b.tolist(), "w": batch.w.tolist(), "width": batch.x.shape[1],
+               "x": base64.b64encode(batch.x[featured].astype("<f4").tobytes()).decode()}
+    if event_time is not None:
+        message["event_time"] = np.asarray(event_time, np.float64).tolist()
+    if event_id is not None:
+        message["event_id"] = event_id
+    return orjson.dumps(message)
+
+
+def column_update(item: dict) -> Update | None:
+    """``item`` (a parsed JSON update) as an update whose every field a `Columns` row
+    carries, or None if it has an ``event_id`` or is not a valid update (send it as JSON:
+    the service says what is wrong with it)."""
+    try:
+        update = _finite(UPDATE_ADAPTER.validate_python(item, strict=True))
+    except ValidationError:
+        return None
+    return update if isinstance(update, _Update) and update.event_id is None else None
+
+
+def _rows(message: Columns) -> Rows:
+    """The usable rows of ``message``; raises `DecodeError` if its columns do not line up."""
+    n = len(message.ops)
+    if not n:
+        raise DecodeError("empty", "columns: no rows, no update")
+    for name in ("a", "b", "w", *(("event_time",) if message.event_time is not None else ())):
+        if len(getattr(message, name)) != n:
+            raise DecodeError("invalid_fields", f"columns: {name} has "
+                              f"{len(getattr(message, name))} values, ops has {n}")
+    op = np.array(message.ops, np.int64)
+    featured = (op == ADD_VERTEX) | (op == UPDATE_FEATURES)
+    k = int(featured.sum())
+    try:
+        raw = base64.b64decode(message.x, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise DecodeError("invalid_fields", f"columns: x is not base64: {e}") from None
+    if len(raw) != 4 * k * message.width:
+        raise DecodeError("invalid_fields", f"columns: x holds {len(raw):,} bytes, the "
+                          f"{k} add_vertex/update_features rows of width {message.width} "
+                          f"need {4 * k * message.width:,} (float32 each)")
+    x = np.frombuffer(raw, "<f4").reshape(k, message.width)
+    w = np.array(message.w, np.float64)
+    xrow = np.full(n, NO_X, np.int64)
+    xrow[featured] = np.arange(k)
+    weighted = (op == ADD_EDGE) | (op == UPDATE_EDGE)
+    unknown = (op < 0) | (op >= len(OP_NAMES))
+    bad_w = weighted & ~(np.abs(w) <= _FLOAT32_MAX)  # NaN fails <=
+    bad_x = np.zeros(n, bool)
+    bad_x[featured] = ~np.isfinite(x).all(axis=1)
+    bad = unknown | bad_w | bad_x
+    errors = tuple((i, _row_error(message, i, int(op[i]), w[i], x[xrow[i]] if xrow[i] >= 0
+                                  else None)) for i in np.flatnonzero(bad).tolist())
+    times = (np.full(n, np.nan) if message.event_time is None
+             else np.array(message.event_time, np.float64))
+    rows = Rows(UpdateBatch(np.where(unknown, 0, op), np.array(message.a, np.int64),
+                            np.array(message.b, np.int64), w.astype(np.float32), xrow, x),
+                np.arange(n), times, message.event_id)
+    if not errors:
+        return rows
+    good = rows[np.flatnonzero(~bad)]
+    return Rows(good.batch, good.index, good.times, message.event_id, errors)
+
+
+def _row_error(message: Columns, i: int, code: int, w: float, x: np.ndarray | None
+               ) -> DecodeError:
+    row = {"op": code, "a": message.a[i], "b": message.b[i], "w": w}
+    if x is not None:
+        row["x"] = x.tolist()
+    item = json.dumps(row)
+    if not 0 <= code < len(OP_NAMES):
+        return DecodeError("unknown_op", f"row {i}: op code {code} is none of "
+                           f"0..{len(OP_NAMES) - 1}", item)
+    if x is not None:
+        return DecodeError("non_finite", f"row {i}: {OP_NAMES[code]}: NaN or inf in the "
+                           "features", item)
+    if not math.isfinite(w):
+        return DecodeError("non_finite", f"row {i}: {OP_NAMES[code]}: the weight is NaN "
+                           "or inf", item)
+    return DecodeError("out_of_range", f"row {i}: {OP_NAMES[code]}: the weight is beyond "
+                       "float32", item)
+
+
 _UPDATES: TypeAdapter[list[Update]] = TypeAdapter(list[Update])
+_MESSAGE: TypeAdapter[Update | Columns] = TypeAdapter(Annotated[
+    AddEdge | DeleteEdge | UpdateEdge | AddVertex | DeleteVertex | UpdateFeatures | Columns,
+    Field(discriminator="op")])
 _KINDS = {"json_invalid": "malformed_json", "union_tag_invalid": "unknown_op",
           "union_tag_not_found": "unknown_op"}
 
@@ -201,15 +368,22 @@ def is_array(raw: bytes | None) -> bool:
     return raw is not None and raw.removeprefix(_BOM).lstrip()[:1] == b"["
 
 
-def decode_updates(raw: bytes | None) -> list[Update | DecodeError]:
-    """Parse one ``graph-updates`` message: a JSON object (one update) or a JSON array
-    (several, in order). For an array, each item is the update or the `DecodeError`
-    saying why it is not one. Raises `DecodeError` when the message as a whole is none of
-    these (no value, not JSON, nested too deep, not a valid update, an empty array)."""
+def decode_updates(raw: bytes | None) -> list[Update | DecodeError] | Rows:
+    """Parse one ``graph-updates`` message: a JSON object (one update, or a `Columns`
+    batch: its `Rows`) or a JSON array (several, in order). For an array, each item is the
+    update or the `DecodeError` saying why it is not one. Raises `DecodeError` when the
+    message as a whole is none of these (no value, not JSON, nested too deep, not a valid
+    update, an empty array, columns that do not line up)."""
     if raw is None:
         raise DecodeError("tombstone", "the record has no value (a tombstone): no update")
     if not is_array(raw):
-        return [decode_update(raw)]
+        try:
+            message = _finite(_MESSAGE.validate_json(raw.removeprefix(_BOM), strict=True))
+        except ValidationError as e:
+            raise _decode_error(e) from None
+        if isinstance(message, DecodeError):
+            raise message
+        return _rows(message) if isinstance(message, Columns) else [message]
     raw = raw.removeprefix(_BOM)
     try:
         updates = [_finite(u) for u in _UPDATES.validate_json(raw, strict=True)]
@@ -246,9 +420,11 @@ def _decode_error(e: ValidationError) -> DecodeError:
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _finite(update: Update) -> Update | DecodeError:
+def _finite(update: Update | Columns) -> Update | Columns | DecodeError:
     """``update``, or why its values are not finite float32 numbers (the graph then holds
     them to its own, much smaller, `ValueLimits`)."""
+    if isinstance(update, Columns):
+        return update  # checked row by row (`_rows`)
     if isinstance(update, AddEdge | UpdateEdge):
         if not math.isfinite(update.weight):
             return DecodeError("non_finite", f"{update.op}: the weight is NaN or inf")
