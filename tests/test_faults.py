@@ -20,6 +20,8 @@ from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
 from streamgnn.router import service as service_module
 from streamgnn.stream import DeadLetter, LabelChanges, Topics, encode
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
+from streamgnn.stream.schemas import encode_columns
+from streamgnn.updates import UpdateBatch
 from tests.conftest import pyg_layers
 
 TOPICS = Topics()
@@ -60,7 +62,21 @@ def catalogue(data) -> list[tuple[bytes | None, str]]:
     v, w = (int(i) for i in data.ids[:2])
     d = data.num_features
     x = json.dumps([0.5] * d)
+    columns = json.loads(encode_columns(UpdateBatch.from_updates(
+        [sg.UpdateEdge(src=v, dst=w, weight=0.5), sg.UpdateFeatures(id=v, x=[0.5] * d)], d)))
+
+    def bad_columns(**change) -> bytes:
+        return json.dumps(columns | change).encode()
+
     return [
+        (bad_columns(x="%%%"), "invalid_fields"),                          # not base64
+        (bad_columns(x=columns["x"][:-8]), "invalid_fields"),               # x too short
+        (bad_columns(width=d + 1), "invalid_fields"),                       # rows x width
+        (bad_columns(w=[0.5]), "invalid_fields"),                           # lengths differ
+        (bad_columns(a=[v, 2**64]), "invalid_fields"),                      # beyond int64
+        (bad_columns(ops=[], a=[], b=[], w=[], x=""), "empty"),
+        (encode_columns(UpdateBatch.from_updates(                          # features too wide
+            [sg.UpdateFeatures(id=v, x=[0.5] * (d + 1))], d + 1)), "wrong_dimension"),
         (None, "tombstone"),
         (b"", "malformed_json"),
         (b"{not json", "malformed_json"),
@@ -118,6 +134,17 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
              encode(items[2]), b"7", encode(items[3]), b'[[[["deep"]]]]', encode(items[4])]
     broker.produce(TOPICS.updates, b"[" + b",".join(array) + b"]")
     expected += ["invalid_fields", "out_of_range", "invalid_fields", "invalid_fields"]
+    # bad rows inside a columns message, each named by index; the good ones around applied
+    v, w, d = int(snapshot.ids[0]), int(snapshot.ids[1]), snapshot.num_features
+    rows = [next(good), sg.UpdateFeatures(id=v, x=[0.5] * d), next(good), next(good),
+            sg.UpdateEdge(src=v, dst=w, weight=1.0), sg.DeleteVertex(id=v), next(good)]
+    batch = UpdateBatch.from_updates(rows, d)
+    batch.x[batch.xrow[1]] = np.nan
+    columns = json.loads(encode_columns(batch))
+    columns["w"][4] = float("inf")  # json writes Infinity, as pydantic reads it
+    columns["ops"][5] = 17
+    broker.produce(TOPICS.updates, json.dumps(columns).encode())
+    expected += ["non_finite", "non_finite", "unknown_op"]
     for u in good:
         broker.produce(TOPICS.updates, encode(u))
 
@@ -135,7 +162,7 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
     raw = next(r.value for r in broker.records(TOPICS.updates) if r.offset == huge.offset)
     assert huge.truncated and huge.payload_sha256 == hashlib.sha256(raw).hexdigest()
     in_array = sorted(d.index for d in got if d.index is not None)
-    assert in_array == [1, 3, 5, 7] and len({d.event_id for d in got}) == len(got)
+    assert in_array == [0, 1, 1, 3, 4, 5, 5, 7] and len({d.event_id for d in got}) == len(got)
     assert service.stats.applied == len(events) + 0  # every good update, nothing else
     current = service.engine.graph.to_data()
     assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
@@ -226,7 +253,7 @@ def test_journal_replays_finished_batches_and_expiries_in_order_last_copy_counti
     Replaying after checkpoint 2 gives 3, the expiry, 4 (once each); batch 5 never
     finished, so it is not replayed."""
     from streamgnn.router.journal import Journal
-    b = lambda n: Journal.batch_entry(n, [(0, n, -1)], float(n))  # noqa: E731
+    b = lambda n: Journal.batch_entry(n, [[0, n, -1, 1]], float(n))  # noqa: E731
     x = Journal.expired_entry(3, [(0, 9, -1)])
     ok = {"ok": 1}
     life = [b(2), ok, b(3), ok, x, b(4), ok, b(5)]

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
 from streamgnn.npz import sha256 as _sha256
 from streamgnn.npz import write_arrays
 from streamgnn.router import Arrivals, Checkpoints
-from streamgnn.updates import ADD_EDGE, DELETE_VERTEX
+from streamgnn.updates import ADD_EDGE, DELETE_VERTEX, UpdateBatch
 from streamgnn.workers import Placement
+from tests.reference import update_strategy
 
 
 def gate(existing, wait_s=1.0) -> Arrivals:
@@ -47,6 +50,30 @@ def test_what_waits_too_long_is_given_up_and_the_rest_stays():
     assert [(w.source, w.vertex) for w in gone] == [("old", 5)]
     assert len(g) == 2
     assert {w.source for w in g.expired(now=2.0)} == {"new", "x"}
+
+
+UPDATES = st.lists(update_strategy(st.integers(0, 7), st.just(1.0),
+                                   st.just([0.5])), max_size=12)
+
+
+@given(st.sets(st.integers(0, 7)), UPDATES, UPDATES)
+def test_admitting_columns_at_once_is_admitting_them_one_by_one(existing, before, updates):
+    """`admit_columns` takes the columns whole exactly when `admit` would pass every one
+    through in order and none is a vertex something waits for, tracking the same; else it
+    changes nothing."""
+    one, whole = gate(existing), gate(existing)
+    for g in (one, whole):
+        g.admit([(u, None) for u in before], now=0.0)
+    admitted, waiting = dict(whole._admitted), {v: list(w) for v, w in whole.waiting.items()}
+    passed = one.admit([(u, i) for i, u in enumerate(updates)], now=0.0)
+    in_order = [s for _, s in passed] == list(range(len(updates)))
+    releases = not waiting.keys().isdisjoint(u.id for u in updates if isinstance(u, sg.AddVertex))
+    if whole.admit_columns(UpdateBatch.from_updates(updates, 1)):
+        assert in_order and not releases
+        assert whole._admitted == one._admitted and whole.waiting == one.waiting
+    else:
+        assert not in_order or releases
+        assert whole._admitted == admitted and whole.waiting == waiting
 
 
 def two_clusters():

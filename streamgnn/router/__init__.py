@@ -1,9 +1,10 @@
 """The router: validation and batching of the update stream, updates waiting for their
-vertices (`arrivals`), the streaming loop that feeds the engine and publishes results
-(`service`), its checkpoints (`checkpoint`), the journal of what it did since the last
-one (`journal`), its metrics (`metrics`) and the reads other threads ask of it between
-two batches (`reads`). Talks to message systems only through `streamgnn.stream.Transport`;
-must not import kafka or mpi4py.
+vertices (`arrivals`), the updates admitted and not applied yet (`pending`), the
+streaming loop that feeds the engine and publishes results (`service`), its checkpoints
+(`checkpoint`), the journal of what it did since the last one (`journal`), its metrics
+(`metrics`) and the reads other threads ask of it between two batches (`reads`). Talks to
+message systems only through `streamgnn.stream.Transport`; must not import kafka or
+mpi4py.
 """
 
 from streamgnn.router.arrivals import Arrivals

@@ -16,7 +16,16 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from streamgnn.updates import EDGE_UPDATES, AddVertex, DeleteVertex, Update
+from streamgnn.updates import (
+    ADD_VERTEX,
+    DELETE_VERTEX,
+    EDGE_UPDATES,
+    UPDATE_EDGE,
+    AddVertex,
+    DeleteVertex,
+    Update,
+    UpdateBatch,
+)
 
 S = TypeVar("S")  # whatever the caller tracks with an update (its source record)
 
@@ -79,6 +88,44 @@ class Arrivals(Generic[S]):
         if isinstance(u, AddVertex):
             for w in self.waiting.pop(u.id, []):
                 self._admit(w.update, w.source, w.deadline, known, out)
+
+    def admit_columns(self, batch: UpdateBatch) -> bool:
+        """Admit all of ``batch`` at once if `admit` would, in its order, with none of its
+        updates waiting and none releasing a waiting one; else change nothing and return
+        False (the caller then admits its updates one by one)."""
+        op, a = batch.op, batch.a
+        events = np.flatnonzero((op == ADD_VERTEX) | (op == DELETE_VERTEX))
+        added = a[op == ADD_VERTEX]
+        if self.waiting and not self.waiting.keys().isdisjoint(added.tolist()):
+            return False
+        edge = op <= UPDATE_EDGE
+        ref_rows = np.concatenate([np.flatnonzero(op != ADD_VERTEX), np.flatnonzero(edge)])
+        ref_ids = np.concatenate([a[op != ADD_VERTEX], batch.b[edge]])
+        ids = np.unique(np.concatenate([ref_ids, a[events]]))
+        alive = self._alive(ids)[np.searchsorted(ids, ref_ids)]
+        if len(events):  # a reference after an add/delete of its vertex sees that one
+            n = len(op) + 1
+            order = events[np.argsort(np.searchsorted(ids, a[events]) * n + events,
+                                      kind="stable")]
+            event_keys = np.searchsorted(ids, a[order]) * n + order
+            ref_keys = np.searchsorted(ids, ref_ids) * n + ref_rows
+            last = np.searchsorted(event_keys, ref_keys) - 1
+            mine = (last >= 0) & (event_keys[np.maximum(last, 0)] // n == ref_keys // n)
+            alive[mine] = op[order[last[mine]]] == ADD_VERTEX
+        if not alive.all():
+            return False
+        for code, vertex in zip(op[events].tolist(), a[events].tolist(), strict=True):
+            self._admitted[vertex] = code == ADD_VERTEX
+        return True
+
+    def _alive(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each of ``ids`` exists after what was admitted."""
+        alive = np.asarray(self.exists(ids), bool).copy()
+        if self._admitted:
+            for i, vertex in enumerate(ids.tolist()):
+                if vertex in self._admitted:
+                    alive[i] = self._admitted[vertex]
+        return alive
 
     def track(self, u: Update) -> None:
         """Note what an admitted update (or, after a restart, an update admitted before and

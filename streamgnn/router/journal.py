@@ -161,9 +161,10 @@ class Journal:
         self._append(entry, sync=True)
 
     @staticmethod
-    def batch_entry(seq: int, items: Iterable[Key], at: float) -> dict:
-        """Batch ``seq``: its updates, and ``at``, the event time its outputs carry."""
-        return {"batch": seq, "items": runs(items), "at": at}
+    def batch_entry(seq: int, items: list[list[int]], at: float) -> dict:
+        """Batch ``seq``: its updates (as `runs`), and ``at``, the event time its outputs
+        carry."""
+        return {"batch": seq, "items": items, "at": at}
 
     @staticmethod
     def expired_entry(after: int, items: Iterable[Key]) -> dict:

@@ -1,10 +1,11 @@
 """`Service`: the streaming loop. Consumes the updates topic through a `Transport`,
-decodes and validates (a message holds one update or an array of them), holds updates
-that wait for a vertex (`Arrivals`), cuts batches of ``batch_size`` updates (or fewer after
-the maximum wait), applies each to the engine (which places it on its partitions), publishes
-every changed label (one message per batch and label-topic partition) and every unusable
-update (dead letter, with reason and source offset), and checkpoints state, pending
-updates and consumed offsets every N batches or seconds. Between two batches it answers
+decodes and validates (a message holds one update, an array of them, or columns, kept in
+columns up to the engine: `Pending`), holds updates that wait for a vertex (`Arrivals`),
+cuts batches of ``batch_size`` updates (or fewer after the maximum wait), applies each to
+the engine (which places it on its partitions), publishes every changed label (one
+message per batch and label-topic partition) and every unusable update (dead letter, with
+reason and source offset), and checkpoints state, pending updates and consumed offsets
+every N batches or seconds. Between two batches it answers
 query requests from a second transport (`_answer_queries`): each from the state after the
 last batch, published on ``query-results`` naming that batch; a request that cannot be
 answered gets an error result naming why, and never stops the loop. Reads other threads
@@ -43,7 +44,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -57,11 +57,13 @@ from streamgnn.router.arrivals import Arrivals, Waiting, referenced
 from streamgnn.router.checkpoint import Checkpoints, Saved
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.router.metrics import Stats
+from streamgnn.router.pending import Cut, Entry, Item, Origin, Pending, Run, size
 from streamgnn.router.reads import Reads
 from streamgnn.stream.schemas import (
     DeadLetter,
     DecodeError,
     QueryResult,
+    Rows,
     SourceRange,
     Topics,
     decode_query,
@@ -71,7 +73,7 @@ from streamgnn.stream.schemas import (
     label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
-from streamgnn.updates import UPDATE_ADAPTER, Update, ValueLimits
+from streamgnn.updates import OP_NAMES, UPDATE_ADAPTER, Update, ValueLimits
 from streamgnn.workers import ApplyResult, Engine
 from streamgnn.workers.engine import Workers
 
@@ -100,22 +102,6 @@ class EngineFailure(StreamGNNError, RuntimeError):
     the service stops; reopening it from its checkpoint recovers (`serve`)."""
 
 
-class Origin(NamedTuple):
-    """Where an update came from: a record, and its position in the record's array
-    (None when the record is one update)."""
-
-    record: Record
-    index: int | None = None
-
-    @property
-    def key(self) -> Key:
-        r = self.record
-        return (r.partition, r.offset, -1 if self.index is None else self.index)
-
-
-Item = tuple[Update, Origin]
-
-
 @dataclass
 class BatchReport:
     seq: int
@@ -139,7 +125,7 @@ class Service:
         self.checkpoints = checkpoints
         engine.graph.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
         self.arrivals: Arrivals[Origin] = Arrivals(engine.graph.contains, config.arrival_wait_s)
-        self.pending: list[Item] = []  # admitted, not applied yet
+        self.pending = Pending()  # admitted, not applied yet
         self.batch_seq = 0
         self.stats = Stats()
         self.journal = Journal(checkpoints.directory) if checkpoints else None
@@ -182,8 +168,8 @@ class Service:
             (update, origin), (vertex, deadline) = _item(item), item["wait"]
             service.arrivals.waiting.setdefault(vertex, []).append(
                 Waiting(update, origin, vertex, deadline))
-        service.pending = [_item(item) for item in state["pending"]]
-        for update, _ in service.pending:
+        service.pending = Pending([_item(item) for item in state["pending"]])
+        for update, _ in service.pending.entries:
             service.arrivals.track(update)
         service.batch_seq = state["batch_seq"]
         transport.seek({int(p): o for p, o in state["positions"].items()})
@@ -204,15 +190,15 @@ class Service:
         if not self.script:
             return
         waiting = [(w.update, w.source) for ws in self.arrivals.waiting.values() for w in ws]
-        self.held = {o.key: (u, o) for u, o in self.pending + waiting}
-        self.pending = []
+        self.held = {o.key: (u, o) for u, o in self.pending.items() + waiting}
+        self.pending = Pending()
         self.arrivals = Arrivals(self.engine.graph.contains, self.config.arrival_wait_s)
 
     def checkpoint(self) -> None:
         if self.checkpoints is None:
             return
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
-        unapplied = self.pending + sorted(self.held.values(), key=lambda item: item[1].key)
+        unapplied = self.pending.items() + sorted(self.held.values(), key=lambda item: item[1].key)
         generation = self.checkpoints.begin()
         folder = self.checkpoints.folder(generation)
         entries = [write_arrays(folder, "model", {
@@ -289,8 +275,8 @@ class Service:
                 if not self.pending:
                     opened = now
                 admitted = self._admit(records)
-                per_record = max(1.0, len(admitted) / len(records))
-                self.pending += admitted
+                per_record = max(1.0, sum(map(size, admitted)) / len(records))
+                self.pending.extend(admitted)
             expired = self.arrivals.expired()
             if expired:
                 if self.journal is not None:
@@ -371,15 +357,16 @@ class Service:
 
     # ---------------------------------------------------------------- input
     def _admit(self, records: list[Record], gate: bool = True,
-               needed: frozenset[tuple[int, int]] = frozenset()) -> list[Item]:
-        """Decode ``records`` and, if ``gate``, admit their updates through `Arrivals`:
+               needed: frozenset[tuple[int, int]] = frozenset()) -> list[Entry]:
+        """Decode ``records`` and, if ``gate``, admit their updates through `Arrivals` (else
+        return them as items):
         each record inside a guard, in journaled steps (one record per step while any of
         them is one a process died on); quarantined records are dead-lettered unread,
         unless the replay ``needed`` them ((partition, offset) pairs)."""
         watched = self.suspects is not None and any(
             self.suspects.suspect(r.partition, r.offset) for r in records)
         steps = [[r] for r in records] if watched else [records]
-        out: list[Item] = []
+        out: list[Entry] = []
         for step in steps:
             if self.journal is not None:
                 self.journal.admitting(spans((r.partition, r.offset) for r in step))
@@ -389,7 +376,7 @@ class Service:
                 self.journal.ok()
         return out
 
-    def _admit_record(self, r: Record, gate: bool, needed: bool) -> list[Item]:
+    def _admit_record(self, r: Record, gate: bool, needed: bool) -> list[Entry]:
         origin = Origin(r)
         if (self.suspects is not None and not needed
                 and (n := self.suspects.quarantined(origin.key))):
@@ -399,19 +386,29 @@ class Service:
             return []
         try:
             decoded = self._decode(r)
+            if isinstance(decoded, Run):
+                if gate and self.arrivals.admit_columns(decoded.rows.batch):
+                    return [decoded]
+                decoded = decoded.items()
             return self.arrivals.admit(decoded) if gate else decoded
         except Exception as e:  # whatever one record causes, it costs only that record
             self._dead_letter(origin, "internal", f"{type(e).__name__}: {e}")
             return []
 
-    def _decode(self, r: Record) -> list[Item]:
-        """The updates of a record; dead letters for what is not one."""
+    def _decode(self, r: Record) -> list[Item] | Run:
+        """The updates of a record (a columnar one's in a run); dead letters for what is
+        not one."""
         try:
             items = decode_updates(r.value)
         except DecodeError as e:
             self._dead_letter(Origin(r), e.error, str(e))
             self.stats.events += 1
             return []
+        if isinstance(items, Rows):
+            for i, e in items.errors:
+                self._dead_letter(Origin(r, i), e.error, str(e), payload=e.item)
+            self.stats.events += len(items) + len(items.errors)
+            return Run(items, r) if len(items) else []
         indexed = is_array(r.value)
         decoded = []
         for i, item in enumerate(items):
@@ -459,7 +456,7 @@ class Service:
         if not self.script:  # the rest goes through the gate as new input would
             rest = sorted(self.held.values(), key=lambda item: item[1].key)
             self.held = {}
-            self.pending += self.arrivals.admit(rest)
+            self.pending.extend(self.arrivals.admit(rest))
 
     def _replay_stalls(self, missing: list[Key]) -> None:
         now = time.monotonic()
@@ -476,34 +473,33 @@ class Service:
         process died on go one per batch; quarantined ones are dead-lettered instead."""
         watched = self.suspects is not None and self.suspects.ranges
         if not watched:
-            buffer, self.pending = self.pending[:size], self.pending[size:]
-            return self._apply(buffer)
-        first = self.pending[0][1]
+            return self._apply(self.pending.take(size))
+        items = self.pending.items()
+        first = items[0][1]
         if self.suspects.suspect(first.record.partition, first.record.offset):
-            (update, origin), self.pending = self.pending[0], self.pending[1:]
+            [(update, origin)] = self.pending.take(1)
             if n := self.suspects.quarantined(origin.key):
                 self._dead_letter(origin, "quarantined", f"the service died {n} times "
                                   "while this update alone was being applied", update)
                 return None
             return self._apply([(update, origin)])
-        cut = next((i for i, (_, o) in enumerate(self.pending[:size])
+        cut = next((i for i, (_, o) in enumerate(items[:size])
                     if self.suspects.suspect(o.record.partition, o.record.offset)), size)
-        buffer, self.pending = self.pending[:cut], self.pending[cut:]
-        return self._apply(buffer)
+        return self._apply(self.pending.take(cut))
 
-    def _apply(self, buffer: list[Item], at: float | None = None) -> BatchReport:
+    def _apply(self, buffer: list[Entry], at: float | None = None) -> BatchReport:
         """Apply ``buffer`` as the next batch and publish what changed (not waiting for
         the broker's acknowledgement: `_record_acks`) with event time ``at`` (default:
         the latest event time of its updates, or now)."""
         t = time.perf_counter()
-        batch = [u for u, _ in buffer]
+        cut = Cut.of(buffer, self.engine.graph.num_features)
+        batch = cut.updates
         seq = self.batch_seq + 1
-        times = np.array([u.event_time for u in batch if u.event_time is not None],
-                         np.float64)
+        times = cut.times()
         if at is None:
             at = float(times.max()) if len(times) else time.time()
         if self.journal is not None:  # a replayed batch is journaled again, the same
-            self.journal.batch(Journal.batch_entry(seq, (o.key for _, o in buffer), at))
+            self.journal.batch(Journal.batch_entry(seq, cut.runs(), at))
         try:
             result = self.engine.apply(batch, skip_invalid=True)
         except Exception as e:
@@ -514,18 +510,17 @@ class Service:
         if not self.pending:
             self.arrivals.all_applied()
         for err in result.rejected:
-            update, origin = buffer[err.index]
+            update, origin = cut.item(err.index)
             self._dead_letter(origin, err.kind, err.reason, update)
         self.batch_seq = seq
         if self.reads is not None and self.reads.view is not None:
             self.reads.view.publish(seq, result, self.engine)
-        self._publish_changes(result.changed_labels, _ranges([o.record for _, o in buffer]),
-                              times, at)
+        self._publish_changes(result.changed_labels, _ranges(cut.records()), times, at)
         seconds = time.perf_counter() - t
         s = self.stats
         s.batches += 1
-        s.updates.update(u.op for u in batch)
-        s.updates.subtract(batch[err.index].op for err in result.rejected)
+        s.updates.update(cut.counts())
+        s.updates.subtract(OP_NAMES[batch.op[err.index]] for err in result.rejected)
         s.label_changes += len(result.changed_labels)
         s.batch_time.record(seconds * 1000)
         s.busy_s += seconds
