@@ -3,10 +3,13 @@ by `Service` (consume, decode, arrivals gate, placement, engine, publish label c
 acknowledged), next to the in-process engine on the same batches in the same run.
 
     python benchmarks/streaming.py [--preset arxiv-like] [--batch-sizes 100 1000]
+                                   [--encodings json columns]
 
 Throughput: a backlog of N LinkBench writes (adds replay the held-out 20 %) is produced
-first; a fresh service drains it; events/s = N / (first record consumed -> last label
-change acknowledged). In-process runs and drains alternate for ``--rounds``; best of each.
+first, once per encoding on the wire (``json``: arrays of updates; ``columns``: `Columns`
+messages, features in binary); a fresh service drains it; events/s = N / (first record
+consumed -> last label change acknowledged). In-process runs and the drains of each
+encoding alternate for ``--rounds``; best of each.
 The in-process figure applies the same batches to a fresh engine directly. Latency: a
 producer process sends updates paced at ``--pace`` (half) of the end-to-end rate, stamping event
 time; latency = label change acknowledged by the broker - event time, over the events after
@@ -81,7 +84,9 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--updates", type=int, default=100_000)
     ap.add_argument("--per-message", type=int, default=100,
-                    help="updates per Kafka message (JSON array)")
+                    help="updates per Kafka message")
+    ap.add_argument("--encodings", nargs="+", choices=["json", "columns"],
+                    default=["json", "columns"], help="how updates go on the wire")
     ap.add_argument("--rounds", type=int, default=3,
                     help="in-process runs and backlog drains, alternating; best of each")
     ap.add_argument("--pace", type=float, default=0.5,
@@ -110,18 +115,18 @@ def main() -> None:
         broker.start()
         try:
             for bs in args.batch_sizes:
-                rows.append(measure(KafkaConfig(broker.bootstrap), checkpoint, snapshot,
-                                    updates, lines, bs, args, Path(tmp)))
+                rows += measure(KafkaConfig(broker.bootstrap), checkpoint, snapshot,
+                                updates, lines, bs, args, Path(tmp))
         finally:
             broker.stop()
 
     table = Table(title=f"streaming end to end: {args.preset}, {args.model} (2 layers), "
                         f"{args.updates:,} LinkBench writes")
-    for col in ("bs", "in-process upd/s", "end-to-end upd/s", "e2e / in-process",
+    for col in ("bs", "encoding", "in-process upd/s", "end-to-end upd/s", "e2e / in-process",
                 "service busy upd/s", "paced rate", "latency p50 ms", "latency p99 ms"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["batch_size"]), f"{r['in_process']:,.0f}",
+        table.add_row(str(r["batch_size"]), r["encoding"], f"{r['in_process']:,.0f}",
                       f"{r['end_to_end']:,.0f}", f"{r['ratio']:.0%}",
                       f"{r['service_busy']:,.0f}", f"{r['paced_rate']:,.0f}",
                       f"{r['latency_p50_ms']:.1f}", f"{r['latency_p99_ms']:.1f}")
@@ -132,34 +137,48 @@ def main() -> None:
     console.print(f"-> {args.out}")
 
 
-def measure(kafka: KafkaConfig, checkpoint, snapshot, updates, lines, bs, args, tmp: Path) -> dict:
+def measure(kafka: KafkaConfig, checkpoint, snapshot, updates, lines, bs, args, tmp: Path
+            ) -> list[dict]:
+    """The rows of batch size ``bs``, one per encoding."""
     model = checkpoint.model()
-    topics = Topics.prefixed(f"b{bs}-")
-    ensure_topics(kafka, topics.all())
-    out = UpdateSender(kafka, topics.updates, args.per_message)
-    for line in lines.splitlines():
-        out.send(line)
-    out.close()
-    rates, drains = [], []
-    for _ in range(args.rounds):  # alternating, so drift on a shared machine hits both
+    backlogs = {}
+    for encoding in args.encodings:
+        backlogs[encoding] = topics = Topics.prefixed(f"b{bs}-{encoding}-")
+        ensure_topics(kafka, topics.all())
+        out = UpdateSender(kafka, topics.updates, args.per_message,
+                           columns=encoding == "columns")
+        for line in lines.splitlines():
+            out.send(line)
+        out.close()
+    rates, drains = [], {encoding: [] for encoding in args.encodings}
+    for _ in range(args.rounds):  # alternating, so drift on a shared machine hits all
         rates.append(in_process(model, snapshot, updates, bs))
-        drains.append(served(kafka, checkpoint, snapshot, topics, bs))
-    rate_in = max(rates)
-    stats = max(drains, key=lambda s: s.throughput())
-    e2e = stats.throughput()
+        for encoding, topics in backlogs.items():
+            drains[encoding].append(served(kafka, checkpoint, snapshot, topics, bs))
+    return [latency_row(kafka, checkpoint, snapshot, lines, bs, args, tmp, encoding,
+                        max(rates), max(runs, key=lambda s: s.throughput()))
+            for encoding, runs in drains.items()]
 
+
+def latency_row(kafka: KafkaConfig, checkpoint, snapshot, lines, bs, args, tmp: Path,
+                encoding: str, rate_in: float, stats) -> dict:
+    """The row of one encoding: its best drain ``stats``, and a latency run."""
+    model = checkpoint.model()
+    e2e = stats.throughput()
     paced = args.pace * e2e
-    n = min(len(updates), int(paced * (args.warmup + args.latency_seconds)))
+    n = min(args.updates, int(paced * (args.warmup + args.latency_seconds)))
     file = tmp / f"paced{bs}.jsonl"
     file.write_bytes(b"".join(lines.splitlines(keepends=True)[:n]))
-    topics = Topics.prefixed(f"p{bs}-")
+    prefix = f"p{bs}-{encoding}-"
+    topics = Topics.prefixed(prefix)
     ensure_topics(kafka, topics.all())
     service = Service(sg.Engine.from_pyg(model, snapshot), checkpoint,
                       KafkaTransport(kafka, topics.updates),
                       ServiceConfig(batch_size=bs, topics=topics))
     sender = subprocess.Popen([sys.executable, "-m", "streamgnn.cli", "produce", str(file),
                                "--rate", str(paced), "--per-message", str(args.per_message),
-                               "-b", kafka.bootstrap_servers, "--topic-prefix", f"p{bs}-"],
+                               f"--{encoding}", "-b", kafka.bootstrap_servers,
+                               "--topic-prefix", prefix],
                               stdout=subprocess.DEVNULL)
     warm = int(paced * args.warmup)
 
@@ -171,9 +190,9 @@ def measure(kafka: KafkaConfig, checkpoint, snapshot, updates, lines, bs, args, 
                       on_batch=steady).latency
     sender.wait()
     service.transport.close()
-    console.print(f"bs={bs}: in-process {rate_in:,.0f}/s, end-to-end {e2e:,.0f}/s, "
+    console.print(f"bs={bs} {encoding}: in-process {rate_in:,.0f}/s, end-to-end {e2e:,.0f}/s, "
                   f"latency p50 {lat.percentile(50):.1f} ms")
-    return {"batch_size": bs, "in_process": rate_in, "end_to_end": e2e,
+    return {"batch_size": bs, "encoding": encoding, "in_process": rate_in, "end_to_end": e2e,
             "ratio": e2e / rate_in, "service_busy": stats.applied / stats.busy_s,
             "label_changes": stats.label_changes, "paced_rate": paced, "paced_events": n,
             "latency_p50_ms": lat.percentile(50), "latency_p99_ms": lat.percentile(99)}

@@ -678,6 +678,9 @@ def produce(
     per_message: Annotated[int, typer.Option(
         min=1, help="Updates per Kafka message (a JSON array; 1 sends each alone). "
         "Messages go when full or 20 ms after their first update.")] = 100,
+    columns: Annotated[bool, typer.Option(
+        "--columns/--json", help="Send each message as columns with the features in "
+        "binary (the cheapest for the service to decode) instead of a JSON array.")] = False,
     bootstrap_servers: BootstrapOpt = DEFAULT_BOOTSTRAP,
     kafka_config: KafkaConfigOpt = None,
     topic_prefix: TopicPrefixOpt = "",
@@ -700,7 +703,7 @@ def produce(
     ensure_topics(kafka, topics.all())
     start = time.perf_counter()
     try:
-        with (UpdateSender(kafka, topics.updates, per_message) as out,
+        with (UpdateSender(kafka, topics.updates, per_message, columns=columns) as out,
               contextlib.nullcontext(sys.stdin.buffer) if str(file) == "-"
               else open(file, "rb") as lines):
             for line in tqdm(lines, desc="producing", unit="upd", leave=False,

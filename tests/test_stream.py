@@ -4,6 +4,7 @@ and restarts: `test_torture.py`)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -32,6 +33,8 @@ from streamgnn.stream import (
 from streamgnn.stream.broker import BrokerError, EmbeddedBroker
 from streamgnn.stream.kafka import KafkaTransport, producer
 from streamgnn.stream.kafka_tools import SendFailed, UpdateSender, ensure_topics, follow
+from streamgnn.stream.schemas import Rows, encode_columns
+from streamgnn.updates import UpdateBatch
 from tests.conftest import pyg_layers
 from tests.kafka_fixtures import STRICT_TOPIC, free_port
 from tests.reference import update_strategy
@@ -81,6 +84,68 @@ def test_bad_items_of_an_array_are_named_and_the_rest_kept():
             decode_updates(whole)
 
 
+def columns(updates: list[sg.Update], width: int = 3) -> bytes:
+    """``updates`` as a `Columns` message, each stamped with its position as event time."""
+    return encode_columns(UpdateBatch.from_updates(updates, width),
+                          np.arange(len(updates), dtype=np.float64))
+
+
+def decoded(raw: bytes) -> list[sg.Update]:
+    """The updates of a graph-updates message, whatever its form."""
+    out = decode_updates(raw)
+    return [out.update(j) for j in range(len(out))] if isinstance(out, Rows) else out
+
+
+@given(st.lists(update_strategy(IDS, st.floats(-1e3, 1e3, width=32), ROWS), min_size=1,
+                max_size=20))
+def test_a_columns_message_carries_updates_in_order(updates):
+    assert decoded(columns(updates)) == [
+        u.model_copy(update={"event_time": float(t)}) for t, u in enumerate(updates)]
+
+
+def columns_message(**change) -> bytes:
+    """A good columns message (add_edge 1->2, add_vertex 5 with 2 features, delete_vertex
+    7) with ``change``d fields."""
+    message = json.loads(columns([sg.AddEdge(src=1, dst=2, weight=0.5),
+                                  sg.AddVertex(id=5, x=[1.0, 2.0]),
+                                  sg.DeleteVertex(id=7)], width=2))
+    return json.dumps(message | change).encode()
+
+
+@pytest.mark.parametrize(("change", "error", "reason"), [
+    ({"x": "not base64!"}, "invalid_fields", "x is not base64"),
+    ({"x": "AAAAAAAAAAAAAAAA"}, "invalid_fields", "x holds 12 bytes"),
+    ({"width": 3}, "invalid_fields", "width 3 need 12"),
+    ({"a": [1, 5]}, "invalid_fields", "a has 2 values, ops has 3"),
+    ({"event_time": [0.0]}, "invalid_fields", "event_time has 1 values"),
+    ({"b": [2, 0, 2**63]}, "invalid_fields", "columns.b.2"),
+    ({"w": ["0.5", 0, 0]}, "invalid_fields", "columns.w.0"),
+    ({"colour": "red"}, "invalid_fields", "colour"),
+    ({"ops": [], "a": [], "b": [], "w": [], "x": "", "event_time": []}, "empty", "no rows"),
+])
+def test_a_columns_message_whose_columns_do_not_line_up_is_named(change, error, reason):
+    with pytest.raises(DecodeError, match=reason) as e:
+        decode_updates(columns_message(**change))
+    assert e.value.error == error
+
+
+def test_bad_rows_of_a_columns_message_are_named_and_the_rest_kept():
+    x = np.array([[1.0, np.inf], [3.0, 4.0]], "<f4")
+    raw = columns_message(ops=[9, 3, 2, 5, 0], a=[1, 5, 1, 6, 1], b=[2, 0, 2, 0, 2],
+                          w=[0.5, 0, 1e39, 0, 0.5], event_time=[0.0, 1.0, 2.0, 3.0, 4.0],
+                          x=base64.b64encode(x.tobytes()).decode())
+    rows = decode_updates(raw)
+    assert rows.index.tolist() == [3, 4]
+    assert [rows.update(j) for j in range(2)] == [
+        sg.UpdateFeatures(id=6, x=[3.0, 4.0], event_time=3.0),
+        sg.AddEdge(src=1, dst=2, weight=0.5, event_time=4.0)]
+    assert [(i, e.error) for i, e in rows.errors] == [
+        (0, "unknown_op"), (1, "non_finite"), (2, "out_of_range")]
+    assert str(rows.errors[0][1]) == "row 0: op code 9 is none of 0..5"
+    assert json.loads(rows.errors[1][1].item) == {"op": 3, "a": 5, "b": 0, "w": 0.0,
+                                                  "x": [1.0, float("inf")]}
+
+
 @given(st.lists(st.tuples(IDS, st.none() | st.integers(0, 99), st.integers(0, 99)),
                 max_size=20), st.integers(0, 10**6), st.floats(0, 2e9))
 def test_fast_label_changes_json_is_the_schema(changes, batch, at):
@@ -116,6 +181,32 @@ def test_update_sender_keeps_each_vertex_in_order_on_its_partition(kafka):
             assert item["src"] % 3 == r.partition and item["event_time"] > 0
             got.setdefault(item["src"], []).append(item["dst"])
     assert got == {7: [1]} | {s: [u.dst for u in sent if u.src == s] for s in range(6)}
+
+
+def test_update_sender_columns_keep_each_vertex_in_order_and_send_the_rest_as_json(kafka):
+    topic = f"sender-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka, [topic], partitions=2)
+    sent = [sg.AddEdge(src=i % 4, dst=100 + i, weight=0.25 * i) for i in range(30)]
+    sent[5] = sg.AddVertex(id=1, x=[1.0, 2.0])
+    sent[9] = sg.UpdateFeatures(id=1, x=[1.0, 2.0, 3.0])  # another width: a new message
+    sent[12] = sg.DeleteEdge(src=2, dst=112, event_id="e12")  # ids go as JSON
+    with UpdateSender(kafka, topic, per_message=4, columns=True) as out:
+        for u in sent:
+            out.send(encode(u))
+        out.send(b'{"op": "add_edge", "src": 3}')  # not an update: alone, as JSON
+    got: dict[int, list[sg.Update]] = {}
+    kinds = []
+    for r in follow(kafka, topic, True, idle_s=1.0):
+        kinds.append(json.loads(r.value).get("op", "array") == "columns")
+        if r.value.startswith(b'{"op":"add_edge","src":3'):
+            continue
+        for u in decoded(r.value):
+            key = u.src if isinstance(u, sg.AddEdge | sg.DeleteEdge) else u.id
+            assert key % 2 == r.partition and u.event_time > 0
+            got.setdefault(key, []).append(u.model_copy(update={"event_time": None}))
+    assert kinds.count(False) == 2 and sum(kinds) >= 30 / 4
+    assert got == {k: [u for u in sent if (u.src if isinstance(u, sg.AddEdge | sg.DeleteEdge)
+                                           else u.id) == k] for k in range(4)}
 
 
 def test_update_sender_names_the_updates_the_broker_refuses_and_sends_no_more(
@@ -275,17 +366,20 @@ def test_service_is_exact_and_dead_letters_bad_input(kafka, topics):
         encode(sg.AddVertex(id=existing, x=[0.0] * dim)): "duplicate_vertex",
         encode(sg.DeleteEdge(src=existing, dst=existing + 10**9)): "vertex_never_arrived",
         encode(sg.AddEdge(src=existing, dst=existing)): "self_loop",
+        columns_message(x="%%"): "invalid_fields",
     }
     bad_items = [b'{"op": "add_edge", "src": 1}', encode(sg.DeleteVertex(id=existing + 10**9))]
     lone = list(bad)
     out = producer(kafka)
     send = lambda raw: out.send(topics.updates, value=raw)  # noqa: E731
     send(encode(early))
-    # alone, and in arrays of 1 to 40 updates, some with a bad item inside
+    # alone, in arrays and in columns of 1 to 40 updates, some arrays with a bad item inside
     cut = np.cumsum(np.random.default_rng(0).integers(1, 40, len(stream) // 10))
     for i, part in enumerate(np.split(np.arange(len(stream)), cut[cut < len(stream)])):
         items = [encode(stream[j]) for j in part]
-        if i % 2:
+        if i % 3 == 2:
+            send(columns([stream[j] for j in part], dim))
+        elif i % 2:
             if i % 7 == 3 and bad_items:
                 items.insert(len(items) // 2, bad_items.pop())
             send(b"[" + b", ".join(items) + b"]")
@@ -305,7 +399,7 @@ def test_service_is_exact_and_dead_letters_bad_input(kafka, topics):
     assert sorted(d["error"] for d in letters) == sorted(
         ["malformed_json", "unknown_op", "wrong_dimension", "non_finite",
          "duplicate_vertex", "vertex_never_arrived", "self_loop", "invalid_fields",
-         "vertex_never_arrived"])
+         "vertex_never_arrived", "invalid_fields"])
     assert all(d["reason"] and d["topic"] == topics.updates for d in letters)
     in_arrays = [d for d in letters if d.get("index") is not None]
     assert sorted(json.loads(d["payload"]).get("op") for d in in_arrays) == [

@@ -3,6 +3,7 @@ points of a paced stream, each followed by a restart; the last run drains the to
 final state must equal a clean run's (same graph; embeddings within the exactness
 contract), nothing may be lost or applied twice (no dead letter from a valid stream), and
 every label-change message published more than once must be identical to its first copy.
+The clean run reads JSON arrays, the interrupted one columns messages.
 
 `make test` runs a short version (3 interruptions); `make torture` a long one
 (STREAMGNN_TORTURE_KILLS, STREAMGNN_TORTURE_BATCHES)."""
@@ -34,9 +35,10 @@ BATCHES = int(os.environ.get("STREAMGNN_TORTURE_BATCHES", "30"))
 SIGNALS = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)
 
 
-def send(kafka: KafkaConfig, topic: str, events, seconds: float = 0.0) -> None:
+def send(kafka: KafkaConfig, topic: str, events, seconds: float = 0.0,
+         columns: bool = False) -> None:
     """All of ``events``, spread over ``seconds``."""
-    out = UpdateSender(kafka, topic, per_message=7)
+    out = UpdateSender(kafka, topic, per_message=7, columns=columns)
     for i, u in enumerate(events):
         out.send(encode(u))
         if seconds and i % 50 == 49:
@@ -64,7 +66,7 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
                    capture_output=True, timeout=300)
 
     producer = threading.Thread(target=send, args=(kafka, torn.updates, events,
-                                                   4.0 * KILLS))
+                                                   4.0 * KILLS, True))
     producer.start()
     rng = random.Random(KILLS)
     codes: Counter = Counter()

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import orjson
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
@@ -23,7 +24,9 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from streamgnn.errors import StreamGNNError
 from streamgnn.stream.kafka import assigned, producer, records
 from streamgnn.stream.kafka_config import KafkaConfig
+from streamgnn.stream.schemas import column_update, encode_columns
 from streamgnn.stream.transport import Record
+from streamgnn.updates import Update, UpdateBatch
 
 
 class SendFailed(StreamGNNError, RuntimeError):
@@ -33,10 +36,13 @@ class SendFailed(StreamGNNError, RuntimeError):
 
 class UpdateSender:
     """Sends JSON updates to the updates topic several per message (a JSON array of up to
-    ``per_message``), stamping ``event_time`` where missing. An update goes to partition
-    (its source vertex, or its vertex, mod the partition count), so each vertex's updates
-    stay in order; a message goes when full or ``linger_s`` after its first update.
-    Unparsable lines go alone, as they are (the service dead-letters them).
+    ``per_message``, or with ``columns`` a `Columns` message: features in binary, the
+    cheapest for the service to decode), stamping ``event_time`` where missing. An update
+    goes to partition (its source vertex, or its vertex, mod the partition count), so each
+    vertex's updates stay in order; a message goes when full or ``linger_s`` after its
+    first update. Unparsable lines go alone, as they are, and with ``columns`` so does
+    (as JSON, after what came before it) an update that columns cannot carry as it is:
+    invalid, or with an ``event_id``; the service dead-letters what is bad.
 
     Every message's outcome is checked (a callback on its send future, so sending does
     not wait for acknowledgements): once one has failed, the next `send` raises
@@ -45,12 +51,13 @@ class UpdateSender:
     sent) and the reasons. Use it as a context manager to close it either way."""
 
     def __init__(self, kafka: KafkaConfig, topic: str, per_message: int = 100,
-                 linger_s: float = 0.02) -> None:
+                 linger_s: float = 0.02, columns: bool = False) -> None:
         self.topic, self.per_message, self.linger_s = topic, per_message, linger_s
+        self.columns = columns
         self.sent = 0  # updates handed to `send`
         self._producer = producer(kafka)
         self._partitions = len(self._producer.partitions_for(topic))
-        self._open: dict[int, tuple[float, int, list[bytes]]] = {}  # since, first, items
+        self._open: dict[int, tuple[float, int, list]] = {}  # since, first, items
         self._lock = threading.Lock()  # failures come in on the producer's thread
         self._failed: Counter[str] = Counter()  # updates not taken, by reason
         self._first_failed: int | None = None
@@ -69,11 +76,17 @@ class UpdateSender:
             update = orjson.loads(line)
             update.setdefault("event_time", now)
             key = int(update.get("src", update.get("id")))
-            item = orjson.dumps(update)
         except (ValueError, AttributeError, TypeError):
             self._send(line, None, self.sent, 1)
             return
         partition = key % self._partitions
+        item = column_update(update) if self.columns else orjson.dumps(update)
+        if partition in self._open and (item is None
+                                        or not _joins(item, self._open[partition][2])):
+            self._ship(partition)  # what came before goes first
+        if item is None:
+            self._send(orjson.dumps(update), partition, self.sent, 1)
+            return
         items = self._open.setdefault(partition, (now, self.sent, []))[2]
         items.append(item)
         if len(items) >= self.per_message:
@@ -97,7 +110,12 @@ class UpdateSender:
 
     def _ship(self, partition: int) -> None:
         _, first, items = self._open.pop(partition)
-        self._send(b"[" + b",".join(items) + b"]", partition, first, len(items))
+        if self.columns:
+            value = encode_columns(UpdateBatch.from_updates(items, _width(*items) or 0),
+                                   np.array([u.event_time for u in items]))
+        else:
+            value = b"[" + b",".join(items) + b"]"
+        self._send(value, partition, first, len(items))
 
     def _send(self, value: bytes, partition: int | None, first: int, count: int) -> None:
         """Send updates ``first`` .. ``first + count - 1`` as one message."""
@@ -216,3 +234,17 @@ def follow(kafka: KafkaConfig, topic: str, from_beginning: bool = False,
                 yield record
     finally:
         consumer.close()
+
+
+def _joins(item: Update | bytes, items: list) -> bool:
+    """Whether ``item`` may go in one message with ``items``: columns have one feature
+    width."""
+    mine, theirs = _width(item), _width(*items)
+    return mine is None or theirs is None or mine == theirs
+
+
+def _width(*items: Update | bytes) -> int | None:
+    """How many features the first of ``items`` that has features carries (None: none
+    has, or they are JSON)."""
+    return next((len(x) for item in items if (x := getattr(item, "x", None)) is not None),
+                None)
