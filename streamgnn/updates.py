@@ -206,7 +206,7 @@ class UpdateBatch:
     def with_width(self, num_features: int) -> UpdateBatch:
         """This batch for a graph of ``num_features``: if ``x`` is not that wide, every
         feature vector is marked ``BAD_WIDTH``."""
-        if self.x.shape[1] == num_features or not (self.xrow >= 0).any():
+        if self.x.shape[1] == num_features:
             return self
         bad = self.xrow >= 0
         return UpdateBatch(self.op, self.a, np.where(bad, self.x.shape[1], self.b), self.w,

@@ -12,6 +12,9 @@ from streamgnn.graph import DynamicGraph
 from streamgnn.npz import sha256 as _sha256
 from streamgnn.npz import write_arrays
 from streamgnn.router import Arrivals, Checkpoints
+from streamgnn.router.journal import runs
+from streamgnn.router.pending import Cut, Origin, Pending, Run
+from streamgnn.stream import Record, decode_updates, encode_columns
 from streamgnn.updates import ADD_EDGE, DELETE_VERTEX, UpdateBatch
 from streamgnn.workers import Placement
 from tests.reference import update_strategy
@@ -74,6 +77,51 @@ def test_admitting_columns_at_once_is_admitting_them_one_by_one(existing, before
     else:
         assert not in_order or releases
         assert whole._admitted == admitted and whole.waiting == waiting
+
+
+def entries(messages: list[tuple[bool, list[sg.Update]]]) -> tuple[list, list]:
+    """Pending entries of ``messages`` (as columns, or as single updates, each its own
+    record), and every update with its origin, in order."""
+    out, flat = [], []
+    for offset, (columnar, updates) in enumerate(messages):
+        width = next((len(u.x) for u in updates if hasattr(u, "x")), 0)
+        if columnar and updates:
+            record = Record("t", 0, offset, b"")
+            rows = decode_updates(encode_columns(UpdateBatch.from_updates(updates, width)))
+            out.append(Run(rows, record))
+            flat += [(u, Origin(record, i)) for i, u in enumerate(updates)]
+        else:
+            for k, u in enumerate(updates):
+                item = (u, Origin(Record("t", 0, 1000 * offset + k, b"")))
+                out.append(item)
+                flat.append(item)
+    return out, flat
+
+
+@st.composite
+def message(draw) -> tuple[bool, list[sg.Update]]:
+    """Updates of one message: as columns or not, features of the graph's width (1) or
+    another (one width a message)."""
+    width = draw(st.sampled_from([1, 2]))
+    return draw(st.booleans()), draw(st.lists(update_strategy(
+        st.integers(0, 7), st.just(0.5), st.just([0.5] * width)), max_size=6))
+
+
+@given(st.lists(message(), max_size=6), st.lists(st.integers(1, 9), min_size=1, max_size=8))
+def test_batches_cut_from_pending_are_its_updates_in_order_in_columns(messages, sizes):
+    pending, flat = entries(messages)
+    queue = Pending()
+    queue.extend(pending)
+    assert len(queue) == len(flat)
+    for size in sizes:
+        cut = Cut.of(queue.take(size), 1)
+        taken, flat = flat[:size], flat[size:]
+        assert len(queue) == len(flat)
+        expected = UpdateBatch.from_updates([u for u, _ in taken], 1)
+        for name in ("op", "a", "b", "w", "xrow", "x"):
+            assert np.array_equal(getattr(cut.updates, name), getattr(expected, name))
+        assert [cut.item(i) for i in range(len(taken))] == taken
+        assert cut.runs() == runs(o.key for _, o in taken)
 
 
 def two_clusters():
