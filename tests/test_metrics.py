@@ -6,9 +6,12 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from streamgnn.router import Stats
+from streamgnn.router.metrics import Histogram
 
 
 def record_batches(stats: Stats, n: int, rng: np.random.Generator) -> None:
@@ -36,6 +39,17 @@ def test_stats_memory_does_not_grow_with_the_number_of_batches():
         tracemalloc.stop()
     assert stats.batches == 2400 and stats.latency.count == 240_000
     assert after_many - after_few < 4096  # lists of the 200K latencies alone: >= 1.6 MB
+
+
+@given(st.lists(st.floats(0, 4e6), min_size=1, max_size=300))
+def test_recording_many_durations_at_once_is_recording_each(ms):
+    whole, each = Histogram(), Histogram()
+    whole.record(np.array(ms))
+    for m in ms:
+        each.record(m)
+    a, b = whole._h, each._h
+    assert list(a.counts) == list(b.counts) and a.total_count == b.total_count
+    assert (a.get_min_value(), a.get_max_value()) == (b.get_min_value(), b.get_max_value())
 
 
 def test_percentiles_match_numpy_within_the_histograms_precision():

@@ -40,9 +40,16 @@ class Histogram:
         self.sum_ms = 0.0
 
     def record(self, ms: float | np.ndarray) -> None:
+        """Record durations (a batch's thousand latencies: each bucket once, with its
+        count)."""
         ms = np.atleast_1d(np.asarray(ms, np.float64))
-        for us in np.clip(np.rint(ms * 1000), 1, _HIGHEST_US).astype(np.int64).tolist():
-            self._h.record_value(us)
+        us = np.clip(np.rint(ms * 1000), 1, _HIGHEST_US).astype(np.int64)
+        h = self._h  # a value's bucket: its top bits (HdrHistogram._counts_index_for)
+        _, magnitude = np.frexp((us | h.sub_bucket_mask).astype(np.float64))
+        shift = magnitude - h.unit_magnitude - h.sub_bucket_half_count_magnitude - 1
+        lowest, counts = np.unique(us >> shift << shift, return_counts=True)
+        for value, count in zip(lowest.tolist(), counts.tolist(), strict=True):
+            h.record_value(value, count)
         self.sum_ms += float(ms.sum())
 
     @property
