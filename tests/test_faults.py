@@ -143,6 +143,7 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
     columns = json.loads(encode_columns(batch))
     columns["w"][4] = float("inf")  # json writes Infinity, as pydantic reads it
     columns["ops"][5] = 17
+    columns["event_id"] = "cols-1"
     broker.produce(TOPICS.updates, json.dumps(columns).encode())
     expected += ["non_finite", "non_finite", "unknown_op"]
     for u in good:
@@ -163,6 +164,7 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
     assert huge.truncated and huge.payload_sha256 == hashlib.sha256(raw).hexdigest()
     in_array = sorted(d.index for d in got if d.index is not None)
     assert in_array == [0, 1, 1, 3, 4, 5, 5, 7] and len({d.event_id for d in got}) == len(got)
+    assert sorted(d.index for d in got if d.source_event_id == "cols-1") == [1, 4, 5]
     assert service.stats.applied == len(events) + 0  # every good update, nothing else
     current = service.engine.graph.to_data()
     assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges

@@ -70,6 +70,8 @@ class Pending:
 
     def take(self, n: int) -> list[Entry]:
         """Remove and return the first ``n`` updates (a run cut where ``n`` falls)."""
+        if n <= 0:
+            return []
         out: list[Entry] = []
         left = n
         for i, entry in enumerate(self.entries):

@@ -406,7 +406,8 @@ class Service:
             return []
         if isinstance(items, Rows):
             for i, e in items.errors:
-                self._dead_letter(Origin(r, i), e.error, str(e), payload=e.item)
+                self._dead_letter(Origin(r, i), e.error, str(e), payload=e.item,
+                                  source_event_id=items.event_id)
             self.stats.events += len(items) + len(items.errors)
             return Run(items, r) if len(items) else []
         indexed = is_array(r.value)
@@ -573,10 +574,12 @@ class Service:
             self.checkpoint()
 
     def _dead_letter(self, origin: Origin, error: str, reason: str,
-                     update: Update | None = None, payload: str | None = None) -> None:
+                     update: Update | None = None, payload: str | None = None,
+                     source_event_id: str | None = None) -> None:
         """Publish why the update (or record) at ``origin`` is not used. The payload is the
         record, or the array item's own JSON, cut to ``payload_bytes`` (its size and
-        SHA-256 name the whole); control characters in the reason are escaped."""
+        SHA-256 name the whole); control characters in the reason are escaped. The source
+        event id is the update's, else ``source_event_id``."""
         self.stats.dead_letters[error] += 1
         r = origin.record
         if origin.index is None:
@@ -591,7 +594,7 @@ class Service:
                             payload=cut, payload_bytes=len(raw),
                             payload_sha256=hashlib.sha256(raw).hexdigest(),
                             truncated=len(raw) > self.config.payload_bytes,
-                            source_event_id=update.event_id if update else None)
+                            source_event_id=update.event_id if update else source_event_id)
         self.transport.publish(self.config.topics.dead_letters, None, encode(letter))
 
 

@@ -111,7 +111,7 @@ class UpdateSender:
     def _ship(self, partition: int) -> None:
         _, first, items = self._open.pop(partition)
         if self.columns:
-            value = encode_columns(UpdateBatch.from_updates(items, _width(*items) or 0),
+            value = encode_columns(UpdateBatch.from_updates(items, _width(items) or 0),
                                    np.array([u.event_time for u in items]))
         else:
             value = b"[" + b",".join(items) + b"]"
@@ -239,11 +239,11 @@ def follow(kafka: KafkaConfig, topic: str, from_beginning: bool = False,
 def _joins(item: Update | bytes, items: list) -> bool:
     """Whether ``item`` may go in one message with ``items``: columns have one feature
     width."""
-    mine, theirs = _width(item), _width(*items)
+    mine, theirs = _width([item]), _width(items)
     return mine is None or theirs is None or mine == theirs
 
 
-def _width(*items: Update | bytes) -> int | None:
+def _width(items: list[Update] | list[bytes]) -> int | None:
     """How many features the first of ``items`` that has features carries (None: none
     has, or they are JSON)."""
     return next((len(x) for item in items if (x := getattr(item, "x", None)) is not None),

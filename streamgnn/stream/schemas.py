@@ -46,7 +46,6 @@ from streamgnn.updates import (
     UpdateEdge,
     UpdateFeatures,
     VertexId,
-    _Update,
 )
 
 
@@ -190,7 +189,8 @@ class Columns(BaseModel):
     that does not apply to a row is ignored there (write 0). ``x`` is base64 of the
     feature rows of the add_vertex and update_features rows, in row order, each
     ``width`` little-endian float32 values. ``event_time`` (seconds since the epoch) is
-    per row; ``event_id``, if given, names the message (dead letters of its rows carry it).
+    per row; ``event_id``, if given, names the message (its rows' dead letters carry it
+    as ``source_event_id``).
 
     A message that is not such an object, or whose columns do not line up (lengths, x not
     base64 or not as long as its feature rows need), is dead-lettered whole; a row with
@@ -200,7 +200,7 @@ class Columns(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     op: Literal["columns"] = "columns"
-    ops: list[VertexId]
+    ops: list[VertexId]  # any int64: a code outside 0..5 is that row's problem
     a: list[VertexId]
     b: list[VertexId]
     w: list[float]
@@ -262,7 +262,9 @@ def column_update(item: dict) -> Update | None:
         update = _finite(UPDATE_ADAPTER.validate_python(item, strict=True))
     except ValidationError:
         return None
-    return update if isinstance(update, _Update) and update.event_id is None else None
+    if isinstance(update, DecodeError) or update.event_id is not None:
+        return None
+    return update
 
 
 def _rows(message: Columns) -> Rows:
