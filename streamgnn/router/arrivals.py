@@ -103,15 +103,15 @@ class Arrivals(Generic[S]):
         ref_ids = np.concatenate([a[op != ADD_VERTEX], batch.b[edge]])
         ids = np.unique(np.concatenate([ref_ids, a[events]]))
         alive = self._alive(ids)[np.searchsorted(ids, ref_ids)]
-        if len(events):  # a reference after an add/delete of its vertex sees that one
-            n = len(op) + 1
-            order = events[np.argsort(np.searchsorted(ids, a[events]) * n + events,
-                                      kind="stable")]
-            event_keys = np.searchsorted(ids, a[order]) * n + order
+        if len(events):  # a reference after adds/deletes of its vertex sees the last one
+            n = len(op) + 1  # keys: the vertex's rank, then the row
+            keys = np.searchsorted(ids, a[events]) * n + events
+            order = np.argsort(keys)
+            event_keys, event_rows = keys[order], events[order]
             ref_keys = np.searchsorted(ids, ref_ids) * n + ref_rows
-            last = np.searchsorted(event_keys, ref_keys) - 1
+            last = np.searchsorted(event_keys, ref_keys) - 1  # the last one before the row
             mine = (last >= 0) & (event_keys[np.maximum(last, 0)] // n == ref_keys // n)
-            alive[mine] = op[order[last[mine]]] == ADD_VERTEX
+            alive[mine] = op[event_rows[last[mine]]] == ADD_VERTEX
         if not alive.all():
             return False
         for code, vertex in zip(op[events].tolist(), a[events].tolist(), strict=True):
@@ -122,9 +122,9 @@ class Arrivals(Generic[S]):
         """Whether each of ``ids`` exists after what was admitted."""
         alive = np.asarray(self.exists(ids), bool).copy()
         if self._admitted:
-            for i, vertex in enumerate(ids.tolist()):
-                if vertex in self._admitted:
-                    alive[i] = self._admitted[vertex]
+            tracked = np.fromiter(self._admitted, np.int64, len(self._admitted))
+            for i in np.flatnonzero(np.isin(ids, tracked)).tolist():
+                alive[i] = self._admitted[int(ids[i])]
         return alive
 
     def track(self, u: Update) -> None:
