@@ -344,13 +344,19 @@ def decode_update(raw: bytes) -> Update:
     """Parse one update (a JSON object, types strict: no ``"12"`` or ``12.0`` for an id, no
     ``true`` for a weight); raises `DecodeError` saying what is wrong (malformed JSON,
     unknown op, missing, extra or mistyped fields, ids outside int64, NaN or inf)."""
+    return _validated(UPDATE_ADAPTER, raw)
+
+
+def _validated(adapter: TypeAdapter, raw: bytes):
+    """One JSON object through ``adapter`` (strict), its values checked as `_finite`;
+    raises the `DecodeError` naming what is wrong."""
     try:
-        update = _finite(UPDATE_ADAPTER.validate_json(raw.removeprefix(_BOM), strict=True))
+        value = _finite(adapter.validate_json(raw.removeprefix(_BOM), strict=True))
     except ValidationError as e:
         raise _decode_error(e) from None
-    if isinstance(update, DecodeError):
-        raise update
-    return update
+    if isinstance(value, DecodeError):
+        raise value
+    return value
 
 
 def decode_query(raw: bytes | None) -> QueryRequest:
@@ -379,12 +385,7 @@ def decode_updates(raw: bytes | None) -> list[Update | DecodeError] | Rows:
     if raw is None:
         raise DecodeError("tombstone", "the record has no value (a tombstone): no update")
     if not is_array(raw):
-        try:
-            message = _finite(_MESSAGE.validate_json(raw.removeprefix(_BOM), strict=True))
-        except ValidationError as e:
-            raise _decode_error(e) from None
-        if isinstance(message, DecodeError):
-            raise message
+        message = _validated(_MESSAGE, raw)
         return _rows(message) if isinstance(message, Columns) else [message]
     raw = raw.removeprefix(_BOM)
     try:
