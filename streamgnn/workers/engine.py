@@ -13,6 +13,7 @@ Owns the public engine API; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
@@ -323,6 +324,15 @@ class Engine:
 QUERY_OPTIONS = ("budget", "policy", "insert")
 
 
+@functools.cache
+def _option_adapter(name: str) -> TypeAdapter:
+    """The validator of `QueryRequest` field ``name`` (built once: building one costs
+    more than a query of a few vertices)."""
+    field = QueryRequest.model_fields[name]
+    return TypeAdapter(Annotated[field.annotation, *field.metadata] if field.metadata
+                       else field.annotation)
+
+
 def _options(req: QueryRequest | QueryColumns, options: dict) -> dict:
     """The query's ``budget``, ``policy`` and ``insert``: ``req``'s own (columns: the
     defaults) with ``options`` over them, each validated by its `QueryRequest` field's
@@ -333,11 +343,8 @@ def _options(req: QueryRequest | QueryColumns, options: dict) -> dict:
         if name not in QUERY_OPTIONS:
             raise InvalidQueryError(f"{name!r} is not a query option: use "
                                     f"{', '.join(QUERY_OPTIONS)}")
-        field = QueryRequest.model_fields[name]
-        kind = (Annotated[field.annotation, *field.metadata] if field.metadata
-                else field.annotation)
         try:
-            out[name] = TypeAdapter(kind).validate_python(value)
+            out[name] = _option_adapter(name).validate_python(value)
         except ValidationError as e:
             raise InvalidQueryError(f"{name}: {e.errors(include_url=False)[0]['msg']}"
                                     ) from None

@@ -93,7 +93,7 @@ class QueryGraph:
         ends = np.concatenate([src, dst])
         slots = query.get(ends).astype(np.int64)
         found = slots >= 0
-        slots[found] += self.n0
+        slots += self.n0
         slots[~found] = self.graph.find(ends[~found])
         s, d = slots[:len(src)], slots[len(src):]
         unknown = (s < 0) | (d < 0)
@@ -260,7 +260,8 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         def tensor(a: np.ndarray, kind=dtype) -> Tensor:
             return torch.from_numpy(np.ascontiguousarray(a)).to(device, kind)
 
-        state = layer.partial(layer.transform(here), pos[mine], at[mine], w[mine],
+        ours = here if mine.any() else here[:0]  # no edge from here: placeholders only
+        state = layer.partial(layer.transform(ours), pos[mine], at[mine], w[mine],
                               len(targets), dst_part)
         got = np.bincount(at[mine], minlength=len(targets))
         stored = np.flatnonzero(~mine)
@@ -288,11 +289,17 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
             if local is None:
                 continue
             received += reply.nbytes
-            index = torch.from_numpy(local).to(device)
             theirs = np.bincount(req["dst"], minlength=len(local))
-            state[index] = layer.aggr.merge(
-                state.index_select(0, index), tensor(got[local], torch.int64),
-                tensor(reply, state.dtype), tensor(theirs, torch.int64))
+            reply = tensor(reply, state.dtype)
+            if got[local].any():
+                index = torch.from_numpy(local).to(device)
+                state[index] = layer.aggr.merge(
+                    state.index_select(0, index), tensor(got[local], torch.int64),
+                    reply, tensor(theirs, torch.int64))
+            elif len(local) == len(targets):  # every row a placeholder so far: theirs
+                state = reply
+            else:
+                state[torch.from_numpy(local).to(device)] = reply
             got[local] += theirs
         agg = layer.aggr.finalize(state, tensor(count, torch.int64))
         agg = agg if not isinstance(agg, Tensor) else agg.to(dtype)
@@ -314,6 +321,8 @@ def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, pos: np.ndarr
     -1 the stored row (fetched from the partition owning it); and the bytes fetched."""
     mine = pos >= 0
     if mine.all():
+        if len(pos) == len(here) and (pos == np.arange(len(pos))).all():
+            return here, 0
         return here.index_select(0, torch.from_numpy(pos).to(here.device)), 0
     out = here.new_empty((len(targets), here.shape[1]))
     if mine.any():
