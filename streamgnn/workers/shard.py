@@ -79,11 +79,12 @@ class ApplyResult:
 @dataclass
 class _Changed:
     """Vertices whose h^{l-1} changed in this batch, and the old rows of those that had
-    one (vertices the batch added have none)."""
+    one (vertices the batch added have none), in blocks (copied together once, where the
+    superstep transforms them)."""
 
     slots: np.ndarray
     old_slots: np.ndarray
-    old_rows: Tensor
+    old_rows: list[Tensor]
 
 
 @dataclass
@@ -104,7 +105,7 @@ class _Step:
     def changed(self) -> _Changed:
         """The vertices whose embedding really changed: the next superstep's sources."""
         return _Changed(self.region[self.moved], self.region[self.moved & ~self.fresh],
-                        self.old_rows)
+                        [self.old_rows])
 
 
 @dataclass
@@ -377,7 +378,7 @@ class Shard:
         is_added[added] = True
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                            diff.changed.astype(np.int64),
-                           self._tensor(diff.changed_x_before).to(self.dtype))
+                           [self._tensor(diff.changed_x_before).to(self.dtype)])
         self._batch = _Batch(self._batch_edges(diff), added, removed,
                              self._tensor(diff.removed_x).to(self.dtype), is_added, changed,
                              ApplyResult({}, diff.rejected), subscribed or {})
@@ -429,11 +430,11 @@ class Shard:
         else:
             self.h[hop][self._index(slots)] = self._tensor(rows).to(self.dtype)
         c = b.changed
-        unknown = ~np.isin(slots, c.slots)  # not a source yet (fresh ghosts are, at hop 0)
+        unknown = self.sets.find(c.slots, slots) < 0  # not a source yet (fresh ghosts are)
         moved = differs & unknown
         b.changed = _Changed(np.concatenate([c.slots, slots[(differs | fresh) & unknown]]),
                              np.concatenate([c.old_slots, slots[moved]]),
-                             torch.cat([c.old_rows, self._tensor(old[moved]).to(self.dtype)]))
+                             [*c.old_rows, self._tensor(old[moved]).to(self.dtype)])
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             ghosts: tuple[np.ndarray, np.ndarray] | None = None,
@@ -650,7 +651,7 @@ class Shard:
         ``old``: the row holding each source's t before the batch."""
         olds = np.concatenate([changed.old_slots, removed])
         t = layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
-                                       changed.old_rows, removed_rows]))
+                                       *changed.old_rows, removed_rows]))
         old = np.arange(len(slots))
         old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
         kept = self.t[hop - 1]
@@ -695,7 +696,7 @@ class Shard:
         src = np.concatenate([src, edges.src[moved]])
         dst = np.concatenate([dst, edges.dst[moved]])
         remote = self.ghost[src]
-        return len(np.unique(pair_keys(dst[remote], self.ghost_owner[src[remote]])))
+        return self.sets.distinct_pairs(dst[remote], self.ghost_owner[src[remote]])
 
     def _pull(self, hop: int, layer: Layer, pull: np.ndarray) -> tuple[Tensor, int]:
         """Recompute the states of ``pull`` from all their in-neighbours; also returns how

@@ -57,6 +57,19 @@ def _find(members, queries, scratch, mark):
     return out
 
 
+@njit(cache=True)
+def _distinct_pairs(slots, tags, bits):
+    for s in slots:
+        bits[s] = 0
+    n = 0
+    for i in range(len(slots)):
+        tag = np.int64(1) << tags[i]
+        if not bits[slots[i]] & tag:
+            bits[slots[i]] |= tag
+            n += 1
+    return n
+
+
 class SlotSets:
     """Set operations on slots below ``size`` (grown with `fit`). ``scratch`` (int64, one
     per slot, contents meaningless between calls) may be borrowed by other kernels."""
@@ -84,6 +97,11 @@ class SlotSets:
         members."""
         return _positions(np.asarray(members, np.int64), np.asarray(queries, np.int64),
                           self.scratch)
+
+    def distinct_pairs(self, slots: np.ndarray, tags: np.ndarray) -> int:
+        """How many distinct (slot, tag) pairs there are (tags in 0..63)."""
+        return _distinct_pairs(np.asarray(slots, np.int64), np.asarray(tags, np.int64),
+                               self.scratch)
 
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
