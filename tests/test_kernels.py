@@ -276,32 +276,46 @@ def _softmax_rows(msgs: list[np.ndarray], h: int, c: int) -> np.ndarray:
 
 @given(seed=seeds, h=st.integers(1, 3), c=st.integers(1, 4), spread=st.sampled_from([1, 30]))
 def test_softmax_fold_numba_and_torch_equal_reaggregation(seed, h, c, spread):
-    """Fold removals and arrivals into states built from scratch: every destination not
-    reported cancelled holds the softmax of its remaining messages (same weighted values
-    and denominators as re-aggregating), empty ones included; both kernels agree."""
+    """Fold removals and arrivals, each read from its source's row of t (values, source
+    score) and its destination's score, into states built from scratch: every destination
+    not reported cancelled holds the softmax of its remaining messages (same weighted
+    values and denominators as re-aggregating), empty ones included; both kernels agree.
+    (Slope 1: the logits are the float32 sums of the two scores on both sides.)"""
     rng = np.random.default_rng(seed)
     num = 6
+    part = (rng.normal(size=(num, h)) * spread).astype(np.float32)  # destination scores
 
-    def messages(most: int) -> np.ndarray:
-        m = rng.normal(size=(rng.integers(0, most), h + h * c)).astype(np.float32)
-        m[:, :h] *= spread  # wide logits: one message can dwarf the rest
-        return m.astype(np.float64)
+    def sources(most: int) -> np.ndarray:
+        """t rows [k, h, c + 2] of ``most`` or fewer sources: values, score, unused."""
+        t = rng.normal(size=(rng.integers(0, most), h, c + 2)).astype(np.float32)
+        t[:, :, c] *= spread  # wide logits: one message can dwarf the rest
+        return t
 
-    before = [messages(5) for _ in range(num)]
-    gone = [rng.random(len(m)) < 0.4 for m in before]
-    arriving = [messages(3) for _ in range(num)]
-    after = [np.concatenate([m[~g], a]) for m, g, a in zip(before, gone, arriving)]
-    old = [m[g] for m, g in zip(before, gone)]
-    old_msg = torch.from_numpy(np.concatenate(old)).float()
-    old_dst = torch.from_numpy(np.repeat(np.arange(num), [len(m) for m in old]))
-    new_msg = torch.from_numpy(np.concatenate(arriving)).float()
-    new_dst = torch.from_numpy(np.repeat(np.arange(num), [len(m) for m in arriving]))
-    expected = _softmax_rows(after, h, c)
-    start = torch.from_numpy(_softmax_rows(before, h, c))
+    def as_messages(t: np.ndarray, i: int) -> np.ndarray:
+        """[logit | values] rows of sources ``t`` arriving at destination ``i``."""
+        logits = (t[:, :, c] + part[i]).astype(np.float64)
+        return np.concatenate([logits, t[:, :, :c].reshape(len(t), h * c)], axis=1)
+
+    before = [sources(5) for _ in range(num)]
+    gone = [rng.random(len(t)) < 0.4 for t in before]
+    arriving = [sources(3) for _ in range(num)]
+    old = [t[g] for t, g in zip(before, gone)]
+    table = torch.from_numpy(np.concatenate(old + arriving))
+    sizes = [len(t) for t in old + arriving]
+    at = np.repeat(np.tile(np.arange(num), 2), sizes)
+    rows = np.arange(len(at))
+    leaving, coming = slice(0, sum(sizes[:num])), slice(sum(sizes[:num]), None)
+    region = np.arange(num)
+    after = [np.concatenate([t[~g], a]) for t, g, a in zip(before, gone, arriving)]
+    expected = _softmax_rows([as_messages(t, i) for i, t in enumerate(after)], h, c)
+    start = torch.from_numpy(_softmax_rows([as_messages(t, i) for i, t in enumerate(before)],
+                                           h, c))
     results = []
     for kernel in (fold_softmax_numba, fold_softmax_torch):
         state = start.clone()
-        cancelled = kernel(state, new_msg, new_dst, old_msg, old_dst, h, c, 1e-6).numpy()
+        cancelled = kernel(state, table, c, region, (rows[coming], at[coming]),
+                           (rows[leaving], at[leaving]), torch.from_numpy(part), 1.0,
+                           1e-6).numpy()
         kept = np.setdiff1d(np.arange(num), cancelled)
         results.append((state.numpy()[kept], cancelled))
         for i in kept:

@@ -5,12 +5,12 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
 - ``reduce`` all messages of some destinations (full inference, pulls) and ``pack`` the
   result into state rows,
 - ``finalize`` state rows into what the layer's update sees (mean divides by in-degree),
-- ``apply_delta``: fold messages that stopped and started arriving into stored states
-  (max/min: ``apply_delta_rows``, messages as rows of a table), returning the
-  destinations whose state it cannot fix that way (a `Pull`: they must be re-aggregated
-  from all their in-edges, whole or in some columns, ``pull_columns``); linear ones
-  (sums of messages) never pull: ``fold`` takes their messages as rows of the sources'
-  t with coefficients, and ``combine`` sums such messages per destination;
+- ``apply_delta``: fold messages that stopped and started arriving, as rows of the
+  sources' t (`RowMessages`), into stored states, returning the destinations whose state
+  it cannot fix that way (a `Pull`: they must be re-aggregated from all their in-edges,
+  whole or in some columns, ``pull_columns``); linear ones (sums of messages) never
+  pull: ``fold`` takes their messages as rows of the sources' t with coefficients, and
+  ``combine`` sums such messages per destination;
 - ``merge`` the states of two disjoint sets of a destination's in-edges (computation-graph
   parallelism: each partition aggregates the in-neighbours it owns).
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
@@ -66,8 +66,7 @@ class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
     ``state_dtype``: what the engine stores states in (attention's in float64).
     ``ties_dtype``: if set, the engine keeps beside each state row a row of ``ties`` of
-    that dtype, as wide as the state, which ``apply_delta_rows`` and ``pull_columns``
-    keep; such aggregations take their deltas as rows (``apply_delta_rows``)."""
+    that dtype, as wide as the state, which ``apply_delta`` and ``pull_columns`` keep."""
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
@@ -86,16 +85,14 @@ class Aggregation:
     def finalize(self, state: Tensor, count: Tensor):
         return state
 
-    def apply_delta(self, state: Tensor, new_msg: Tensor, new_dst: Tensor, old_msg: Tensor,
-                    old_dst: Tensor, empty_before: Tensor) -> Pull:
-        """Fold messages that start (``new``) and stop (``old``) arriving into the
-        ``state`` rows of their destinations; ``empty_before``: destinations that had no
-        in-edge. Returns what needs a pull (by default: every destination, whole)."""
-        return Pull(torch.cat([new_dst, old_dst]).unique())
-
-    def apply_delta_rows(self, state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
-                         new: RowMessages, old: RowMessages, empty_before: Tensor) -> Pull:
-        """``apply_delta`` for aggregations with ties, messages as rows of ``t``."""
+    def apply_delta(self, state: Tensor, ties: Tensor | None, t: Tensor, region: np.ndarray,
+                    new: RowMessages, old: RowMessages, empty_before: Tensor,
+                    part: Tensor | None) -> Pull:
+        """Fold messages that start (``new``) and stop (``old``) arriving, rows of ``t``,
+        into the ``state`` (and ``ties``) rows of their destinations in ``region``;
+        ``empty_before``: destinations that had no in-edge; ``part``: destination-dependent
+        aggregations' `Layer.destination_part` of each region vertex. Returns what needs a
+        pull. For aggregations that are not linear."""
         raise NotImplementedError
 
     def pull_columns(self, state: Tensor, ties: Tensor | None, pull: Pull, table: Tensor,
@@ -191,7 +188,7 @@ class MaxAggregation(Aggregation):
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amax")
 
-    def apply_delta_rows(self, state, ties, t, region, new, old, empty_before) -> Pull:
+    def apply_delta(self, state, ties, t, region, new, old, empty_before, part) -> Pull:
         dst, cols = fold_max_(state, ties, t, region, new.arrays(), old.arrays(), self.sign,
                               self.tolerance)
         everything = cols.new_ones((len(empty_before), state.shape[1]))
@@ -242,8 +239,9 @@ class SoftmaxPartial:
 
 class SoftmaxAggregation(Aggregation):
     """Attention: softmax over each destination's edge logits, then a weighted sum, per
-    head. State rows pack (shift, den, num). A message packs (logit, value); a logit
-    depends on the destination too, so a destination whose own input changed is pulled.
+    head. State rows pack (shift, den, num). A message is its source's value and score
+    (a row of t) with its destination's score; the logit depending on the destination
+    too, a destination whose own input changed is pulled.
     Elsewhere deltas apply to numerator and denominator, rescaled when the shift grows;
     a destination is pulled when removals cancel most of its denominator."""
 
@@ -252,8 +250,8 @@ class SoftmaxAggregation(Aggregation):
     state_dtype = torch.float64
     cancellation = 1e-6  # pull when the denominator falls below this share of itself
 
-    def __init__(self, heads: int, channels: int) -> None:
-        self.heads, self.channels = heads, channels
+    def __init__(self, heads: int, channels: int, negative_slope: float) -> None:
+        self.heads, self.channels, self.negative_slope = heads, channels, negative_slope
 
     def pack(self, reduced: SoftmaxPartial) -> Tensor:
         return torch.cat([reduced.shift, reduced.den, reduced.num.flatten(1)], dim=1)
@@ -266,13 +264,12 @@ class SoftmaxAggregation(Aggregation):
     def finalize(self, state, count) -> SoftmaxPartial:
         return self.unpack(state)
 
-    def message(self, logits: Tensor, values: Tensor) -> Tensor:
-        """Pack per-edge logits [E, heads] and values [E, heads, channels]."""
-        return torch.cat([logits, values.flatten(1)], dim=1)
-
-    def apply_delta(self, state, new_msg, new_dst, old_msg, old_dst, empty_before) -> Pull:
-        return Pull(fold_softmax_(state, new_msg, new_dst, old_msg, old_dst, self.heads,
-                                  self.channels, self.cancellation))
+    def apply_delta(self, state, ties, t, region, new, old, empty_before, part) -> Pull:
+        """``t``: `GATLayer.transform` rows (values, then source and destination
+        scores); ``part``: the region's destination scores."""
+        return Pull(fold_softmax_(state, t, self.channels, region, (new.rows, new.at),
+                                  (old.rows, old.at), part, self.negative_slope,
+                                  self.cancellation))
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
         """Rescale both to the larger shift (OMEGA's merge, with numerator and

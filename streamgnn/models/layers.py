@@ -108,12 +108,6 @@ class Layer:
         msg = self.messages(t, src_t, torch.from_numpy(w).to(t.device, t.dtype), None)
         return self.aggr.pack(self.aggr.reduce(msg, dst_t, num, logits))
 
-    def delta_messages(self, t: Tensor, src: Tensor, w: Tensor, t_dst: Tensor | None) -> Tensor:
-        """Messages as the aggregation's ``apply_delta`` takes them, ``t`` already scaled;
-        ``t_dst`` (each edge's destination row of ``destination_part(t)``) only for
-        destination-dependent aggregations."""
-        return self.messages(t, src, w, None)
-
     def destination_part(self, t: Tensor) -> Tensor:
         """What a message needs of its destination's t (destination-dependent
         aggregations)."""
@@ -278,7 +272,7 @@ class GATLayer(Layer):
         if not conv.add_self_loops:
             raise UnsupportedModelError("GATConv(add_self_loops=False) is not supported")
         self.conv = conv
-        self.aggr = SoftmaxAggregation(conv.heads, conv.out_channels)
+        self.aggr = SoftmaxAggregation(conv.heads, conv.out_channels, conv.negative_slope)
         self.heads, self.channels = conv.heads, conv.out_channels
         self.in_dim = conv.in_channels
         self.out_dim = conv.heads * conv.out_channels if conv.concat else conv.out_channels
@@ -310,16 +304,11 @@ class GATLayer(Layer):
     def reduce_csr(self, t, ptr, src, dst):
         if t.device.type != "cpu":
             return None
-        a_src, a_dst = self.scores(t)
-        return reduce_attention_csr(self.values(t), a_src, a_dst, ptr, src, dst,
+        return reduce_attention_csr(t, self.channels, ptr, src, dst,
                                     self.conv.negative_slope)
 
     def destination_part(self, t):
         return self.scores(t)[1]
-
-    def delta_messages(self, t, src, w, t_dst):
-        t_src = t.index_select(0, src)
-        return self.aggr.message(self.logits(self.scores(t_src)[0], t_dst), self.values(t_src))
 
     def combine(self, h, agg: SoftmaxPartial, t, in_weight):
         a_src, a_dst = self.scores(t)

@@ -141,25 +141,17 @@ class _Sources:
 
 
 @dataclass
-class _Messages:
-    """One superstep's messages, combined per destination by the aggregation: messages
-    that start arriving (``new``) and stop arriving (``old``) at destination slots."""
-
-    new_dst: Tensor
-    new_msg: Tensor
-    old_dst: Tensor
-    old_msg: Tensor
-
-
-@dataclass
 class _RowMessages:
-    """One superstep's messages for aggregations with ties (max/min), left as rows of the
-    sources' ``t`` times a factor, to destinations in ``region``, for the fold to read."""
+    """One superstep's messages for aggregations that are not linear, left as rows of the
+    sources' ``t`` times a factor, to destinations in ``region`` (whose
+    `Layer.destination_part` is ``part`` where messages depend on it), for the fold to
+    read."""
 
     t: Tensor
     region: np.ndarray
     new: RowMessages
     old: RowMessages
+    part: Tensor | None = None
 
 
 @dataclass
@@ -599,39 +591,26 @@ class Shard:
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
                   removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray
-                  ) -> _Messages | _RowMessages:
-        """Messages that stop and start arriving in the region, as `_fold` sends them, for
-        aggregations that are not linear: one per edge, in both directions; those with
-        ties (max/min, never degree-normalised) as rows of t and edge weights."""
+                  ) -> _RowMessages:
+        """Messages that stop and start arriving in the region, for aggregations that are
+        not linear: one per edge, in both directions, as rows of the sources' t and edge
+        weights (and, for destination-dependent ones, each region vertex's
+        `Layer.destination_part`: a destination whose input changed is pulled anyway)."""
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges)
-        t, old, has, had, at1, at2 = m.t, m.old, m.has, m.had, m.at1, m.at2
-        if layer.aggr.ties_dtype is not None:
-            def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
-                factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
-                return RowMessages(rows, factor, self.sets.positions(region, dst))
 
-            return _RowMessages(t, region, messages(
-                np.concatenate([at1, at2[has]]), np.concatenate([w1, edges.after[has]]),
-                np.concatenate([v1, edges.dst[has]])), messages(
-                old[np.concatenate([at1, at2[had]])], np.concatenate([w1, edges.before[had]]),
-                np.concatenate([v1, edges.dst[had]])))
+        def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
+            factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
+            return RowMessages(rows, factor, self.sets.positions(region, dst))
 
-        t_new, t_old = t[:len(m.slots)], t.index_select(0, self._index(old))
-        dst_new, dst_old = edges.dst[has], edges.dst[had]
-        t_dst = self._destination_rows(hop, layer, region, v1, dst_new, dst_old)
-        at1, at2, w1 = self._index(at1), self._index(at2), self._tensor(w1).to(self.dtype)
-        has_t, had_t = self._tensor(has), self._tensor(had)
-        after = self._tensor(edges.after).to(self.dtype)
-        before = self._tensor(edges.before).to(self.dtype)
-        return _Messages(self._index(np.concatenate([v1, dst_new])),
-                      torch.cat([layer.delta_messages(t_new, at1, w1, t_dst[0]),
-                                 layer.delta_messages(t_new, at2[has_t], after[has_t],
-                                                      t_dst[1])]),
-                      self._index(np.concatenate([v1, dst_old])),
-                      torch.cat([layer.delta_messages(t_old, at1, w1, t_dst[0]),
-                                 layer.delta_messages(t_old, at2[had_t], before[had_t],
-                                                      t_dst[2])]))
+        part = (layer.destination_part(self._t(hop, layer, self._index(region)))
+                if layer.aggr.destination_dependent else None)
+        return _RowMessages(m.t, region, messages(
+            np.concatenate([m.at1, m.at2[m.has]]), np.concatenate([w1, edges.after[m.has]]),
+            np.concatenate([v1, edges.dst[m.has]])), messages(
+            m.old[np.concatenate([m.at1, m.at2[m.had]])],
+            np.concatenate([w1, edges.before[m.had]]),
+            np.concatenate([v1, edges.dst[m.had]])), part)
 
     def _message_sources(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                          changed: _Changed, removed: np.ndarray, removed_rows: Tensor,
@@ -669,25 +648,11 @@ class Shard:
         return tuple(layer.source_scale(torch.from_numpy(w[slots])).numpy()
                      for w in (self.graph.in_weight, self._in_weight))
 
-    def _destination_rows(self, hop: int, layer: Layer, region: np.ndarray,
-                          *dst_sets: np.ndarray) -> list[Tensor | None]:
-        """For destination-dependent aggregations, what the messages need of each one's
-        destination (``Layer.destination_part`` of its current t: a destination whose
-        input changed is pulled anyway)."""
-        if not layer.aggr.destination_dependent:
-            return [None] * len(dst_sets)
-        part = layer.destination_part(self._t(hop, layer, self._index(region)))
-        return [part[self._index(self.sets.positions(region, d))] for d in dst_sets]
-
-    def _apply_delta(self, hop: int, layer: Layer, outbox: _Messages | _RowMessages,
+    def _apply_delta(self, hop: int, layer: Layer, outbox: _RowMessages,
                      edges: _BatchEdges) -> Pull:
-        empty = self._index(edges.empty_before)
-        if isinstance(outbox, _RowMessages):
-            return layer.aggr.apply_delta_rows(self.state[hop - 1], self.ties[hop - 1],
-                                               outbox.t, outbox.region, outbox.new,
-                                               outbox.old, empty)
-        return layer.aggr.apply_delta(self.state[hop - 1], outbox.new_msg, outbox.new_dst,
-                                      outbox.old_msg, outbox.old_dst, empty)
+        return layer.aggr.apply_delta(self.state[hop - 1], self.ties[hop - 1], outbox.t,
+                                      outbox.region, outbox.new, outbox.old,
+                                      self._index(edges.empty_before), outbox.part)
 
     def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
         if self.ghost is None:
