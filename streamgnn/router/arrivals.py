@@ -121,10 +121,11 @@ class Arrivals(Generic[S]):
     def _alive(self, ids: np.ndarray) -> np.ndarray:
         """Whether each of ``ids`` exists after what was admitted."""
         alive = np.asarray(self.exists(ids), bool).copy()
-        if self._admitted:
-            tracked = np.fromiter(self._admitted, np.int64, len(self._admitted))
-            for i in np.flatnonzero(np.isin(ids, tracked)).tolist():
-                alive[i] = self._admitted[int(ids[i])]
+        if self._admitted:  # a message's ids looked up, not every tracked id sorted
+            admitted = self._admitted.get
+            for i, v in enumerate(ids.tolist()):
+                if (known := admitted(v)) is not None:
+                    alive[i] = known
         return alive
 
     def track(self, u: Update) -> None:
