@@ -124,6 +124,45 @@ def test_batches_cut_from_pending_are_its_updates_in_order_in_columns(messages, 
         assert cut.runs() == runs(o.key for _, o in taken)
 
 
+@given(st.sets(st.integers(0, 7)), st.lists(st.tuples(st.booleans(), UPDATES), max_size=12),
+       st.lists(st.integers(0, 9), min_size=1, max_size=12))
+def test_the_gate_forgets_what_was_taken_and_admits_as_if_it_remembered(existing, messages,
+                                                                          takes):
+    """A queue that never empties (a long backlog): the gate told what the service took
+    off it remembers no more vertices than updates are queued, and admits exactly what a
+    gate remembering everything until the queue empties admits (the graph, applying
+    what was taken, says the rest)."""
+    graph = set(existing)
+
+    def exists(ids):
+        return np.array([int(i) in graph for i in ids], bool)
+
+    forgets, remembers = Arrivals(exists, 1.0), Arrivals(exists, 1.0)
+    queue: list[sg.Update] = []
+    for i, (as_columns, updates) in enumerate(messages):
+        items = [(u, (i, k)) for k, u in enumerate(updates)]
+        if as_columns and updates and forgets.admit_columns(UpdateBatch.from_updates(
+                updates, 1)):
+            assert remembers.admit_columns(UpdateBatch.from_updates(updates, 1))
+            out = items
+        else:
+            out = forgets.admit(items, now=0.0)
+            assert remembers.admit(items, now=0.0) == out
+        queue += [u for u, _ in out]
+        take = takes[i % len(takes)]
+        for u in queue[:take]:  # what an engine does with them (a duplicate add: nothing)
+            if isinstance(u, sg.AddVertex):
+                graph.add(u.id)
+            elif isinstance(u, sg.DeleteVertex):
+                graph.discard(u.id)
+        forgets.taken(len(queue[:take]))
+        queue = queue[take:]
+        if not queue:
+            forgets.all_applied()
+            remembers.all_applied()
+        assert len(forgets._admitted) <= len(queue)
+
+
 def two_clusters():
     """Vertices 0-9 and 10-19, dense inside, one edge across; vertex 0 is a hub."""
     rng = np.random.default_rng(0)

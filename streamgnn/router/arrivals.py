@@ -4,12 +4,18 @@ producers); an update that names an unknown vertex waits, in order, behind that 
 `AddVertex`, and is released right after it. What still waits after ``wait_s`` seconds is
 given up (the service dead-letters it).
 
+The gate also remembers, per vertex, whether the updates it admitted leave it alive, for
+as long as one of them is still queued: the service reports each update it takes off its
+queue (`taken`), so what is remembered stays as large as the queue, however long a
+backlog lasts.
+
 Owns waiting updates only; must not import kafka, torch or mpi4py.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -47,13 +53,18 @@ def referenced(u: Update) -> tuple[int, ...]:
 
 class Arrivals(Generic[S]):
     """Admits updates in arrival order. ``exists(ids)`` says which vertices the graph holds
-    now; the gate tracks what admitted updates add and delete until `all_applied`."""
+    now; the gate tracks what admitted updates add and delete until the service has taken
+    them off its queue (`taken`, `all_applied`)."""
 
     def __init__(self, exists: Callable[[np.ndarray], np.ndarray], wait_s: float) -> None:
         self.exists = exists
         self.wait_s = wait_s
         self.waiting: dict[int, list[Waiting[S]]] = {}
         self._admitted: dict[int, bool] = {}  # vertex -> alive after what was admitted
+        self._latest: dict[int, int] = {}     # vertex -> number of the update that said so
+        self._order: deque[tuple[int, int]] = deque()  # (number, vertex), admission order
+        self._count = 0  # updates admitted (numbered 1, 2, ...)
+        self._taken = 0  # ... of which the service took this many off its queue
 
     def __len__(self) -> int:
         return sum(len(w) for w in self.waiting.values())
@@ -114,8 +125,10 @@ class Arrivals(Generic[S]):
             alive[mine] = op[event_rows[last[mine]]] == ADD_VERTEX
         if not alive.all():
             return False
-        for code, vertex in zip(op[events].tolist(), a[events].tolist(), strict=True):
-            self._admitted[vertex] = code == ADD_VERTEX
+        for row, code, vertex in zip(events.tolist(), op[events].tolist(),
+                                     a[events].tolist(), strict=True):
+            self._note(vertex, code == ADD_VERTEX, self._count + row + 1)
+        self._count += len(op)
         return True
 
     def _alive(self, ids: np.ndarray) -> np.ndarray:
@@ -129,16 +142,34 @@ class Arrivals(Generic[S]):
         return alive
 
     def track(self, u: Update) -> None:
-        """Note what an admitted update (or, after a restart, an update admitted before and
-        not applied yet) adds or deletes."""
+        """Count an admitted update (or, after a restart, an update admitted before and
+        still queued) and note what it adds or deletes."""
+        self._count += 1
         if isinstance(u, AddVertex):
-            self._admitted[u.id] = True
+            self._note(u.id, True, self._count)
         elif isinstance(u, DeleteVertex):
-            self._admitted[u.id] = False
+            self._note(u.id, False, self._count)
+
+    def _note(self, vertex: int, alive: bool, number: int) -> None:
+        self._admitted[vertex] = alive
+        self._latest[vertex] = number
+        self._order.append((number, vertex))
+
+    def taken(self, n: int) -> None:
+        """The service took the next ``n`` admitted updates off its queue (to apply them
+        or give them up): from then on the graph says what they did."""
+        self._taken += n
+        while self._order and self._order[0][0] <= self._taken:
+            number, vertex = self._order.popleft()
+            if self._latest[vertex] == number:
+                del self._admitted[vertex], self._latest[vertex]
 
     def all_applied(self) -> None:
         """Everything admitted was applied: the graph itself now says what exists."""
         self._admitted.clear()
+        self._latest.clear()
+        self._order.clear()
+        self._taken = self._count
 
     def expired(self, now: float | None = None) -> list[Waiting[S]]:
         """Remove and return what waited past its deadline."""

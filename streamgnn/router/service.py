@@ -474,11 +474,11 @@ class Service:
         process died on go one per batch; quarantined ones are dead-lettered instead."""
         watched = self.suspects is not None and self.suspects.ranges
         if not watched:
-            return self._apply(self.pending.take(size))
+            return self._apply(self._take(size))
         items = self.pending.items()
         first = items[0][1]
         if self.suspects.suspect(first.record.partition, first.record.offset):
-            [(update, origin)] = self.pending.take(1)
+            [(update, origin)] = self._take(1)
             if n := self.suspects.quarantined(origin.key):
                 self._dead_letter(origin, "quarantined", f"the service died {n} times "
                                   "while this update alone was being applied", update)
@@ -486,7 +486,13 @@ class Service:
             return self._apply([(update, origin)])
         cut = next((i for i, (_, o) in enumerate(items[:size])
                     if self.suspects.suspect(o.record.partition, o.record.offset)), size)
-        return self._apply(self.pending.take(cut))
+        return self._apply(self._take(cut))
+
+    def _take(self, n: int) -> list[Entry]:
+        """The next ``n`` queued updates, off the queue (the arrivals gate forgets them)."""
+        entries = self.pending.take(n)
+        self.arrivals.taken(sum(map(size, entries)))
+        return entries
 
     def _apply(self, buffer: list[Entry], at: float | None = None) -> BatchReport:
         """Apply ``buffer`` as the next batch and publish what changed (not waiting for
