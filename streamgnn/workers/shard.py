@@ -603,8 +603,12 @@ class Shard:
             factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
             return RowMessages(rows, factor, self.sets.positions(region, dst))
 
-        part = (layer.destination_part(self._t(hop, layer, self._index(region)))
-                if layer.aggr.destination_dependent else None)
+        part = None
+        if layer.aggr.destination_dependent:
+            kept = self.t[hop - 1]  # kept: the region's parts alone, not their whole rows
+            part = (layer.destination_part(kept).index_select(0, self._index(region))
+                    if kept is not None else
+                    layer.destination_part(self._t(hop, layer, self._index(region))))
         return _RowMessages(m.t, region, messages(
             np.concatenate([m.at1, m.at2[m.has]]), np.concatenate([w1, edges.after[m.has]]),
             np.concatenate([v1, edges.dst[m.has]])), messages(
