@@ -28,6 +28,13 @@ from streamgnn.models.rowops import prefetch_row
 
 
 @njit(cache=True)
+def _logit(source_score, destination_score, slope):
+    """An edge's attention logit: leaky_relu(source score + destination score)."""
+    x = source_score + destination_score
+    return x if x > 0 else slope * x
+
+
+@njit(cache=True)
 def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, slope,
                cancellation):
     h = t.shape[1]
@@ -39,8 +46,7 @@ def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, sl
     for m in range(len(old_rows)):  # leaving: subtract at the current shift
         u, r = old_rows[m], region[old_at[m]]
         for k in range(h):
-            x = t[u, k, c] + part[old_at[m], k]
-            e = np.exp((x if x > 0 else slope * x) - state[r, k])
+            e = np.exp(_logit(t[u, k, c], part[old_at[m], k], slope) - state[r, k])
             state[r, h + k] -= e
             at = 2 * h + k * c
             for j in range(c):
@@ -53,8 +59,7 @@ def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, sl
     for m in range(len(new_rows)):  # arriving: raise the shift first, rescaling the sums
         u, r = new_rows[m], region[new_at[m]]
         for k in range(h):
-            x = t[u, k, c] + part[new_at[m], k]
-            logit = x if x > 0 else slope * x
+            logit = _logit(t[u, k, c], part[new_at[m], k], slope)
             if logit > state[r, k]:
                 scale = np.exp(state[r, k] - logit)  # 0 where the row was empty (-inf)
                 state[r, h + k] *= scale
@@ -65,8 +70,7 @@ def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, sl
     for m in range(len(new_rows)):
         u, r = new_rows[m], region[new_at[m]]
         for k in range(h):
-            x = t[u, k, c] + part[new_at[m], k]
-            e = np.exp((x if x > 0 else slope * x) - state[r, k])
+            e = np.exp(_logit(t[u, k, c], part[new_at[m], k], slope) - state[r, k])
             state[r, h + k] += e
             at = 2 * h + k * c
             for j in range(c):
@@ -145,13 +149,11 @@ def _reduce_loop(t, c, ptr, src, dst, slope):
         for e in range(ptr[i], ptr[i + 1]):  # the shift: each head's largest logit
             prefetch_row(t, src[e])  # read in the next loop
             for k in range(h):
-                x = t[src[e], k, c] + t[d, k, c + 1]
-                out[i, k] = max(out[i, k], x if x > 0 else slope * x)
+                out[i, k] = max(out[i, k], _logit(t[src[e], k, c], t[d, k, c + 1], slope))
         for e in range(ptr[i], ptr[i + 1]):
             u = src[e]
             for k in range(h):
-                x = t[u, k, c] + t[d, k, c + 1]
-                weight = np.exp((x if x > 0 else slope * x) - out[i, k])
+                weight = np.exp(_logit(t[u, k, c], t[d, k, c + 1], slope) - out[i, k])
                 out[i, h + k] += weight
                 at = 2 * h + k * c
                 for j in range(c):
