@@ -4,7 +4,7 @@ readable from any thread while the service loop applies the next batch.
 
 The view keeps its own copy of the rows, one table per layer indexed by the engine
 graph's slots, and its own id -> slot map. After each batch the loop calls `publish`
-with the rows the batch rewrote (`ApplyResult.rewritten`: the engine's own new rows, no
+with the rows the batch rewrote (`Engine.rewritten`: the engine's own new rows, no
 copy) and the vertices it removed: they are published at once as a small *overlay* (one
 reference swap) together with the batch number; then the loop copies the overlay into
 the tables. A reader takes the current overlay, gathers from the tables and
@@ -210,7 +210,7 @@ class ReadView:
         with engine.graph_lock:
             self._graph_batch, self._graph_diff = batch, engine.last_diff
         graph = engine.graph
-        keys, rows = (list(side) for side in zip(*result.rewritten, strict=True))
+        keys, rows = (list(side) for side in zip(*engine.rewritten(), strict=True))
         new = keys[0]  # slots of the vertices added, moved or given new features
         added = graph.ext[new[self._ids.get(graph.ext[new]) != new]]
         order = np.argsort(added)

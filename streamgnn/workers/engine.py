@@ -88,6 +88,7 @@ class Engine:
         # other threads read the graph under it (`ReadView.neighbours`)
         self.graph_lock = threading.Lock()
         self.last_diff: GraphDiff | None = None
+        self._last_results: list[ApplyResult] = []  # the shards' reports of the last batch
 
     def _cut(self, p: int) -> dict[str, np.ndarray]:
         """Shard ``p`` without layer state (`Shard.bootstrap` computes it): the vertices
@@ -285,6 +286,7 @@ class Engine:
             results = self.workers.apply_diff(diff)
         else:
             results = self.workers.apply(self.placement.route(self.graph, diff, len(batch)))
+        self._last_results = results
         if bad := [r.non_finite for r in results if r.non_finite]:
             self._poisoned = (f"a batch of {len(batch)} updates drove layer {min(bad)} "
                               "embeddings to NaN or inf; restore the engine from a snapshot")
@@ -297,10 +299,17 @@ class Engine:
             setattr(merged, name, [sum(counts) for counts in zip(
                 *(getattr(r, name) for r in results), strict=True)])
         merged.removed = self.graph.ext[diff.removed]
-        if all(r.rewritten for r in results):  # reported by shards in this process
-            merged.rewritten = [self._features(diff), *(
-                self._rewritten(layer) for layer in zip(*(r.rewritten for r in results)))]
         return merged
+
+    def rewritten(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer 0..L (0: the features), the rows the last batch wrote, as (the graph's
+        slots ascending, rows); merged from the shards' reports when asked (the read view
+        asks, before the next batch), empty where the shards run elsewhere."""
+        results, diff = self._last_results, self.last_diff
+        if diff is None or not all(r.rewritten for r in results):
+            return []
+        return [self._features(diff), *(
+            self._rewritten(layer) for layer in zip(*(r.rewritten for r in results)))]
 
     def _features(self, diff: GraphDiff) -> tuple[np.ndarray, np.ndarray]:
         """The feature rows ``diff`` wrote, by the graph's slots (ascending)."""

@@ -61,6 +61,20 @@ def held_by(holders: np.ndarray, q) -> np.ndarray:
     return (holders & bit(q)) != 0
 
 
+def marked(size: int, slots: np.ndarray) -> np.ndarray:
+    """A mask over ``size`` slots, true at ``slots`` (membership without sorting)."""
+    mask = np.zeros(size, bool)
+    mask[slots] = True
+    return mask
+
+
+def distinct_pairs(u: np.ndarray, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (vertex ``u``, partition ``q`` < ``n``) pairs, ordered by vertex, then
+    partition."""
+    keys = np.unique(u.astype(np.int64) * n + q)
+    return keys // n, keys % n
+
+
 def metis_parts(graph: DynamicGraph, parts: int) -> np.ndarray:
     """Partition of each slot of ``graph`` by METIS over its undirected live edges (-1 for
     free slots)."""
@@ -162,15 +176,16 @@ class Placement:
         np.add.at(self._load, self.part[added], 1)
 
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        src_lives, dst_lives = ~np.isin(src, removed), ~np.isin(dst, removed)
+        gone_now = marked(graph.num_slots, removed)
+        src_lives, dst_lives = ~gone_now[src], ~gone_now[dst]
         deleted = had & ~has & src_lives & dst_lives  # the rest: cascades
         kept, new = had & has, has & ~had
         new_src, new_dst = src[new], dst[new]
         owner = self.part[new_dst]
         cut = self.part[new_src] != owner
-        pairs = np.unique(np.stack([new_src[cut], owner[cut]]), axis=1)
-        fresh = ~held_by(self.holders[pairs[0]], pairs[1])
-        ghost_src, ghost_at = pairs[0][fresh], pairs[1][fresh]
+        pair_src, pair_at = distinct_pairs(new_src[cut], owner[cut], self.num_partitions)
+        fresh = ~held_by(self.holders[pair_src], pair_at)
+        ghost_src, ghost_at = pair_src[fresh], pair_at[fresh]
         np.bitwise_or.at(self.holders, ghost_src, bit(ghost_at))
         drop_src, drop_at = self._unlinked(graph, src, dst_part, had & ~has & src_lives)
         np.bitwise_and.at(self.holders, drop_src, ~bit(drop_at))
@@ -233,8 +248,7 @@ class Placement:
                   lost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ghosts no edge needs any more: (vertex, partition) pairs where the ``lost``
         edges were the vertex's last out-edges into a partition holding it as a ghost."""
-        pairs = np.unique(np.stack([src[lost], dst_part[lost]]), axis=1)
-        u, q = pairs[0], pairs[1]
+        u, q = distinct_pairs(src[lost], dst_part[lost], self.num_partitions)
         held = (q != self.part[u]) & held_by(self.holders[u], q)
         u, q = u[held], q[held]
         ptr, nbr, _ = graph.out_edges(u)
@@ -252,7 +266,8 @@ class Placement:
         ends = np.concatenate([e.src[linked], e.dst[linked]]).astype(np.int64)
         others = np.concatenate([e.dst[linked], e.src[linked]]).astype(np.int64)
         order = np.concatenate([np.arange(linked.sum())] * 2)
-        usable = np.isin(ends, added) & ~np.isin(others, added)
+        new = marked(graph.num_slots, added)
+        usable = new[ends] & ~new[others]
         ends, others, order = ends[usable], others[usable], order[usable]
         first = np.lexsort((order, ends))
         ends, others = ends[first], others[first]

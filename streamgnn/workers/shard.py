@@ -59,10 +59,10 @@ class ApplyResult:
     messages from ghosts, combined per destination and source partition (what a design
     combining messages at the sender would send);
     ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out;
-    ``rewritten`` lists per layer the rows of owned vertices the batch wrote, as (slots
-    ascending, rows) (a shard: layers 1..L, its own slots; `Engine.apply`: layers 0..L,
-    0 the features, slots of the engine's graph; empty from MPI ranks), and ``removed``
-    the ids the batch deleted (engine only)."""
+    ``rewritten`` lists per layer 1..L the rows of owned vertices the batch wrote, as
+    (the shard's slots ascending, rows) (a shard's own report, empty from MPI ranks:
+    `Engine.rewritten` merges them), and ``removed`` the ids the batch deleted (engine
+    only)."""
 
     changed_labels: dict[int, tuple[int | None, int]]
     rejected: list[InvalidUpdateError] = field(default_factory=list)
