@@ -338,3 +338,112 @@ def test_a_corrupt_shard_file_falls_back_to_the_previous_checkpoint(tmp_path):
     for r in broker.records(TOPICS.labels):
         event_id = LabelChanges.model_validate_json(r.value).event_id
         assert seen.setdefault(event_id, r.value) == r.value, event_id
+
+
+def _state(engine) -> dict[str, np.ndarray]:
+    """Every array a checkpoint of ``engine`` holds, copied."""
+    shards = {f"shard{p}": s.arrays(with_graph=engine.placement is not None)
+              for p, s in enumerate(engine.shards)}
+    files = {"engine": engine._head(), **shards}
+    return {f"{f}/{k}": np.array(v) for f, arrays in files.items() for k, v in arrays.items()}
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_checkpoint_written_in_the_background_holds_the_state_of_its_batch(
+        tmp_path, partitions):
+    """A checkpoint taken after batch 5 is written by a forked child while the loop applies
+    the rest: its files hold the state after batch 5 exactly, not a later one, and
+    reopening from it replays the rest to the same final state."""
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = MemoryBroker()
+    for u in events:
+        broker.produce(TOPICS.updates, encode(u))
+    config = ServiceConfig(batch_size=10, checkpoint_batches=10**6, checkpoint_s=1e6,
+                           topics=TOPICS)
+    open_service = opener(broker, snapshot, model, config, tmp_path, partitions)
+    service = open_service()
+    taken: dict = {}
+
+    def on_batch(report) -> None:
+        if report.seq == 5:
+            service.checkpoint(wait=False)
+            taken.update(generation=service._writing.generation, forked=service._writing._pid,
+                         state=_state(service.engine))
+
+    service.run(idle_exit_s=0.5, on_batch=on_batch)
+    service.close()
+    assert taken["forked"] is not None and service.stats.checkpoints_failed == 0
+    saved = Checkpoints(tmp_path)._load(taken["generation"])
+    assert saved.meta["batch_seq"] == 5
+    written = {f"{f}/{k}": v for f, arrays in saved.files.items() if f != "model"
+               for k, v in arrays.items()}
+    assert written.keys() == taken["state"].keys()
+    for key, rows in taken["state"].items():
+        np.testing.assert_array_equal(written[key], rows, err_msg=key)
+    later = _state(service.engine)
+    assert any(not np.array_equal(later[k], v) for k, v in taken["state"].items()
+               if k in later and later[k].shape == v.shape)  # the loop went on meanwhile
+    store = Checkpoints(tmp_path)
+    for newer in store.generations():
+        if newer > taken["generation"]:
+            (store.folder(newer) / "manifest.json").unlink()
+    with pytest.warns(UserWarning, match="incomplete"):
+        again = open_service()
+    assert again.batch_seq == 5
+    again.run(idle_exit_s=0.5)
+    assert again.batch_seq == service.batch_seq
+    assert_exact(again.engine, model)
+
+
+def test_a_failed_background_checkpoint_is_counted_and_a_restart_replays_past_it(
+        tmp_path, monkeypatch):
+    """Every checkpoint the forked child writes fails, then the process dies: the failures
+    are counted, the loop went on meanwhile, and a restart from the start-up checkpoint
+    replays the journals of the failed generations too: the same final state, every
+    repeated label change the same message."""
+    import os
+
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = MemoryBroker()
+    for u in events:
+        broker.produce(TOPICS.updates, encode(u))
+    parent = os.getpid()
+    write = service_module.write_arrays
+
+    def failing_in_the_child(folder, name, arrays):
+        if os.getpid() != parent:
+            raise OSError("disk full")
+        return write(folder, name, arrays)
+
+    class Crash(BaseException):
+        pass
+
+    monkeypatch.setattr(service_module, "write_arrays", failing_in_the_child)
+    config = ServiceConfig(batch_size=10, checkpoint_batches=3, topics=TOPICS)
+    open_service = opener(broker, snapshot, model, config, tmp_path)
+    first = open_service()
+
+    def dying(report) -> None:
+        if report.seq == 12:
+            raise Crash
+
+    with pytest.raises(Crash):
+        first.run(idle_exit_s=0.5, on_batch=dying)
+    first.close()
+    assert first.stats.checkpoints_failed >= 2
+    store = Checkpoints(tmp_path)
+    assert store.kept() == [1] and len(store.generations()) > 2
+    monkeypatch.setattr(service_module, "write_arrays", write)
+    with pytest.warns(UserWarning, match="incomplete"):
+        service = open_service()
+    assert service.batch_seq == 0
+    service.run(idle_exit_s=0.5)
+    current = service.engine.graph.to_data()
+    assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
+    assert_exact(service.engine, model)
+    seen: dict[str, bytes] = {}
+    for r in broker.records(TOPICS.labels):
+        event_id = LabelChanges.model_validate_json(r.value).event_id
+        assert seen.setdefault(event_id, r.value) == r.value, event_id

@@ -7,7 +7,10 @@ takes the newest complete one. Every file is written to a temporary name, fsync'
 renamed; the last ``keep`` complete generations are kept.
 
 Files of one generation may come from different processes (`write_arrays`, one shard per
-rank; `streamgnn.npz`); `commit` makes the set complete. Must not import torch, kafka or mpi4py.
+rank; `streamgnn.npz`); `commit` makes the set complete. `write` writes a generation here
+or, in the background, from a forked child: the child's memory is a copy-on-write snapshot
+of this process at the fork, so the caller's state may change at once while the child
+writes it as it was (the way Redis' BGSAVE does). Must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import sys
+import traceback
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +49,34 @@ class CorruptCheckpointError(ValueError):
     """A generation's file does not match its manifest."""
 
 
+class Writing:
+    """A generation `Checkpoints.write` is writing: ``done`` says whether it finished
+    (None: still writing), ``wait`` waits for it; both are True once the generation is
+    complete, False if the writer failed (it said why on stderr; the generation stays
+    incomplete, so loading skips it)."""
+
+    def __init__(self, generation: int, pid: int | None = None, ok: bool = True) -> None:
+        self.generation = generation
+        self._pid = pid  # the writing child, until it has been reaped
+        self._ok = ok
+
+    def done(self) -> bool | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self) -> bool:
+        ok = self._reap(0)
+        assert ok is not None
+        return ok
+
+    def _reap(self, flags: int) -> bool | None:
+        if self._pid is not None:
+            pid, status = os.waitpid(self._pid, flags)
+            if pid == 0:
+                return None
+            self._pid, self._ok = None, os.waitstatus_to_exitcode(status) == 0
+        return self._ok
+
+
 class Checkpoints:
     def __init__(self, directory: str | Path, keep: int = 2) -> None:
         self.directory = Path(directory)
@@ -67,6 +101,35 @@ class Checkpoints:
         generation = self.next_generation()
         self.folder(generation).mkdir(parents=True, exist_ok=True)
         return generation
+
+    def write(self, generation: int, files: Callable[[Path], list[dict]], meta: dict,
+              background: bool = False) -> Writing:
+        """Write generation ``generation`` (from `begin`): ``files(folder)`` writes its
+        array files and returns their entries, then `commit`. With ``background`` (where
+        the platform can fork) a forked child does both and this returns at once: the
+        child writes the state as it was at the call, whatever this process changes
+        meanwhile; ``files`` must then only read memory (no threads, locks or devices: only
+        the calling thread lives on in the child)."""
+        if not (background and hasattr(os, "fork")):
+            self.commit(generation, meta, files(self.folder(generation)))
+            return Writing(generation)
+        with warnings.catch_warnings():  # 3.12+ warns of threads: the child uses none
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            return Writing(generation, pid)
+        code = 1
+        try:  # the child: the parent's signals (Ctrl-C to the group) are not for it
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.commit(generation, meta, files(self.folder(generation)))
+            code = 0
+        except BaseException:
+            print(f"writing checkpoint {self.folder(generation)} failed:", file=sys.stderr)
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)  # no atexit handlers, no flushing the parent's buffers
 
     def commit(self, generation: int, meta: dict, entries: list[dict]) -> None:
         """Write the manifest that makes ``generation`` complete, then drop generations

@@ -101,6 +101,8 @@ class Stats:
     query_latency: Histogram = field(default_factory=Histogram)
     lag: int | None = None  # records on the updates topic not consumed yet, if known
     checkpointed: float | None = None  # time.time() of the last checkpoint
+    checkpoints_failed: int = 0
+    checkpoint_pause: Histogram = field(default_factory=Histogram)  # the loop stood still
     started: float = field(default_factory=time.perf_counter)
     first_input: float | None = None  # perf_counter when the first record came
     last_output: float = 0.0          # ... when the last outputs were acknowledged
@@ -149,6 +151,12 @@ class Stats:
         yield _histogram("streamgnn_query_latency_seconds", "Query latency: from the "
                          "request's event time (stream) or arrival (REST) to the answer.",
                          self.query_latency)
+        yield _histogram("streamgnn_checkpoint_pause_seconds", "Time the loop stood still "
+                         "for a checkpoint (the files are written by a forked child).",
+                         self.checkpoint_pause)
+        yield _counter("streamgnn_checkpoints_failed", "Checkpoints whose writing failed "
+                       "(the previous complete one stays the restart point).",
+                       self.checkpoints_failed)
         if self.lag is not None:
             yield GaugeMetricFamily("streamgnn_consumer_lag", "Records on the updates "
                                     "topic not consumed yet.", value=self.lag)

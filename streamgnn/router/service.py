@@ -54,7 +54,7 @@ from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.npz import write_arrays
 from streamgnn.queries import QueryRequest
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
-from streamgnn.router.checkpoint import Checkpoints, Saved
+from streamgnn.router.checkpoint import Checkpoints, Saved, Writing
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.router.metrics import Stats
 from streamgnn.router.pending import Cut, Entry, Item, Origin, Pending, Run, size
@@ -137,6 +137,8 @@ class Service:
         self._acked: list[tuple[float, float, np.ndarray]] = []  # filled by ack callbacks
         self._last_batch_s = 0.0
         self._last_checkpoint = (0, time.monotonic())
+        self._writing: Writing | None = None  # a checkpoint being written in the background
+        self._writing_positions: dict[int, int] = {}  # ... and its offsets
 
     # ---------------------------------------------------------------- start / resume
     @classmethod
@@ -194,29 +196,59 @@ class Service:
         self.pending = Pending()
         self.arrivals = Arrivals(self.engine.graph.contains, self.config.arrival_wait_s)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, wait: bool = True) -> None:
+        """Checkpoint the state after the last batch: engine, model, pending updates and
+        offsets, and start the journal of what follows. The files are written by a forked
+        child where the engine's state is all in this process (`Checkpoints.write`), so
+        the loop goes on at once; with ``wait`` (start-up, shutdown) this returns once the
+        generation is complete. Without ``wait``, a checkpoint still being written makes
+        this one wait for the next chance."""
         if self.checkpoints is None:
             return
+        if self._writing is not None:
+            if not wait and self._writing.done() is None:
+                return
+            self._written()
+        paused = time.perf_counter()
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         unapplied = self.pending.items() + sorted(self.held.values(), key=lambda item: item[1].key)
         generation = self.checkpoints.begin()
-        folder = self.checkpoints.folder(generation)
-        entries = [write_arrays(folder, "model", {
-            k: t.cpu().numpy() for k, t in self.model.state_dict.items()}),
-            *self.engine.write(folder)]
-        self.checkpoints.commit(generation, {
+        positions = self.transport.positions()
+        model = {k: t.cpu().numpy() for k, t in self.model.state_dict.items()}
+        meta = {
             "spec": asdict(self.model.spec),
             "waiting": [_item_json(w.update, w.source, (w.vertex, w.deadline))
                         for ws in self.arrivals.waiting.values() for w in ws],
             "pending": [_item_json(u, o) for u, o in unapplied],
-            "batch_seq": self.batch_seq, "positions": self.transport.positions(),
-            "query_positions": self.queries.positions() if self.queries else {}}, entries)
-        self.journal.restart(generation, list(self.script), self.checkpoints.kept()[0])
-        self.suspects.forget_before(self.transport.positions())
+            "batch_seq": self.batch_seq, "positions": positions,
+            "query_positions": self.queries.positions() if self.queries else {}}
+        self._writing = self.checkpoints.write(
+            generation, lambda folder: [write_arrays(folder, "model", model),
+                                        *self.engine.write(folder)],
+            meta, background=not wait and self.engine.in_host_memory)
+        self._writing_positions = positions
+        if wait:
+            self._written()
+        # what follows goes to the new generation's journal; a restart from an older one
+        # (this one incomplete) replays the journals from that one on
+        self.journal.restart(generation, list(self.script),
+                             min(self.checkpoints.kept(), default=generation))
         self._last_checkpoint = (self.batch_seq, time.monotonic())
-        self.stats.checkpointed = time.time()
+        self.stats.checkpoint_pause.record((time.perf_counter() - paused) * 1e3)
+
+    def _written(self) -> None:
+        """Wait for the checkpoint being written; once complete, the records before its
+        offsets need no watching any more."""
+        writing, self._writing = self._writing, None
+        if writing.wait():
+            self.suspects.forget_before(self._writing_positions)
+            self.stats.checkpointed = time.time()
+        else:
+            self.stats.checkpoints_failed += 1
 
     def close(self) -> None:
+        if self._writing is not None:  # a checkpoint's child is writing: let it finish
+            self._written()
         self.transport.close()
         if self.queries is not None:
             self.queries.close()
@@ -574,10 +606,12 @@ class Service:
                 partition=p, on_ack=acked)
 
     def _maybe_checkpoint(self) -> None:
+        if self._writing is not None and self._writing.done() is not None:
+            self._written()
         seq, at = self._last_checkpoint
         if (self.batch_seq - seq >= self.config.checkpoint_batches
                 or time.monotonic() - at >= self.config.checkpoint_s):
-            self.checkpoint()
+            self.checkpoint(wait=False)
 
     def _dead_letter(self, origin: Origin, error: str, reason: str,
                      update: Update | None = None, payload: str | None = None,

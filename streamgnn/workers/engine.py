@@ -145,6 +145,12 @@ class Engine:
         return [write_arrays(folder, "engine", self._head()),
                 *self.workers.write(folder, with_graph=self.placement is not None)]
 
+    @property
+    def in_host_memory(self) -> bool:
+        """Whether all the state lives in this process's host memory (the shards here, on
+        the CPU): then a forked child can `write` it as it was at the fork."""
+        return isinstance(self.workers, LocalWorkers) and self.device.type == "cpu"
+
     @classmethod
     def read(cls, model: torch.nn.Module, folder: Path, device: str = "cpu",
              workers: Workers | None = None) -> Engine:
