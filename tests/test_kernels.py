@@ -17,6 +17,8 @@ from streamgnn.models.extremum_ops import (
     pull_max_columns_torch,
 )
 from streamgnn.models.rowops import (
+    argmax_rows_numba,
+    argmax_rows_torch,
     combine_rows_numba,
     combine_rows_torch,
     fold_rows_numba,
@@ -34,6 +36,20 @@ from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
 
 seeds = st.integers(0, 2**32 - 1)
+
+
+@given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
+       rows=st.integers(0, 50), cols=st.integers(1, 45), levels=st.integers(1, 6))
+def test_argmax_rows_numba_and_torch_pick_the_first_largest_column(seed, dtype, rows, cols,
+                                                                  levels):
+    """Few distinct values per row, so ties are common: the first largest column wins,
+    in whole rows and in a strided view."""
+    rng = np.random.default_rng(seed)
+    table = torch.from_numpy(rng.integers(0, levels, (rows, cols))).to(dtype)
+    for values in (table, table[:, ::2]):
+        expected = values.numpy().argmax(axis=1)
+        for kernel in (argmax_rows_numba, argmax_rows_torch):
+            np.testing.assert_array_equal(kernel(values), expected)
 
 
 @given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),

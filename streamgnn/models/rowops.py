@@ -1,7 +1,7 @@
 """Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
-(``fold_rows_``), and the store of a superstep's new rows that reports which changed
-(``store_rows_``).
+(``fold_rows_``), the store of a superstep's new rows that reports which changed
+(``store_rows_``), and each row's largest column (``argmax_rows``: the labels).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 The loops read and write rows of large tables at random, so each asks for the row it will
@@ -191,3 +191,30 @@ def store_rows_(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarra
     changed and not fresh (in order; else none), and whether every new row is finite."""
     kernel = store_rows_numba if table.device.type == "cpu" else store_rows_torch
     return kernel(table, index, rows, fresh, keep_old)
+
+
+@njit(cache=True)
+def _argmax_loop(rows):
+    out = np.empty(rows.shape[0], np.int64)
+    for i in range(rows.shape[0]):
+        k = 0
+        for j in range(1, rows.shape[1]):
+            if rows[i, j] > rows[i, k]:
+                k = j
+        out[i] = k
+    return out
+
+
+def argmax_rows_numba(rows: Tensor) -> np.ndarray:
+    return _argmax_loop(rows.numpy())
+
+
+def argmax_rows_torch(rows: Tensor) -> np.ndarray:
+    return rows.argmax(-1).cpu().numpy()
+
+
+def argmax_rows(rows: Tensor) -> np.ndarray:
+    """Each row's first largest column (rows finite), as numpy's and torch's argmax: at
+    a few tens of columns numpy's costs ~2.5x this loop."""
+    kernel = argmax_rows_numba if rows.device.type == "cpu" else argmax_rows_torch
+    return kernel(rows)

@@ -39,7 +39,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
-from streamgnn.models.rowops import store_rows_
+from streamgnn.models.rowops import argmax_rows, store_rows_
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
@@ -753,7 +753,7 @@ class Shard:
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
-        new = _argmax_rows(last.after)
+        new = argmax_rows(last.after)
         old = self._labels[last.region]
         self._labels[last.region] = new
         differs = (new != old) | last.fresh
@@ -836,10 +836,6 @@ def _grown(t: Tensor, size: int) -> Tensor:
 
 
 # A row reduction: numpy is quicker than torch on the small CPU tensors of a batch.
-def _argmax_rows(t: Tensor) -> np.ndarray:
-    return t.numpy().argmax(axis=1) if t.device.type == "cpu" else t.argmax(-1).cpu().numpy()
-
-
 def _count(flags: Tensor) -> int:
     """How many of the bools are set."""
     if flags.device.type == "cpu":
