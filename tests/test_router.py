@@ -237,6 +237,39 @@ def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
     assert Checkpoints(tmp_path / "none").load() is None
 
 
+def test_a_generation_written_in_the_background_reports_how_it_ended(tmp_path):
+    """A forked writer: complete once reaped (also when something else reaped it: the
+    manifest tells), failed when the child died, and the arrays are as they were at the
+    fork whatever the parent wrote after."""
+    import os
+    import signal
+
+    store = Checkpoints(tmp_path)
+    x = np.zeros(1000)
+
+    def files(folder):
+        return [write_arrays(folder, "a", {"x": x})]
+
+    writing = store.write(store.begin(), files, {"n": 1}, background=True)
+    x[:] = 1  # the parent goes on: the child writes its copy
+    assert writing.wait() and writing.done()
+    assert np.array_equal(store.load().files["a"]["x"], np.zeros(1000))
+    writing = store.write(store.begin(), files, {"n": 2}, background=True)
+    os.waitpid(writing._pid, 0)  # reaped elsewhere
+    assert writing.wait() and store.load().meta == {"n": 2}
+
+    def stuck(folder):
+        signal.pause()  # until killed
+        return []
+
+    writing = store.write(store.begin(), stuck, {"n": 3}, background=True)
+    assert writing.done() is None
+    os.kill(writing._pid, signal.SIGKILL)
+    assert writing.wait() is False
+    with pytest.warns(UserWarning, match="incomplete"):
+        assert store.load().meta == {"n": 2}
+
+
 def test_checkpoints_are_data_and_a_damaged_one_falls_back_to_the_previous(tmp_path):
     """Generations are npz files + a manifest with checksums, loaded without pickle; a
     torn, altered or missing file, or a missing manifest, makes a generation incomplete

@@ -55,10 +55,11 @@ class Writing:
     complete, False if the writer failed (it said why on stderr; the generation stays
     incomplete, so loading skips it)."""
 
-    def __init__(self, generation: int, pid: int | None = None, ok: bool = True) -> None:
+    def __init__(self, generation: int, folder: Path, pid: int | None = None) -> None:
         self.generation = generation
+        self._manifest = folder / MANIFEST
         self._pid = pid  # the writing child, until it has been reaped
-        self._ok = ok
+        self._ok = True
 
     def done(self) -> bool | None:
         return self._reap(os.WNOHANG)
@@ -70,7 +71,11 @@ class Writing:
 
     def _reap(self, flags: int) -> bool | None:
         if self._pid is not None:
-            pid, status = os.waitpid(self._pid, flags)
+            try:
+                pid, status = os.waitpid(self._pid, flags)
+            except ChildProcessError:  # reaped by someone else: the manifest tells
+                self._pid, self._ok = None, self._manifest.exists()
+                return self._ok
             if pid == 0:
                 return None
             self._pid, self._ok = None, os.waitstatus_to_exitcode(status) == 0
@@ -112,12 +117,12 @@ class Checkpoints:
         the calling thread lives on in the child)."""
         if not (background and hasattr(os, "fork")):
             self.commit(generation, meta, files(self.folder(generation)))
-            return Writing(generation)
+            return Writing(generation, self.folder(generation))
         with warnings.catch_warnings():  # 3.12+ warns of threads: the child uses none
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid:
-            return Writing(generation, pid)
+            return Writing(generation, self.folder(generation), pid)
         code = 1
         try:  # the child: the parent's signals (Ctrl-C to the group) are not for it
             signal.signal(signal.SIGINT, signal.SIG_IGN)
