@@ -239,3 +239,15 @@ def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, 
     assert many["labels"] == local.label(ids).tolist()
     want = local.query(sg.QueryRequest.model_validate(query))
     assert np.abs(np.array(answer["embeddings"]) - want.embeddings).max() < 1e-5
+
+
+def test_message_offsets_past_two_gib_do_not_wrap():
+    """Payloads to several ranks add up past 2 GiB on products-like: the offsets of the
+    later ones must not wrap as 32-bit integers did (mpi4py then uses MPI-4's large-count
+    calls; a 2.2 GB Scatterv/Gatherv was checked by hand under mpiexec)."""
+    import numpy as np
+
+    from streamgnn.workers.mpi import _displacements
+
+    counts = np.array([0, 2**31 - 1, 2**31 - 1, 5], np.int64)
+    assert _displacements(counts).tolist() == [0, 0, 2**31 - 1, 2**32 - 2]

@@ -5,7 +5,9 @@ crosses the wire.
 
 Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
 payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each an ``.npz``
-byte buffer of plain arrays (loaded with ``allow_pickle=False``). During a batch the
+byte buffer of plain arrays (loaded with ``allow_pickle=False``); counts and offsets are
+64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB (a
+products-like bootstrap hands its partitions over in more). During a batch the
 workers exchange ghost rows among themselves with ``Alltoallv`` of the same packed
 buffers `Shard.run` builds in one process. A worker that fails aborts the whole job
 (``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
@@ -214,8 +216,8 @@ def _drive(program, peers: MPI.Comm):
 
 def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
     """Send ``outgoing[q]`` to rank q of ``comm``; what every rank sent this one."""
-    send_counts = np.array([len(b) for b in outgoing], np.int32)
-    recv_counts = np.empty(len(outgoing), np.int32)
+    send_counts = np.array([len(b) for b in outgoing], np.int64)
+    recv_counts = np.empty(len(outgoing), np.int64)
     comm.Alltoall(send_counts, recv_counts)
     send = np.concatenate(outgoing) if len(outgoing) else np.zeros(0, np.uint8)
     recv = np.empty(int(recv_counts.sum()), np.uint8)
@@ -226,9 +228,9 @@ def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
 
 def _scatter(comm: MPI.Comm, buffers: list[np.ndarray] | None) -> np.ndarray:
     """Rank 0 sends ``buffers[r]`` to each rank r; every rank gets its own."""
-    counts = (np.array([len(b) for b in buffers], np.int32) if buffers is not None
+    counts = (np.array([len(b) for b in buffers], np.int64) if buffers is not None
               else None)
-    mine = np.zeros(1, np.int32)
+    mine = np.zeros(1, np.int64)
     comm.Scatter(counts, mine, root=0)
     out = np.empty(int(mine[0]), np.uint8)
     if buffers is not None:
@@ -241,8 +243,8 @@ def _scatter(comm: MPI.Comm, buffers: list[np.ndarray] | None) -> np.ndarray:
 
 def _gather(comm: MPI.Comm, mine: np.ndarray) -> list[np.ndarray]:
     """Every rank sends ``mine`` to rank 0, which gets them all (others get [])."""
-    counts = np.zeros(comm.Get_size(), np.int32) if comm.Get_rank() == 0 else None
-    comm.Gather(np.array([len(mine)], np.int32), counts, root=0)
+    counts = np.zeros(comm.Get_size(), np.int64) if comm.Get_rank() == 0 else None
+    comm.Gather(np.array([len(mine)], np.int64), counts, root=0)
     if comm.Get_rank() != 0:
         comm.Gatherv(mine, None, root=0)
         return []
@@ -252,7 +254,7 @@ def _gather(comm: MPI.Comm, mine: np.ndarray) -> list[np.ndarray]:
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 # ---------------------------------------------------------------- payloads as arrays
