@@ -275,6 +275,21 @@ def test_journal_replays_finished_batches_and_expiries_in_order_last_copy_counti
     assert Journal.death(entries).batch == 5
 
 
+def test_a_journal_begun_with_steps_still_to_replay_keeps_them_finished(tmp_path):
+    """A checkpoint taken while a replay still has steps left (a stop mid-replay) begins
+    the new journal with them: read back, they are still finished steps to replay, and
+    nobody died."""
+    from streamgnn.router.journal import Journal
+    b = lambda n: Journal.batch_entry(n, [[0, n, -1, 1]], float(n))  # noqa: E731
+    x = Journal.expired_entry(3, [(0, 9, -1)])
+    journal = Journal(tmp_path)
+    journal.restart(7, [b(3), x, b(4)], prune_below=7)
+    journal.close()
+    entries = Journal(tmp_path).entries(7)
+    assert Journal.steps(entries, after=2) == [b(3), x, b(4)]
+    assert Journal.death(entries) is None
+
+
 def test_a_death_between_checkpoint_and_journal_restart_resumes_without_stalling(
         tmp_path, monkeypatch):
     """Killed after checkpoint N is complete but before its journal begins: the expiry

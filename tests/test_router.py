@@ -239,8 +239,8 @@ def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
 
 def test_a_generation_written_in_the_background_reports_how_it_ended(tmp_path):
     """A forked writer: complete once reaped (also when something else reaped it: the
-    manifest tells), failed when the child died, and the arrays are as they were at the
-    fork whatever the parent wrote after."""
+    manifest tells), failed when the child died or ran past its deadline, and the arrays
+    are as they were at the fork whatever the parent wrote after."""
     import os
     import signal
 
@@ -266,6 +266,8 @@ def test_a_generation_written_in_the_background_reports_how_it_ended(tmp_path):
     assert writing.done() is None
     os.kill(writing._pid, signal.SIGKILL)
     assert writing.wait() is False
+    writing = store.write(store.begin(), stuck, {"n": 4}, background=True, deadline_s=0.3)
+    assert writing.wait() is False  # killed at its deadline
     with pytest.warns(UserWarning, match="incomplete"):
         assert store.load().meta == {"n": 2}
 

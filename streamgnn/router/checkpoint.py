@@ -15,11 +15,14 @@ writes it as it was (the way Redis' BGSAVE does). Must not import torch, kafka o
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
 import signal
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Collection
@@ -53,20 +56,28 @@ class Writing:
     """A generation `Checkpoints.write` is writing: ``done`` says whether it finished
     (None: still writing), ``wait`` waits for it; both are True once the generation is
     complete, False if the writer failed (it said why on stderr; the generation stays
-    incomplete, so loading skips it)."""
+    incomplete, so loading skips it) or ran past its ``deadline_s`` (then it is killed)."""
 
-    def __init__(self, generation: int, folder: Path, pid: int | None = None) -> None:
+    def __init__(self, generation: int, folder: Path, pid: int | None = None,
+                 deadline_s: float = 0.0) -> None:
         self.generation = generation
         self._manifest = folder / MANIFEST
         self._pid = pid  # the writing child, until it has been reaped
+        self._deadline = time.monotonic() + deadline_s
         self._ok = True
 
     def done(self) -> bool | None:
+        if self._pid is not None and time.monotonic() > self._deadline:
+            print(f"checkpoint writer {self._pid} ran past its deadline: killed",
+                  file=sys.stderr)
+            os.kill(self._pid, signal.SIGKILL)
+            self._reap(0)
+            self._ok = False
         return self._reap(os.WNOHANG)
 
     def wait(self) -> bool:
-        ok = self._reap(0)
-        assert ok is not None
+        while (ok := self.done()) is None:
+            time.sleep(0.01)
         return ok
 
     def _reap(self, flags: int) -> bool | None:
@@ -108,29 +119,42 @@ class Checkpoints:
         return generation
 
     def write(self, generation: int, files: Callable[[Path], list[dict]], meta: dict,
-              background: bool = False) -> Writing:
+              background: bool = False, deadline_s: float = 600.0) -> Writing:
         """Write generation ``generation`` (from `begin`): ``files(folder)`` writes its
         array files and returns their entries, then `commit`. With ``background`` (where
         the platform can fork) a forked child does both and this returns at once: the
         child writes the state as it was at the call, whatever this process changes
         meanwhile; ``files`` must then only read memory (no threads, locks or devices: only
-        the calling thread lives on in the child)."""
+        the calling thread lives on in the child). The child ignores SIGINT and SIGTERM,
+        dies with this process (Linux), and is killed past ``deadline_s``. Where no child
+        can be made (no memory or processes left), it writes in place."""
+        folder = self.folder(generation)
         if not (background and hasattr(os, "fork")):
-            self.commit(generation, meta, files(self.folder(generation)))
-            return Writing(generation, self.folder(generation))
-        with warnings.catch_warnings():  # 3.12+ warns of threads: the child uses none
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid:
-            return Writing(generation, self.folder(generation), pid)
+            self.commit(generation, meta, files(folder))
+            return Writing(generation, folder)
+        parent = os.getpid()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            with warnings.catch_warnings():  # 3.12+ warns of threads: the child uses none
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            pid = None
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if pid is None:
+                return self.write(generation, files, meta)
+            return Writing(generation, folder, pid, deadline_s)
         code = 1
         try:  # the child: the parent's signals (Ctrl-C to the group) are not for it
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            self.commit(generation, meta, files(self.folder(generation)))
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            _die_with(parent)
+            self.commit(generation, meta, files(folder))
             code = 0
         except BaseException:
-            print(f"writing checkpoint {self.folder(generation)} failed:", file=sys.stderr)
+            print(f"writing checkpoint {folder} failed:", file=sys.stderr)
             traceback.print_exc()
         finally:
             sys.stderr.flush()
@@ -193,6 +217,15 @@ class Checkpoints:
             if names is None or entry["name"] in names:
                 files[entry["name"]] = read_arrays(file)
         return Saved(generation, folder, manifest["state"], files)
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this (forked) process when its parent dies (Linux), and exit
+    now if the parent already has."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the deadline bounds it
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _fsync_dir(path: Path) -> None:

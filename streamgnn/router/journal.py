@@ -103,15 +103,17 @@ class Journal:
         self._open(newest)
 
     def restart(self, generation: int, keep: list[dict], prune_below: int) -> None:
-        """Checkpoint ``generation`` is complete: begin its journal holding only ``keep``
-        (steps still to be replayed as they were); drop journals older than
+        """Checkpoint ``generation`` is taken (complete, or still being written): begin its
+        journal holding only ``keep`` (steps still to be replayed as they were, each
+        batch with the "ok" that marks it finished); drop journals older than
         ``prune_below`` (the oldest generation a restart may still start from)."""
         if self._file is not None:
             self._file.close()
         path = self._path(generation)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.writelines(json.dumps(e).encode() + b"\n" for e in keep)
+        with open(tmp, "wb") as f:  # a kept batch is a finished one: its "ok" goes with it
+            f.writelines(json.dumps(e).encode() + (b'\n{"ok": 1}\n' if "batch" in e else b"\n")
+                         for e in keep)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

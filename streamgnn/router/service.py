@@ -234,7 +234,8 @@ class Service:
         self.journal.restart(generation, list(self.script),
                              min(self.checkpoints.kept(), default=generation))
         self._last_checkpoint = (self.batch_seq, time.monotonic())
-        self.stats.checkpoint_pause.record((time.perf_counter() - paused) * 1e3)
+        if not wait:  # (start-up and shutdown write in place: not a pause of the loop)
+            self.stats.checkpoint_pause.record((time.perf_counter() - paused) * 1e3)
 
     def _written(self) -> None:
         """Wait for the checkpoint being written; once complete, the records before its
@@ -286,6 +287,7 @@ class Service:
         opened = last_input = time.monotonic()
         while not stop():
             self._serve_reads()
+            self._reap_checkpoint()
             if self.script:
                 self._replay_step(on_batch)
                 last_input = time.monotonic()
@@ -605,9 +607,13 @@ class Service:
                 f"lc-{self.batch_seq}-{part}", at, self.batch_seq, part, sources, changes),
                 partition=p, on_ack=acked)
 
-    def _maybe_checkpoint(self) -> None:
+    def _reap_checkpoint(self) -> None:
+        """Take note of a background checkpoint that has finished."""
         if self._writing is not None and self._writing.done() is not None:
             self._written()
+
+    def _maybe_checkpoint(self) -> None:
+        self._reap_checkpoint()
         seq, at = self._last_checkpoint
         if (self.batch_seq - seq >= self.config.checkpoint_batches
                 or time.monotonic() - at >= self.config.checkpoint_s):
