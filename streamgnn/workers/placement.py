@@ -31,6 +31,7 @@ from streamgnn.updates import (
     UPDATE_FEATURES,
     UpdateBatch,
 )
+from streamgnn.workers.slotsets import marked
 
 Strategy = Literal["metis", "hash"]
 STRATEGIES = ("metis", "hash")
@@ -59,13 +60,6 @@ def held_by(holders: np.ndarray, q) -> np.ndarray:
     """Which of the holder masks ``holders`` include partition ``q`` (an int, or an array
     broadcasting against them)."""
     return (holders & bit(q)) != 0
-
-
-def marked(size: int, slots: np.ndarray) -> np.ndarray:
-    """A mask over ``size`` slots, true at ``slots`` (membership without sorting)."""
-    mask = np.zeros(size, bool)
-    mask[slots] = True
-    return mask
 
 
 def distinct_pairs(u: np.ndarray, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

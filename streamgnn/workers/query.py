@@ -34,7 +34,7 @@ from streamgnn.graph import DynamicGraph
 from streamgnn.graph.idmap import IdMap
 from streamgnn.models.layers import Layer
 from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
-from streamgnn.workers.slotsets import SlotSets
+from streamgnn.workers.slotsets import SlotSets, marked
 
 
 @dataclass
@@ -151,9 +151,7 @@ class QueryGraph:
 
     def mask(self, slots: np.ndarray) -> np.ndarray:
         """A boolean array over the virtual slots, True at ``slots``."""
-        out = np.zeros(self.n0 + len(self.q), bool)
-        out[slots] = True
-        return out
+        return marked(self.n0 + len(self.q), slots)
 
     def in_weight(self, vertices: np.ndarray) -> np.ndarray:
         """Weighted in-degree of sorted distinct ``vertices`` (float64)."""

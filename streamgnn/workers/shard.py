@@ -44,7 +44,7 @@ from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.placement import Routed, bit, held_by
-from streamgnn.workers.slotsets import SlotSets
+from streamgnn.workers.slotsets import SlotSets, marked
 
 
 @dataclass
@@ -366,8 +366,7 @@ class Shard:
         for rows in (*self.state, *self.drift, *self.ties):  # reused slots: start empty
             if rows is not None and len(added):
                 rows[self._index(added)] = 0
-        is_added = np.zeros(self.graph.num_slots, bool)
-        is_added[added] = True
+        is_added = marked(self.graph.num_slots, added)
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                            diff.changed.astype(np.int64),
                            [self._tensor(diff.changed_x_before).to(self.dtype)])

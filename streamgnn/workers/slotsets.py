@@ -70,6 +70,13 @@ def _distinct_pairs(slots, tags, bits):
     return n
 
 
+def marked(size: int, slots: np.ndarray) -> np.ndarray:
+    """A mask over ``size`` slots, true at ``slots`` (membership without sorting)."""
+    mask = np.zeros(size, bool)
+    mask[slots] = True
+    return mask
+
+
 class SlotSets:
     """Set operations on slots below ``size`` (grown with `fit`). ``scratch`` (int64, one
     per slot, contents meaningless between calls) may be borrowed by other kernels."""
