@@ -71,8 +71,7 @@ class Writing:
             print(f"checkpoint writer {self._pid} ran past its deadline: killed",
                   file=sys.stderr)
             os.kill(self._pid, signal.SIGKILL)
-            self._reap(0)
-            self._ok = False
+            self._reap(0)  # killed: not a complete generation unless it had committed
         return self._reap(os.WNOHANG)
 
     def wait(self) -> bool:
@@ -98,7 +97,7 @@ class Checkpoints:
         self.directory = Path(directory)
         self.keep = keep
         for stale in self.directory.glob("gen-*/*.tmp*"):  # from a process killed mid-write
-            stale.unlink()
+            stale.unlink(missing_ok=True)  # (or a live writer just renamed it)
 
     def generations(self) -> list[int]:
         """Generation numbers present (complete or not), ascending."""
