@@ -1,5 +1,6 @@
 """How the engine's process asks the C library and the kernel for memory: malloc keeping
-freed memory (`keep_freed_memory`), and tables on 2 MB pages (`huge_pages`).
+freed memory (`keep_freed_memory`) but for a bootstrap's (`release_freed_memory`), and
+tables on 2 MB pages (`huge_pages`).
 
 By default malloc hands blocks above 128 KB back to the kernel on free (mmap) and trims
 the heap's free top, so every batch's temporaries (message rows, gathered states) fault
@@ -20,6 +21,7 @@ Owns these process settings only; must not import torch, kafka or mpi4py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -44,6 +46,14 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def release_freed_memory() -> None:
+    """Hand what malloc keeps freed back to the kernel once (glibc's ``malloc_trim``):
+    after a bootstrap, whose temporaries dwarf a batch's (a products-like partition's
+    message and copies, several GB), kept memory would hold the process at that peak."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to hand back
+        _libc().malloc_trim(0)
 
 
 def huge_pages(array: np.ndarray) -> np.ndarray:

@@ -1,13 +1,16 @@
-"""Plain-array files: a dict of numpy arrays as one ``.npz`` file, written atomically
-(temporary name, fsync, rename) with a manifest entry naming its size and SHA-256, and
-read back without unpickling anything; the same as bytes for messages between processes.
-What checkpoints and MPI commands are made of. Must not import torch, kafka or mpi4py.
+"""Plain arrays, never pickles: a dict of numpy arrays as one ``.npz`` file, written
+atomically (temporary name, fsync, rename) with a manifest entry naming its size and
+SHA-256, and read back without unpickling anything (what checkpoints are made of); and as
+one message between processes (what MPI commands are made of): a JSON layout, then each
+array's bytes at a 64-byte aligned offset, so packing copies each array once and
+unpacking copies nothing (the arrays are views into the message).
+Must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
+import json
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -34,16 +37,55 @@ def read_arrays(path: Path | BinaryIO) -> dict[str, np.ndarray]:
         return {k: npz[k] for k in npz.files}
 
 
+_ALIGN = 64  # bytes: every array of a message starts at a multiple of this
+
+
 def to_bytes(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """``arrays`` as the bytes of an ``.npz`` file, in a uint8 array (a message)."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return np.frombuffer(buffer.getbuffer(), np.uint8)
+    """``arrays`` as one message in a uint8 array: the layout's length (8 bytes), the
+    layout (JSON: each array's name, dtype, shape and offset), then the arrays."""
+    arrays = {name: np.asarray(a, order="C") for name, a in arrays.items()}
+    layout, size = [], 0
+    for name, a in arrays.items():
+        _plain(a.dtype, name)
+        layout.append({"name": name, "dtype": a.dtype.str, "shape": a.shape, "at": size})
+        size += _aligned(a.nbytes)
+    head = json.dumps(layout).encode()
+    start = _aligned(8 + len(head))
+    out = np.empty(start + size, np.uint8)
+    out[:8] = np.frombuffer(len(head).to_bytes(8, "little"), np.uint8)
+    out[8:8 + len(head)] = np.frombuffer(head, np.uint8)
+    out[8 + len(head):start] = 0
+    for entry, a in zip(layout, arrays.values(), strict=True):
+        at = start + entry["at"]
+        out[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+        out[at + a.nbytes:at + _aligned(a.nbytes)] = 0
+    return out
 
 
 def from_bytes(buffer: np.ndarray) -> dict[str, np.ndarray]:
-    """The arrays `to_bytes` packed (none for an empty buffer)."""
-    return read_arrays(io.BytesIO(buffer.tobytes())) if len(buffer) else {}
+    """The arrays `to_bytes` packed, as views into ``buffer`` (none for an empty one)."""
+    if not len(buffer):
+        return {}
+    n = int.from_bytes(buffer[:8].tobytes(), "little")
+    start = _aligned(8 + n)
+    out = {}
+    for entry in json.loads(buffer[8:8 + n].tobytes()):
+        dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
+        _plain(dtype, entry["name"])
+        at = start + entry["at"]
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        out[entry["name"]] = buffer[at:at + nbytes].view(dtype).reshape(shape)
+    return out
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _plain(dtype: np.dtype, name: str) -> None:
+    """Only plain numbers travel: an array of Python objects would need pickling."""
+    if dtype.hasobject:
+        raise TypeError(f"array {name!r} holds Python objects ({dtype}): not a plain array")
 
 
 def sha256(path: Path) -> str:

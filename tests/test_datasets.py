@@ -6,6 +6,8 @@ import gzip
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import streamgnn as sg
 
@@ -93,3 +95,28 @@ def test_ogb_directory_loader(tmp_path):
 def test_open_dataset_explains_what_it_accepts(tmp_path):
     with pytest.raises(ValueError, match="neither a preset"):
         sg.datasets.open_dataset(str(tmp_path / "missing.npz"))
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-2**62, 2**62), st.lists(st.integers(0, 60), min_size=1, max_size=30,
+                                            unique=True),
+       st.sampled_from([1, 2**20]), st.lists(st.integers(-2**63, 2**63 - 1), max_size=5),
+       st.randoms())
+def test_positions_by_table_and_by_search_agree_with_a_dict(start, offsets, step, strangers,
+                                                            rnd):
+    """Both ways `positions` looks ids up (a table over dense ids, binary search over
+    sparse ones) give each id's row, and name an unknown id, in a gap, next to the range
+    or far from it."""
+    ids = start + np.array(offsets, np.int64) * step
+    rnd.shuffle(ids)
+    data = sg.GraphData(ids=ids, src=ids[:0], dst=ids[:0],
+                        x=np.zeros((len(ids), 1), np.float32))
+    row = {int(v): k for k, v in enumerate(ids)}
+    asked = [rnd.choice(ids.tolist()) for _ in range(20)]
+    np.testing.assert_array_equal(data.positions(np.array(asked, np.int64)),
+                                  [row[v] for v in asked])
+    near = [start + k * step for k in range(-1, 62)]
+    for v in [v for v in strangers + near if v not in row][:8]:
+        with pytest.raises(sg.UnknownVertexError, match=str(v)):
+            data.positions(np.array([*asked, v], np.int64))

@@ -116,11 +116,22 @@ class GraphData:
         return 0 if self.y is None else int(self.y.max()) + 1
 
     def positions(self, ext: np.ndarray) -> np.ndarray:
-        """Row index in ``ids``/``x`` of each external id in ``ext``."""
-        order = np.argsort(self.ids, kind="stable")
-        pos = np.searchsorted(self.ids, ext, sorter=order)
-        pos = order[np.minimum(pos, len(order) - 1)]
-        bad = self.ids[pos] != ext
+        """Row index in ``ids``/``x`` of each external id in ``ext``: through a table
+        indexed by id where the ids are dense enough (a products-like graph's 62M edge
+        ends: 5 s instead of minutes by binary search), else by binary search."""
+        ext = np.asarray(ext)
+        if not len(self.ids):
+            pos, bad = np.zeros(len(ext), np.int64), np.ones(len(ext), bool)
+        elif (span := int(self.ids.max()) - (low := int(self.ids.min())) + 1) <= 8 * len(
+                self.ids):
+            table = np.full(span, -1, np.int64)
+            table[self.ids - low] = np.arange(len(self.ids))
+            pos = table[np.clip(ext - low, 0, span - 1)]
+            bad = (pos < 0) | (ext < low) | (ext >= low + span)
+        else:
+            order = np.argsort(self.ids, kind="stable")
+            pos = order[np.minimum(np.searchsorted(self.ids[order], ext), len(order) - 1)]
+            bad = self.ids[pos] != ext
         if bad.any():
             raise UnknownVertexError(f"vertex {np.asarray(ext)[bad][0]} is not in the graph")
         return pos

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from pydantic import TypeAdapter, ValidationError
 
+from streamgnn.allocator import release_freed_memory
 from streamgnn.datasets import GraphData
 from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
@@ -63,17 +64,19 @@ class Engine:
             self.placement = None
             self.workers = LocalWorkers([Shard(self.layers, graph, hs, states, self.device,
                                                self.dtype)])
-            return
-        self.placement = Placement.initial(graph, partitions, placement)
-        cuts = [self._cut(p) for p in range(partitions)]
-        if workers is None:  # each shard computes its own first state, layer by layer
-            self.workers = LocalWorkers(lockstep([
-                Shard.bootstrap(self.layers, cut, self.device, self.dtype, recompute, p,
-                                partitions, progress and p == 0)
-                for p, cut in enumerate(cuts)], InProcess()))
         else:
-            workers.bootstrap(cuts, recompute)
-            self.workers = workers
+            _check_workers(workers, partitions)
+            self.placement = Placement.initial(graph, partitions, placement)
+            cut = self._cutter()
+            if workers is None:  # each shard computes its own first state, layer by layer
+                self.workers = LocalWorkers(lockstep([
+                    Shard.bootstrap(self.layers, cut(p), self.device, self.dtype, recompute,
+                                    p, partitions, progress and p == 0)
+                    for p in range(partitions)], InProcess()))
+            else:  # each worker gets its partition, cut just before it is sent
+                workers.bootstrap(cut, recompute)
+                self.workers = workers
+        release_freed_memory()  # the bootstrap's temporaries
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str) -> None:
         self.layers = decompose(model.to(device))
@@ -90,12 +93,17 @@ class Engine:
         self.last_diff: GraphDiff | None = None
         self._last_results: list[ApplyResult] = []  # the shards' reports of the last batch
 
-    def _cut(self, p: int) -> dict[str, np.ndarray]:
-        """Shard ``p`` without layer state (`Shard.bootstrap` computes it): the vertices
-        it owns, the in-neighbours it needs as ghosts (their in-degrees too), the edges
-        into its vertices."""
+    def _cutter(self) -> Callable[[int], dict[str, np.ndarray]]:
+        """``cut(p)``: shard ``p`` without layer state (`Shard.bootstrap` computes it):
+        the vertices it owns, the in-neighbours it needs as ghosts (their in-degrees too),
+        the edges into its vertices."""
+        edges = self.graph.edge_slots()
+        return functools.partial(self._cut, edges)
+
+    def _cut(self, edges: tuple[np.ndarray, np.ndarray, np.ndarray], p: int
+             ) -> dict[str, np.ndarray]:
         g, part = self.graph, self.placement.part
-        src, dst, w = g.edge_slots()
+        src, dst, w = edges
         into = part[dst] == p
         owned = np.flatnonzero(part[:g.num_slots] == p)
         ghosts = np.setdiff1d(src[into], owned)
@@ -175,10 +183,11 @@ class Engine:
                 Shard.from_arrays(engine.layers, shard(p), engine.device, engine.dtype)
                 for p in range(engine.num_partitions)])
         else:
+            _check_workers(workers, engine.num_partitions)
             if folder is not None:
                 workers.read(folder)  # each rank reads its own file
             else:
-                workers.load([shard(p) for p in range(engine.num_partitions)])
+                workers.load(shard)
             engine.workers = workers
         return engine
 
@@ -366,18 +375,26 @@ def _options(req: QueryRequest | QueryColumns, options: dict) -> dict:
     return out
 
 
+def _check_workers(workers: Workers | None, partitions: int) -> None:
+    if workers is not None and workers.size != partitions:
+        raise ValueError(f"{partitions} partitions for {workers.size} workers")
+
+
 class Workers(Protocol):
     """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
     engine builds `LocalWorkers` itself, which need only what it calls on both: `apply`,
     `rows`, `arrays`, `write`, `summaries`."""
 
-    def load(self, shards: list[dict[str, np.ndarray]]) -> None:
-        """Take the shards' state (`Shard.arrays`)."""
+    size: int  # how many partitions they hold
+
+    def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
+        """Take the shards' state: ``shard(p)``, partition p's (`Shard.arrays`)."""
         ...
 
-    def bootstrap(self, shards: list[dict[str, np.ndarray]], recompute: bool) -> None:
-        """Compute the shards' first state where they live (`Shard.bootstrap`), from
-        ``shards`` without layer state."""
+    def bootstrap(self, cut: Callable[[int], dict[str, np.ndarray]], recompute: bool
+                  ) -> None:
+        """Compute the shards' first state where they live (`Shard.bootstrap`) from
+        ``cut(p)``, partition p without layer state."""
         ...
 
     def apply(self, routed: list[Routed]) -> list[ApplyResult]:

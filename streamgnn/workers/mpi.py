@@ -4,10 +4,12 @@ builds the same model itself (SPMD: from the same model file), so nothing but ar
 crosses the wire.
 
 Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
-payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each an ``.npz``
-byte buffer of plain arrays (loaded with ``allow_pickle=False``); counts and offsets are
-64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB (a
-products-like bootstrap hands its partitions over in more). During a batch the
+payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each a message
+of plain arrays (`streamgnn.npz.to_bytes`: no pickles). The partitions of a bootstrap or
+a load go one worker at a time instead (``Send``), each built just before it is sent and
+dropped after, so rank 0 never holds more than one (a products-like graph's four add up to
+several GB). Counts and offsets are 64-bit, so mpi4py uses MPI-4's large-count calls
+where a transfer passes 2 GiB. During a batch the
 workers exchange ghost rows among themselves with ``Alltoallv`` of the same packed
 buffers `Shard.run` builds in one process. A worker that fails aborts the whole job
 (``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
@@ -24,7 +26,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from streamgnn.allocator import release_freed_memory
 from streamgnn.models import decompose
 from streamgnn.npz import from_bytes, read_arrays, to_bytes, write_arrays
 from streamgnn.updates import UpdateBatch
@@ -39,6 +42,8 @@ from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
 
 LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(10)
+ONE_AT_A_TIME = (LOAD, BOOTSTRAP)  # commands whose payloads are sent to one worker at a time
+NEW_SHARD = (LOAD, BOOTSTRAP, READ)  # commands that replace a worker's shard
 T = TypeVar("T")
 
 
@@ -63,15 +68,13 @@ class MpiWorkers:
         self.comm.Split(MPI.UNDEFINED, 0)  # the workers' own communicator (collective)
         self.shards = None  # not in this process
 
-    def load(self, shards: list[dict[str, np.ndarray]]) -> None:
-        if len(shards) != self.size:
-            raise ValueError(f"{len(shards)} partitions for {self.size} worker ranks")
-        self._call(LOAD, shards)
+    def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
+        self._call(LOAD, (shard(p) for p in range(self.size)))
 
-    def bootstrap(self, shards: list[dict[str, np.ndarray]], recompute: bool) -> None:
-        if len(shards) != self.size:
-            raise ValueError(f"{len(shards)} partitions for {self.size} worker ranks")
-        self._call(BOOTSTRAP, [{**s, "recompute": np.array(recompute)} for s in shards])
+    def bootstrap(self, cut: Callable[[int], dict[str, np.ndarray]], recompute: bool
+                  ) -> None:
+        self._call(BOOTSTRAP, ({**cut(p), "recompute": np.array(recompute)}
+                               for p in range(self.size)))
 
     def apply(self, routed: list[Routed]) -> list[ApplyResult]:
         replies = self._call(APPLY, [_routed_arrays(r) for r in routed])
@@ -107,10 +110,14 @@ class MpiWorkers:
     def stop(self) -> None:
         self._call(STOP, [{}] * self.size, reply=False)
 
-    def _call(self, command: int, payloads: list[dict[str, np.ndarray]], reply: bool = True
-              ) -> list[dict[str, np.ndarray]]:
+    def _call(self, command: int, payloads: Iterable[dict[str, np.ndarray]],
+              reply: bool = True) -> list[dict[str, np.ndarray]]:
         self.comm.Bcast(np.array([command], np.int64), root=0)
-        _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
+        if command in ONE_AT_A_TIME:
+            for rank, payload in enumerate(payloads, start=1):
+                _send(self.comm, to_bytes(payload), rank)
+        else:
+            _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
         if not reply:
             return []
         return [from_bytes(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
@@ -166,8 +173,11 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
     header = np.zeros(1, np.int64)
     while True:
         comm.Bcast(header, root=0)
-        payload = from_bytes(_scatter(comm, None))
         command = int(header[0])
+        if command in NEW_SHARD:
+            shard = None  # replaced: never hold the old and the new one at once
+        payload = from_bytes(_receive(comm) if command in ONE_AT_A_TIME
+                             else _scatter(comm, None))
         if command == STOP:
             return
         if command == LOAD:
@@ -175,8 +185,10 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             reply = {}
         elif command == BOOTSTRAP:
             recompute = bool(payload.pop("recompute"))
-            shard = _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
-                                           recompute, me, partitions), peers)
+            program = Shard.bootstrap(layers, payload, torch.device(device), dtype,
+                                      recompute, me, partitions)
+            payload = None  # the program copies what it keeps, then lets the message go
+            shard = _drive(program, peers)
             reply = {}
         elif command == APPLY:
             program = shard.run_routed(_routed(payload), me, partitions)
@@ -200,6 +212,9 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             reply = {}
         else:
             raise ValueError(f"unknown command {command}")
+        if command in NEW_SHARD:
+            payload = arrays = None
+            release_freed_memory()  # a partition's message and copies: gone for good
         _gather(comm, to_bytes(reply))
 
 
@@ -224,6 +239,21 @@ def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
     comm.Alltoallv([send, (send_counts, _displacements(send_counts)), MPI.BYTE],
                    [recv, (recv_counts, _displacements(recv_counts)), MPI.BYTE])
     return np.split(recv, np.cumsum(recv_counts)[:-1])
+
+
+def _send(comm: MPI.Comm, buffer: np.ndarray, rank: int) -> None:
+    """Rank 0 sends ``buffer`` to ``rank`` alone (`_receive` there)."""
+    comm.Send(np.array([len(buffer)], np.int64), dest=rank)
+    comm.Send([buffer, MPI.BYTE], dest=rank)
+
+
+def _receive(comm: MPI.Comm) -> np.ndarray:
+    """What rank 0 `_send` this rank."""
+    count = np.zeros(1, np.int64)
+    comm.Recv(count, source=0)
+    out = np.empty(int(count[0]), np.uint8)
+    comm.Recv([out, MPI.BYTE], source=0)
+    return out
 
 
 def _scatter(comm: MPI.Comm, buffers: list[np.ndarray] | None) -> np.ndarray:

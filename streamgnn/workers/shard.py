@@ -217,6 +217,8 @@ class Shard:
         the next layer reads; returns the shard (states kept unless ``recompute``)."""
         graph = DynamicGraph.from_arrays(under(arrays, "graph/"))
         ghost, holders = np.array(arrays["ghost"]), np.array(arrays["holders"])
+        ghost_owner = np.array(arrays["ghost_owner"])
+        del arrays  # copied: a large partition's message can go while the layers run
         owned = graph.alive & ~ghost
         n = graph.num_slots
         hs = [torch.from_numpy(graph.x[:n]).to(device, dtype)]
@@ -238,8 +240,7 @@ class Shard:
                                 device, dtype)
             hs.append(out)
             states.append(state)
-        return cls(layers, graph, hs, states, device, dtype, ghost, holders,
-                   np.array(arrays["ghost_owner"]))
+        return cls(layers, graph, hs, states, device, dtype, ghost, holders, ghost_owner)
 
     def _tables_on_huge_pages(self) -> None:
         """The per-vertex tables, read a row at a time at random, moved onto 2 MB pages
