@@ -92,4 +92,8 @@ def _sample_edges(rng: np.random.Generator, y: np.ndarray, c: int, popularity: n
 
 def _weighted_choice(rng: np.random.Generator, weights: np.ndarray, k: int) -> np.ndarray:
     cdf = np.cumsum(weights, dtype=np.float64)
-    return np.searchsorted(cdf, rng.random(k) * cdf[-1], side="right").clip(0, len(weights) - 1)
+    draws = rng.random(k) * cdf[-1]
+    order = np.argsort(draws)  # sorted keys: the search walks the cdf instead of jumping
+    out = np.empty(k, np.int64)
+    out[order] = np.searchsorted(cdf, draws[order], side="right")
+    return out.clip(0, len(weights) - 1)
