@@ -173,10 +173,10 @@ class Adjacency:
 
     @classmethod
     def from_arrays(cls, arrays) -> Adjacency:
-        """The adjacency whose `arrays` these are (copied)."""
+        """The adjacency whose `arrays` these are (adopted, not copied)."""
         adj = cls(0)
         for name, a in zip(cls.FIELDS, arrays, strict=True):
-            setattr(adj, name, np.array(a))
+            setattr(adj, name, a)
         return adj
 
     @property

@@ -149,13 +149,15 @@ class DynamicGraph:
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> DynamicGraph:
-        """The graph `to_arrays` gave (a batch is never open in one)."""
+        """The graph `to_arrays` gave (a batch is never open in one). It adopts the
+        arrays, which nothing else may hold: a large graph read from a file or a message is
+        not copied again."""
         g = cls(arrays["x"].shape[1], vertex_capacity=len(arrays["alive"]))
-        g._ids.ext = arrays["ext"].copy()
-        g._ids.table = (arrays["ids_cells"].copy(), g._ids.ext, arrays["ids_counts"].copy())
+        g._ids.ext = arrays["ext"]
+        g._ids.table = (arrays["ids_cells"], g._ids.ext, arrays["ids_counts"])
         for name in ("alive", "x", "in_weight"):
-            setattr(g, name, arrays[name].copy())
-        g._free, g._counts = arrays["free"].copy(), arrays["counts"].copy()
+            setattr(g, name, arrays[name])
+        g._free, g._counts = arrays["free"], arrays["counts"]
         g.limits = ValueLimits(*map(float, arrays["limits"]))
         g.out = Adjacency.from_arrays([arrays[f"out_{k}"] for k in Adjacency.FIELDS])
         g.inn = Adjacency.from_arrays([arrays[f"inn_{k}"] for k in Adjacency.FIELDS])

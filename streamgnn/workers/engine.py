@@ -143,6 +143,7 @@ class Engine:
     def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
                 device: str = "cpu", workers: Workers | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
+        snapshot = {k: np.array(a) for k, a in snapshot.items()}  # the engine adopts them
         return cls._restore(model, snapshot, lambda p: under(snapshot, f"shard{p}/"),
                             device, workers)
 

@@ -116,6 +116,8 @@ class MpiWorkers:
         if command in ONE_AT_A_TIME:
             for rank, payload in enumerate(payloads, start=1):
                 _send(self.comm, to_bytes(payload), rank)
+                del payload
+                release_freed_memory()  # the workers need it now, rank 0 no more
         else:
             _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
         if not reply:
@@ -185,10 +187,8 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             reply = {}
         elif command == BOOTSTRAP:
             recompute = bool(payload.pop("recompute"))
-            program = Shard.bootstrap(layers, payload, torch.device(device), dtype,
-                                      recompute, me, partitions)
-            payload = None  # the program copies what it keeps, then lets the message go
-            shard = _drive(program, peers)
+            shard = _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
+                                           recompute, me, partitions), peers)
             reply = {}
         elif command == APPLY:
             program = shard.run_routed(_routed(payload), me, partitions)

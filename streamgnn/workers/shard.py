@@ -216,9 +216,7 @@ class Shard:
         the rows of its vertices other partitions hold as ghosts and takes theirs, which
         the next layer reads; returns the shard (states kept unless ``recompute``)."""
         graph = DynamicGraph.from_arrays(under(arrays, "graph/"))
-        ghost, holders = np.array(arrays["ghost"]), np.array(arrays["holders"])
-        ghost_owner = np.array(arrays["ghost_owner"])
-        del arrays  # copied: a large partition's message can go while the layers run
+        ghost, holders, ghost_owner = arrays["ghost"], arrays["holders"], arrays["ghost_owner"]
         owned = graph.alive & ~ghost
         n = graph.num_slots
         hs = [torch.from_numpy(graph.x[:n]).to(device, dtype)]
@@ -311,7 +309,8 @@ class Shard:
     def from_arrays(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
                     device: torch.device, dtype: torch.dtype,
                     graph: DynamicGraph | None = None) -> Shard:
-        """The shard `arrays` came from; on ``graph`` if given (arrays without one)."""
+        """The shard `arrays` came from; on ``graph`` if given (arrays without one). It
+        adopts the arrays, which nothing else may hold."""
         shard = cls.__new__(cls)
         shard.layers, shard.device, shard.dtype = layers, device, dtype
         shard.graph = (graph if graph is not None
@@ -320,14 +319,12 @@ class Shard:
         for name in ("h", "state", "drift", "ties", "root", "t"):
             setattr(shard, name, [
                 None if (a := arrays.get(f"{name}/{k}")) is None
-                else torch.from_numpy(np.array(a)).to(device)
+                else torch.from_numpy(a).to(device)
                 for k in range(len(layers) + (name == "h"))])
-        shard._in_weight = np.array(arrays["in_weight"])
+        shard._in_weight = arrays["in_weight"]
         shard._labels = shard.h[-1].argmax(dim=-1).cpu().numpy()
-        shard.ghost = np.array(arrays["ghost"]) if "ghost" in arrays else None
-        shard.holders = np.array(arrays["holders"]) if "holders" in arrays else None
-        shard.ghost_owner = (np.array(arrays["ghost_owner"]) if "ghost_owner" in arrays
-                             else None)
+        shard.ghost, shard.holders, shard.ghost_owner = (
+            arrays.get(name) for name in ("ghost", "holders", "ghost_owner"))
         shard._batch = None
         shard._owned = None
         shard.sent, shard.received, shard.busy = [], [], []
