@@ -1,5 +1,5 @@
 """How the engine's process asks the C library and the kernel for memory: malloc keeping
-freed memory (`keep_freed_memory`) but for a bootstrap's (`release_freed_memory`), and
+freed memory (`keep_freed_memory`) but for a bootstrap's (`freed_memory_returned`), and
 tables on 2 MB pages (`huge_pages`).
 
 By default malloc hands blocks above 128 KB back to the kernel on free (mmap) and trims
@@ -27,33 +27,58 @@ import ctypes.util
 import functools
 import mmap
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
+_DEFAULT_MMAP_MAX = 65536  # glibc's defaults for them
+_DEFAULT_TRIM_THRESHOLD = 128 * 1024
+_RETURNED_MMAP_THRESHOLD = 1 << 20  # blocks from 1 MB up: their own mappings, unmapped on free
 _MADV_HUGEPAGE = 14  # from the kernel's mman-common.h
 _HUGE_PAGE = 2 << 20
 _HUGE_MIN_BYTES = 8 * _HUGE_PAGE  # smaller tables: as numpy allocates them
 
 
+_kept = False  # whether keep_freed_memory took
+
+
 def keep_freed_memory() -> bool:
     """Keep freed memory in this process for reuse (glibc only); True if malloc took it."""
+    global _kept
+    _kept = _mallopt(mmap_max=0, trim_threshold=2**31 - 1)
+    return _kept
+
+
+@contextlib.contextmanager
+def freed_memory_returned() -> Iterator[None]:
+    """Within: freed memory goes back to the kernel, as glibc does by default; after:
+    what `keep_freed_memory` set, if it did, on a heap trimmed to what is in use. For a
+    bootstrap or a restore: their temporaries are GBs on a large graph, and a heap kept at
+    their peak, fragmented, held a products-like worker at 7.1 GB whose shard needs 3.8."""
+    if not _kept:
+        yield
+        return
+    _mallopt(mmap_max=_DEFAULT_MMAP_MAX, trim_threshold=_DEFAULT_TRIM_THRESHOLD)
+    _libc().mallopt(_M_MMAP_THRESHOLD, _RETURNED_MMAP_THRESHOLD)  # not grown to 32 MB
+    try:
+        yield
+    finally:
+        _libc().malloc_trim(0)
+        _mallopt(mmap_max=0, trim_threshold=2**31 - 1)
+
+
+def _mallopt(mmap_max: int, trim_threshold: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = _libc().mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
-
-
-def release_freed_memory() -> None:
-    """Hand what malloc keeps freed back to the kernel once (glibc's ``malloc_trim``):
-    after a bootstrap, whose temporaries dwarf a batch's (a products-like partition's
-    message and copies, several GB), kept memory would hold the process at that peak."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to hand back
-        _libc().malloc_trim(0)
+    return bool(mallopt(_M_MMAP_MAX, mmap_max)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
 def huge_pages(array: np.ndarray) -> np.ndarray:

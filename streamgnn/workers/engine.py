@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from pydantic import TypeAdapter, ValidationError
 
-from streamgnn.allocator import release_freed_memory
+from streamgnn.allocator import freed_memory_returned
 from streamgnn.datasets import GraphData
 from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
@@ -56,8 +56,14 @@ class Engine:
             raise ValueError(f"partitions={partitions}: must be 1 to 64 and at most the "
                              f"graph's {graph.num_vertices} vertices")
         self._attach(model, graph, device)
+        with freed_memory_returned():  # a bootstrap's temporaries: GBs on a large graph
+            self._bootstrap(recompute, progress, partitions, placement, workers)
+
+    def _bootstrap(self, recompute: bool, progress: bool, partitions: int,
+                   placement: Strategy, workers: Workers | None) -> None:
+        graph = self.graph
         if partitions == 1 and workers is None:
-            hs, states = layerwise_states(self.layers, graph, device, progress=progress,
+            hs, states = layerwise_states(self.layers, graph, str(self.device), progress=progress,
                                           dtype=self.dtype, keep_states=not recompute)
             if recompute:  # RC re-aggregates from scratch: it keeps no states
                 states = [None] * len(self.layers)
@@ -76,7 +82,6 @@ class Engine:
             else:  # each worker gets its partition, cut just before it is sent
                 workers.bootstrap(cut, recompute)
                 self.workers = workers
-        release_freed_memory()  # the bootstrap's temporaries
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str) -> None:
         self.layers = decompose(model.to(device))
@@ -143,9 +148,10 @@ class Engine:
     def restore(cls, model: torch.nn.Module, snapshot: dict[str, np.ndarray],
                 device: str = "cpu", workers: Workers | None = None) -> Engine:
         """The engine `snapshot` was taken of, with ``model`` (the same weights)."""
-        snapshot = {k: np.array(a) for k, a in snapshot.items()}  # the engine adopts them
-        return cls._restore(model, snapshot, lambda p: under(snapshot, f"shard{p}/"),
-                            device, workers)
+        with freed_memory_returned():
+            snapshot = {k: np.array(a) for k, a in snapshot.items()}  # the engine adopts them
+            return cls._restore(model, snapshot, lambda p: under(snapshot, f"shard{p}/"),
+                                device, workers)
 
     def write(self, folder: Path) -> list[dict]:
         """Write the state as `snapshot` holds it into checkpoint folder ``folder``: the
@@ -164,9 +170,10 @@ class Engine:
     def read(cls, model: torch.nn.Module, folder: Path, device: str = "cpu",
              workers: Workers | None = None) -> Engine:
         """The engine `write` wrote into ``folder`` (whose files the caller checked)."""
-        return cls._restore(model, read_arrays(folder / "engine.npz"),
-                            lambda p: read_arrays(folder / f"shard{p}.npz"), device, workers,
-                            folder)
+        with freed_memory_returned():
+            return cls._restore(model, read_arrays(folder / "engine.npz"),
+                                lambda p: read_arrays(folder / f"shard{p}.npz"), device,
+                                workers, folder)
 
     @classmethod
     def _restore(cls, model: torch.nn.Module, head: dict[str, np.ndarray],

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from streamgnn.allocator import release_freed_memory
+from streamgnn.allocator import freed_memory_returned
 from streamgnn.models import decompose
 from streamgnn.npz import from_bytes, read_arrays, to_bytes, write_arrays
 from streamgnn.updates import UpdateBatch
@@ -116,8 +116,6 @@ class MpiWorkers:
         if command in ONE_AT_A_TIME:
             for rank, payload in enumerate(payloads, start=1):
                 _send(self.comm, to_bytes(payload), rank)
-                del payload
-                release_freed_memory()  # the workers need it now, rank 0 no more
         else:
             _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
         if not reply:
@@ -170,52 +168,62 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
     layers = decompose(model.to(device))
     dtype = next(model.parameters()).dtype
     peers = comm.Split(1, comm.Get_rank())
-    me, partitions = peers.Get_rank(), peers.Get_size()
     shard: Shard | None = None
     header = np.zeros(1, np.int64)
     while True:
         comm.Bcast(header, root=0)
         command = int(header[0])
-        if command in NEW_SHARD:
-            shard = None  # replaced: never hold the old and the new one at once
-        payload = from_bytes(_receive(comm) if command in ONE_AT_A_TIME
-                             else _scatter(comm, None))
-        if command == STOP:
-            return
-        if command == LOAD:
-            shard = Shard.from_arrays(layers, payload, torch.device(device), dtype)
-            reply = {}
-        elif command == BOOTSTRAP:
-            recompute = bool(payload.pop("recompute"))
-            shard = _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
-                                           recompute, me, partitions), peers)
-            reply = {}
-        elif command == APPLY:
-            program = shard.run_routed(_routed(payload), me, partitions)
-            reply = _result_arrays(_drive(program, peers))
-        elif command == ROWS:
-            ids, layer = payload["ids"], int(payload["layer"])
-            reply = {"rows": shard.rows(shard.graph.slots(ids), layer)}
-        elif command == PARTIALS:
-            reply = {} if not payload else {"state": shard.partials(**_partials(payload))}
-        elif command == ARRAYS:
-            reply = shard.arrays(bool(payload["with_graph"]))
-        elif command == SUMMARIES:
-            reply = {"summary": _json(shard.summary())}
-        elif command == WRITE:
-            folder = Path(_unjson(payload["folder"]))
-            entry = write_arrays(folder, f"shard{me}", shard.arrays(bool(payload["with_graph"])))
-            reply = {"entry": _json(entry)}
-        elif command == READ:
-            arrays = read_arrays(Path(_unjson(payload["folder"])) / f"shard{me}.npz")
-            shard = Shard.from_arrays(layers, arrays, torch.device(device), dtype)
-            reply = {}
+        if command not in NEW_SHARD:
+            payload = from_bytes(_scatter(comm, None))
+            if command == STOP:
+                return
+            reply = _execute(command, payload, shard, peers)
         else:
-            raise ValueError(f"unknown command {command}")
-        if command in NEW_SHARD:
-            payload = arrays = None
-            release_freed_memory()  # a partition's message and copies: gone for good
+            shard = None  # replaced: never hold the old and the new one at once
+            with freed_memory_returned():  # a partition's message and copies: GBs
+                payload = from_bytes(_receive(comm) if command in ONE_AT_A_TIME
+                                     else _scatter(comm, None))
+                shard = _new_shard(command, payload, layers, device, dtype, peers)
+                del payload
+            reply = {}
         _gather(comm, to_bytes(reply))
+
+
+def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, device: str,
+               dtype: torch.dtype, peers: MPI.Comm) -> Shard:
+    """The shard a LOAD, BOOTSTRAP or READ command makes."""
+    me, partitions = peers.Get_rank(), peers.Get_size()
+    if command == LOAD:
+        return Shard.from_arrays(layers, payload, torch.device(device), dtype)
+    if command == BOOTSTRAP:
+        recompute = bool(payload.pop("recompute"))
+        return _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
+                                      recompute, me, partitions), peers)
+    arrays = read_arrays(Path(_unjson(payload["folder"])) / f"shard{me}.npz")
+    return Shard.from_arrays(layers, arrays, torch.device(device), dtype)
+
+
+def _execute(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: MPI.Comm
+             ) -> dict[str, np.ndarray]:
+    """What a command on the worker's shard replies."""
+    me = peers.Get_rank()
+    if command == APPLY:
+        program = shard.run_routed(_routed(payload), me, peers.Get_size())
+        return _result_arrays(_drive(program, peers))
+    if command == ROWS:
+        ids, layer = payload["ids"], int(payload["layer"])
+        return {"rows": shard.rows(shard.graph.slots(ids), layer)}
+    if command == PARTIALS:
+        return {} if not payload else {"state": shard.partials(**_partials(payload))}
+    if command == ARRAYS:
+        return shard.arrays(bool(payload["with_graph"]))
+    if command == SUMMARIES:
+        return {"summary": _json(shard.summary())}
+    if command == WRITE:
+        folder = Path(_unjson(payload["folder"]))
+        entry = write_arrays(folder, f"shard{me}", shard.arrays(bool(payload["with_graph"])))
+        return {"entry": _json(entry)}
+    raise ValueError(f"unknown command {command}")
 
 
 def _drive(program, peers: MPI.Comm):
@@ -224,7 +232,9 @@ def _drive(program, peers: MPI.Comm):
     try:
         outgoing = next(program)
         while True:
-            outgoing = program.send(alltoallv(peers, outgoing))
+            incoming = alltoallv(peers, outgoing)
+            del outgoing  # sent: not held while the program goes on
+            outgoing = program.send(incoming)
     except StopIteration as done:
         return done.value
 

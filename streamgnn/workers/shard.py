@@ -178,20 +178,24 @@ class Shard:
                  ghost: np.ndarray | None = None, holders: np.ndarray | None = None,
                  ghost_owner: np.ndarray | None = None) -> None:
         """``hs``: [h0, ..., hL] of every slot (ghosts' rows included); ``states`` per
-        layer, or None (RC); ``ghost``: which slots are ghosts (None: there are none);
-        ``holders``: per slot, a bit per partition holding it as a ghost;
+        layer, or None (RC) (the shard takes both lists over); ``ghost``: which slots
+        are ghosts (None: there are none); ``holders``: per slot, a bit per partition
+        holding it as a ghost;
         ``ghost_owner``: per ghost slot, the partition owning it."""
         self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
         self.sets = SlotSets(len(graph.alive))
         self.state = states
         self.drift = [_no_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
-        self.h: list[Tensor | None] = [None, *hs[1:]]  # h[0] lives in the graph
         self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
         with torch.inference_mode():
             self.root = [layer.root(h) if layer.caches_root and s is not None else None
                          for layer, h, s in zip(layers, hs, states, strict=False)]
             self.t = [layer.transform(h) if layer.caches_t and s is not None else None
                       for layer, h, s in zip(layers, hs, states, strict=False)]
+        # the shard takes the lists over: moved onto huge pages in place, each original
+        # table goes as soon as it is copied (a products-like worker's are GBs)
+        self.h: list[Tensor | None] = hs
+        hs[0] = None  # h[0] lives in the graph
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
         self.ghost = ghost
         self.holders = holders
@@ -230,12 +234,15 @@ class Shard:
                     slots = np.flatnonzero(owned[:n] & held_by(holders[:n], q))
                     sent.append(pack(Ghosts(graph.ext[slots], rows[slots])) if q != me
                                 else pack(None))
-                for g in (unpack(b) for b in (yield sent)):
+                incoming = yield sent
+                del rows, sent  # before the next layer's tables: GBs on a large graph
+                for g in map(unpack, incoming):
                     if g is not None:
                         index = torch.from_numpy(graph.slots(g.ids).astype(np.int64))
                         with torch.inference_mode():
-                            out[index.to(device)] = torch.from_numpy(np.array(g.rows)).to(
-                                device, dtype)
+                            out[index.to(device)] = torch.from_numpy(g.rows).to(device,
+                                                                                 dtype)
+                del incoming
             hs.append(out)
             states.append(state)
         return cls(layers, graph, hs, states, device, dtype, ghost, holders, ghost_owner)
@@ -246,8 +253,10 @@ class Shard:
         if self.device.type != "cpu":
             return
         for name in ("h", "state", "ties", "root", "t"):
-            setattr(self, name, [None if rows is None else torch.from_numpy(
-                huge_pages(rows.contiguous().numpy())) for rows in getattr(self, name)])
+            tables = getattr(self, name)
+            for k, rows in enumerate(tables):  # in place: each original goes once copied
+                if rows is not None:
+                    tables[k] = torch.from_numpy(huge_pages(rows.contiguous().numpy()))
 
     @property
     def num_layers(self) -> int:
