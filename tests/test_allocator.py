@@ -39,6 +39,39 @@ def test_freed_memory_is_reused_without_page_faults():
     assert faults("keep") * 20 < default
 
 
+RETURN_PROBE = """
+import numpy as np
+from streamgnn.allocator import freed_memory_returned, keep_freed_memory
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+def dropped_on_free(blocks, size):
+    held = [np.ones(size, np.uint8) for _ in range(blocks)]  # touched
+    before = rss_mb()
+    del held
+    return before - rss_mb()
+assert keep_freed_memory()
+with freed_memory_returned():
+    large = dropped_on_free(1, 256 << 20)  # its own mapping: unmapped on free
+    small = [np.ones(512 << 10, np.uint8) for _ in range(400)]  # 200 MB on the heap
+    before = rss_mb()
+    del small[:-1]  # all but the last: the heap's top is held, nothing trims
+    kept_inside = before - rss_mb()
+    before = rss_mb()
+print(large, kept_inside, before - rss_mb(), dropped_on_free(1, 256 << 20))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
+def test_freed_memory_goes_back_within_a_bootstrap_and_is_kept_after_it():
+    """Within `freed_memory_returned` a freed large block goes back to the kernel at
+    once, and the heap's freed middle when it ends (trimmed); after it memory is kept
+    again, as `keep_freed_memory` set it."""
+    out = subprocess.run([sys.executable, "-c", RETURN_PROBE], capture_output=True,
+                         text=True, check=True)
+    large, kept_inside, trimmed, after = map(int, out.stdout.split())
+    assert large > 200 and kept_inside < 50 and trimmed > 150 and after < 50
+
+
 def test_huge_pages_copies_large_tables_and_leaves_small_ones():
     from streamgnn.allocator import huge_pages, huge_zeros
 
