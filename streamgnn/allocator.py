@@ -43,6 +43,7 @@ _HUGE_MIN_BYTES = 8 * _HUGE_PAGE  # smaller tables: as numpy allocates them
 
 
 _kept = False  # whether keep_freed_memory took
+_returning = False  # within freed_memory_returned
 
 
 def keep_freed_memory() -> bool:
@@ -58,9 +59,11 @@ def freed_memory_returned() -> Iterator[None]:
     what `keep_freed_memory` set, if it did, on a heap trimmed to what is in use. For a
     bootstrap or a restore: their temporaries are GBs on a large graph, and a heap kept at
     their peak, fragmented, held a products-like worker at 7.1 GB whose shard needs 3.8."""
-    if not _kept:
+    global _returning
+    if not _kept or _returning:  # nested: the outermost one switches back
         yield
         return
+    _returning = True
     _mallopt(mmap_max=_DEFAULT_MMAP_MAX, trim_threshold=_DEFAULT_TRIM_THRESHOLD)
     _libc().mallopt(_M_MMAP_THRESHOLD, _RETURNED_MMAP_THRESHOLD)  # not grown to 32 MB
     try:
@@ -68,6 +71,7 @@ def freed_memory_returned() -> Iterator[None]:
     finally:
         _libc().malloc_trim(0)
         _mallopt(mmap_max=0, trim_threshold=2**31 - 1)
+        _returning = False
 
 
 def _mallopt(mmap_max: int, trim_threshold: int) -> bool:

@@ -537,6 +537,7 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
     """A worker rank: the model from the service's last checkpoint (or the model file on
     a fresh start), then one partition until rank 0 says stop. Signals are rank 0's to
     act on (it stops the workers at a batch boundary)."""
+    from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router.checkpoint import Checkpoints
     from streamgnn.router.service import saved_model
@@ -544,6 +545,7 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+    keep_freed_memory()  # the shard's batches run here: as rank 0 does in one process
     saved = Checkpoints(state_dir).load(names=("model",))
     model = Checkpoint.load(checkpoint) if saved is None else saved_model(saved)
     run_worker(model.model(), comm, device)

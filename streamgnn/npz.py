@@ -46,7 +46,7 @@ def to_bytes(arrays: dict[str, np.ndarray]) -> np.ndarray:
     arrays = {name: np.asarray(a, order="C") for name, a in arrays.items()}
     layout, size = [], 0
     for name, a in arrays.items():
-        _plain(a.dtype, name)
+        plain(a.dtype, name)
         layout.append({"name": name, "dtype": a.dtype.str, "shape": a.shape, "at": size})
         size += _aligned(a.nbytes)
     head = json.dumps(layout).encode()
@@ -70,10 +70,12 @@ def from_bytes(buffer: np.ndarray) -> dict[str, np.ndarray]:
     start = _aligned(8 + n)
     out = {}
     for entry in json.loads(buffer[8:8 + n].tobytes()):
-        dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
-        _plain(dtype, entry["name"])
-        at = start + entry["at"]
+        dtype, shape = np.dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"])
+        plain(dtype, entry["name"])
+        at = start + int(entry["at"])
         nbytes = int(np.prod(shape)) * dtype.itemsize
+        if entry["at"] < 0 or min(shape, default=0) < 0 or at + nbytes > len(buffer):
+            raise ValueError(f"array {entry['name']!r} lies outside the message")
         out[entry["name"]] = buffer[at:at + nbytes].view(dtype).reshape(shape)
     return out
 
@@ -82,10 +84,13 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def _plain(dtype: np.dtype, name: str) -> None:
-    """Only plain numbers travel: an array of Python objects would need pickling."""
+def plain(dtype: np.dtype, name: str) -> None:
+    """Only plain numbers travel: an array of Python objects would need pickling, and a
+    record's fields would not survive ``dtype.str``."""
     if dtype.hasobject:
         raise TypeError(f"array {name!r} holds Python objects ({dtype}): not a plain array")
+    if dtype.names is not None:
+        raise TypeError(f"array {name!r} has fields ({dtype}): not a plain array")
 
 
 def sha256(path: Path) -> str:

@@ -51,6 +51,8 @@ def dropped_on_free(blocks, size):
     return before - rss_mb()
 assert keep_freed_memory()
 with freed_memory_returned():
+    with freed_memory_returned():  # nested: the outer one still holds after it
+        pass
     large = dropped_on_free(1, 256 << 20)  # its own mapping: unmapped on free
     small = [np.ones(512 << 10, np.uint8) for _ in range(400)]  # 200 MB on the heap
     before = rss_mb()
@@ -63,9 +65,9 @@ print(large, kept_inside, before - rss_mb(), dropped_on_free(1, 256 << 20))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
 def test_freed_memory_goes_back_within_a_bootstrap_and_is_kept_after_it():
-    """Within `freed_memory_returned` a freed large block goes back to the kernel at
-    once, and the heap's freed middle when it ends (trimmed); after it memory is kept
-    again, as `keep_freed_memory` set it."""
+    """Within `freed_memory_returned` (nested ones included) a freed large block goes back
+    to the kernel at once, and the heap's freed middle when it ends (trimmed); after it
+    memory is kept again, as `keep_freed_memory` set it."""
     out = subprocess.run([sys.executable, "-c", RETURN_PROBE], capture_output=True,
                          text=True, check=True)
     large, kept_inside, trimmed, after = map(int, out.stdout.split())

@@ -116,6 +116,7 @@ def test_positions_by_table_and_by_search_agree_with_a_dict(start, offsets, step
     asked = [rnd.choice(ids.tolist()) for _ in range(20)]
     np.testing.assert_array_equal(data.positions(np.array(asked, np.int64)),
                                   [row[v] for v in asked])
+    assert data.positions([]).tolist() == []
     near = [start + k * step for k in range(-1, 62)]
     for v in [v for v in strangers + near if v not in row][:8]:
         with pytest.raises(sg.UnknownVertexError, match=str(v)):

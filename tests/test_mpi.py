@@ -287,9 +287,21 @@ def test_a_message_gives_back_every_array_as_a_writable_aligned_view(spec, seed)
         assert got.size == 0 or np.shares_memory(got, message)
     with pytest.raises(TypeError, match=r"'o'.*Python objects"):
         to_bytes({"o": np.array([object()])})
-    forged = to_bytes({"o": np.zeros(1, np.int64)})
-    n = int.from_bytes(forged[:8].tobytes(), "little")
-    forged[8:8 + n] = np.frombuffer(forged[8:8 + n].tobytes().replace(b'"<i8"', b'"|O8"'),
-                                    np.uint8)
+    one = to_bytes({"o": np.zeros(1, np.int64)})
     with pytest.raises(TypeError, match="Python objects"):
-        from_bytes(forged)
+        from_bytes(_forged(one, b'"<i8"', b'"|O8"'))
+    with pytest.raises(TypeError, match="fields"):
+        to_bytes({"r": np.zeros(2, [("a", "<i4"), ("b", "<f8")])})
+    for at in (b'"at": -64', b'"at": 4096'):  # before the arrays, past the message's end
+        with pytest.raises(ValueError, match="outside the message"):
+            from_bytes(_forged(one, b'"at": 0', at))
+
+
+def _forged(message, old: bytes, new: bytes):
+    """``message`` with ``old`` replaced by ``new`` in its layout."""
+    import numpy as np
+
+    n = int.from_bytes(message[:8].tobytes(), "little")
+    head = message[8:8 + n].tobytes().replace(old, new)
+    return np.concatenate([np.frombuffer(len(head).to_bytes(8, "little"), np.uint8),
+                           np.frombuffer(head, np.uint8), message[8 + n:]])

@@ -128,10 +128,10 @@ class GraphData:
         """Each id's row, and where it is not an id: through a table indexed by id where
         the ids are dense enough (a products-like graph's 62M edge ends: seconds instead of
         minutes by binary search), else by binary search."""
-        if not len(self.ids):
+        if not len(self.ids) or not len(ext):
             return np.zeros(len(ext), np.int64), np.ones(len(ext), bool)
         low, high = int(self.ids.min()), int(self.ids.max())
-        if high - low < 8 * len(self.ids):
+        if high - low < 8 * len(self.ids) and ext.dtype.kind == "i":
             table = np.full(high - low + 1, -1, np.int64)
             table[self.ids - low] = np.arange(len(self.ids))
             pos = table[np.clip(ext - low, 0, high - low)]  # wrapped differences: caught

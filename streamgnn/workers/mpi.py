@@ -6,7 +6,8 @@ crosses the wire.
 Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
 payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each a message
 of plain arrays (`streamgnn.npz.to_bytes`: no pickles). The partitions of a bootstrap or
-a load go one worker at a time instead (``Send``), each built just before it is sent and
+a load go one worker at a time instead (``Send``, array by array, each received into an
+allocation of its own that the shard adopts), each built just before it is sent and
 dropped after, so rank 0 never holds more than one (a products-like graph's four add up to
 several GB). Counts and offsets are 64-bit, so mpi4py uses MPI-4's large-count calls
 where a transfer passes 2 GiB. During a batch the
@@ -36,7 +37,7 @@ from mpi4py import MPI
 
 from streamgnn.allocator import freed_memory_returned
 from streamgnn.models import decompose
-from streamgnn.npz import from_bytes, read_arrays, to_bytes, write_arrays
+from streamgnn.npz import from_bytes, plain, read_arrays, to_bytes, write_arrays
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
@@ -115,7 +116,7 @@ class MpiWorkers:
         self.comm.Bcast(np.array([command], np.int64), root=0)
         if command in ONE_AT_A_TIME:
             for rank, payload in enumerate(payloads, start=1):
-                _send(self.comm, to_bytes(payload), rank)
+                _send(self.comm, payload, rank)
         else:
             _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
         if not reply:
@@ -181,12 +182,13 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
         else:
             shard = None  # replaced: never hold the old and the new one at once
             with freed_memory_returned():  # a partition's message and copies: GBs
-                payload = from_bytes(_receive(comm) if command in ONE_AT_A_TIME
-                                     else _scatter(comm, None))
+                payload = (_receive(comm) if command in ONE_AT_A_TIME
+                           else from_bytes(_scatter(comm, None)))
                 shard = _new_shard(command, payload, layers, device, dtype, peers)
-                del payload
+                payload = None
             reply = {}
         _gather(comm, to_bytes(reply))
+        reply = payload = None  # they may view the shard's tables (ARRAYS): not kept
 
 
 def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, device: str,
@@ -251,18 +253,31 @@ def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
     return np.split(recv, np.cumsum(recv_counts)[:-1])
 
 
-def _send(comm: MPI.Comm, buffer: np.ndarray, rank: int) -> None:
-    """Rank 0 sends ``buffer`` to ``rank`` alone (`_receive` there)."""
-    comm.Send(np.array([len(buffer)], np.int64), dest=rank)
-    comm.Send([buffer, MPI.BYTE], dest=rank)
+def _send(comm: MPI.Comm, arrays: dict[str, np.ndarray], rank: int) -> None:
+    """Rank 0 sends ``arrays`` to ``rank`` alone (`_receive` there): their layout, then
+    each array as it lies in memory (no message packed, nothing copied)."""
+    arrays = {name: np.asarray(a, order="C") for name, a in arrays.items()}
+    for name, a in arrays.items():
+        plain(a.dtype, name)
+    layout = _json([[name, a.dtype.str, a.shape] for name, a in arrays.items()])
+    comm.Send(np.array([len(layout)], np.int64), dest=rank)
+    comm.Send([layout, MPI.BYTE], dest=rank)
+    for a in arrays.values():
+        comm.Send([a.reshape(-1).view(np.uint8), MPI.BYTE], dest=rank)
 
 
-def _receive(comm: MPI.Comm) -> np.ndarray:
-    """What rank 0 `_send` this rank."""
+def _receive(comm: MPI.Comm) -> dict[str, np.ndarray]:
+    """The arrays rank 0 `_send` this rank, each received into an allocation of its own:
+    a shard adopts them, and one small array kept must not keep a GB message alive."""
     count = np.zeros(1, np.int64)
     comm.Recv(count, source=0)
-    out = np.empty(int(count[0]), np.uint8)
-    comm.Recv([out, MPI.BYTE], source=0)
+    layout = np.empty(int(count[0]), np.uint8)
+    comm.Recv([layout, MPI.BYTE], source=0)
+    out = {}
+    for name, dtype, shape in _unjson(layout):
+        plain(np.dtype(dtype), name)
+        out[name] = np.empty(shape, dtype)
+        comm.Recv([out[name].reshape(-1).view(np.uint8), MPI.BYTE], source=0)
     return out
 
 
