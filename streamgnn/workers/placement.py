@@ -82,13 +82,15 @@ def metis_parts(graph: DynamicGraph, parts: int) -> np.ndarray:
     position = np.zeros(graph.num_slots, np.int64)
     position[live] = np.arange(len(live))
     s, d, _ = graph.edge_slots()
-    a = np.concatenate([position[s], position[d]])
-    b = np.concatenate([position[d], position[s]])
-    by = np.lexsort((b, a))
-    a, b = a[by], b[by]
-    xadj = np.zeros(len(live) + 1, np.int64)
-    np.cumsum(np.bincount(a, minlength=len(live)), out=xadj[1:])
-    _, membership = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(xadj, b))
+    s, d, n = position[s], position[d], len(live)
+    pairs = np.concatenate([s * n + d, d * n + s])  # both directions, one key each
+    del s, d
+    pairs.sort()  # by (from, to): a lexsort of two columns took 3x as long on 79M
+    xadj = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(pairs // n, minlength=n), out=xadj[1:])
+    adjncy = pairs % n
+    del pairs
+    _, membership = pymetis.part_graph(parts, adjacency=pymetis.CSRAdjacency(xadj, adjncy))
     out[live] = membership
     return out
 
