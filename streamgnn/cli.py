@@ -558,6 +558,7 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
     """`serve` in this process (rank 0 of an MPI job when ``mpi_workers`` is given), with
     the REST API on ``listen`` (host, port) unless it is None."""
     from streamgnn.allocator import keep_freed_memory
+    from streamgnn.graph import DynamicGraph
     from streamgnn.models.zoo import Checkpoint
     from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
     from streamgnn.router.reads import Reads
@@ -580,10 +581,11 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
         console.print(f"resuming from {checkpoints.folder(checkpoints.kept()[-1])}")
 
     def start(model: Checkpoint) -> Engine:
-        _, data, _ = _snapshot(dataset, seed, holdout)
-        return Engine.from_pyg(model.model(), data, device=device, progress=True,
-                               partitions=partitions, placement=placement,
-                               workers=mpi_workers)
+        # the snapshot's graph alone: the whole dataset and the held-out part go before
+        # the bootstrap (GBs at products-like size)
+        graph = DynamicGraph.from_data(_snapshot(dataset, seed, holdout)[1])
+        return Engine(model.model(), graph, device=device, progress=True,
+                      partitions=partitions, placement=placement, workers=mpi_workers)
 
     from tqdm.auto import tqdm
 
