@@ -70,7 +70,7 @@ def freed_memory_returned() -> Iterator[None]:
         yield
     finally:
         _libc().malloc_trim(0)
-        _mallopt(mmap_max=0, trim_threshold=2**31 - 1)
+        keep_freed_memory()
         _returning = False
 
 
