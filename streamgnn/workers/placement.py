@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from numba import njit
 
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.updates import (
@@ -60,13 +61,6 @@ def held_by(holders: np.ndarray, q) -> np.ndarray:
     """Which of the holder masks ``holders`` include partition ``q`` (an int, or an array
     broadcasting against them)."""
     return (holders & bit(q)) != 0
-
-
-def distinct_pairs(u: np.ndarray, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (vertex ``u``, partition ``q`` < ``n``) pairs, ordered by vertex, then
-    partition."""
-    keys = np.unique(u.astype(np.int64) * n + q)
-    return keys // n, keys % n
 
 
 def metis_parts(graph: DynamicGraph, parts: int) -> np.ndarray:
@@ -178,13 +172,10 @@ class Placement:
         kept, new = had & has, has & ~had
         new_src, new_dst = src[new], dst[new]
         owner = self.part[new_dst]
-        cut = self.part[new_src] != owner
-        pair_src, pair_at = distinct_pairs(new_src[cut], owner[cut], self.num_partitions)
-        fresh = ~held_by(self.holders[pair_src], pair_at)
-        ghost_src, ghost_at = pair_src[fresh], pair_at[fresh]
-        np.bitwise_or.at(self.holders, ghost_src, bit(ghost_at))
-        drop_src, drop_at = self._unlinked(graph, src, dst_part, had & ~has & src_lives)
-        np.bitwise_and.at(self.holders, drop_src, ~bit(drop_at))
+        ghost_src, ghost_at = _hold(new_src, owner, self.part, self.holders)
+        lost = had & ~has & src_lives
+        drop_src, drop_at = _release(src[lost], dst_part[lost], self.part, self.holders,
+                                     *graph.out.arrays[:2], graph.out.arrays[3])
 
         ext, x, width = graph.ext, graph.x, graph.num_features
         # a removed vertex goes to its owner and to every partition holding it
@@ -217,12 +208,12 @@ class Placement:
         xs = np.concatenate([g[5] for g in groups if g[5] is not None])
         order = np.argsort(part, kind="stable")  # each partition's items, in group order
         bounds = np.searchsorted(part[order], np.arange(n + 1))
+        feature_rows = np.flatnonzero(featured)
         routed = []
         for q in range(n):
             mine = order[bounds[q]:bounds[q + 1]]
             rows = np.cumsum(featured[mine]) - 1
             xrow = np.where(featured[mine], rows, NO_X)
-            feature_rows = np.flatnonzero(featured)
             take = np.searchsorted(feature_rows, mine[featured[mine]])
             routed.append(Routed(UpdateBatch(op[mine], a[mine], b[mine], w[mine], xrow,
                                              xs[take]), np.zeros(0, np.int64),
@@ -240,48 +231,19 @@ class Placement:
                 routed[p].unsubscribed[q] = ext[drop_src[(drop_owner == p) & (drop_at == q)]]
         return routed
 
-    def _unlinked(self, graph: DynamicGraph, src: np.ndarray, dst_part: np.ndarray,
-                  lost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Ghosts no edge needs any more: (vertex, partition) pairs where the ``lost``
-        edges were the vertex's last out-edges into a partition holding it as a ghost."""
-        u, q = distinct_pairs(src[lost], dst_part[lost], self.num_partitions)
-        held = (q != self.part[u]) & held_by(self.holders[u], q)
-        u, q = u[held], q[held]
-        ptr, nbr, _ = graph.out_edges(u)
-        at = np.repeat(np.arange(len(u)), np.diff(ptr))
-        linked = np.bincount(at[self.part[nbr] == q[at]], minlength=len(u)) > 0
-        return u[~linked], q[~linked]
-
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added."""
         added = diff.added.astype(np.int64)
         if self.strategy == "hash" or not len(added):
             return graph.ext[added] % self.num_partitions
         e = diff.edges
-        linked = ~np.isnan(e.after)
-        ends = np.concatenate([e.src[linked], e.dst[linked]]).astype(np.int64)
-        others = np.concatenate([e.dst[linked], e.src[linked]]).astype(np.int64)
-        order = np.concatenate([np.arange(linked.sum())] * 2)
-        new = marked(graph.num_slots, added)
-        usable = new[ends] & ~new[others]
-        ends, others, order = ends[usable], others[usable], order[usable]
-        first = np.lexsort((order, ends))
-        ends, others = ends[first], others[first]
-        lead = np.r_[True, ends[1:] != ends[:-1]] if len(ends) else np.zeros(0, bool)
-        ends, others = ends[lead], others[lead]
-        n = np.full(len(added), -1, np.int64)  # each added vertex's first neighbour, if any
-        if len(ends):
-            at = np.minimum(np.searchsorted(ends, added), len(ends) - 1)
-            linked = ends[at] == added
-            n[linked] = others[at[linked]]
+        first = _first_neighbours(e.src, e.dst, e.after, added, marked(graph.num_slots, added))
         out = np.full(len(added), -1, np.int64)
-        high = (n >= 0) & (graph.in_degree[np.maximum(n, 0)] > self.high_cut)
-        out[high] = self.part[n[high]]
+        high = (first >= 0) & (graph.in_degree[np.maximum(first, 0)] > self.high_cut)
+        out[high] = self.part[first[high]]
         load = self.load()
         np.add.at(load, out[high], 1)
-        for i in np.flatnonzero(~high):  # least loaded, one new vertex at a time
-            out[i] = int(load.argmin())
-            load[out[i]] += 1
+        out[~high] = _least_loaded(load, int((~high).sum()))
         return out
 
     def _fit(self, size: int) -> None:
@@ -290,3 +252,79 @@ class Placement:
             self.part = np.concatenate([self.part, np.full(grow - len(self.part), -1)])
             self.holders = np.concatenate([self.holders,
                                            np.zeros(grow - len(self.holders), np.uint64)])
+
+
+@njit(cache=True)
+def _hold(src, owner, part, holders):
+    """Ghosts the new edges ``src -> (a vertex of partition owner)`` call for: the
+    distinct (vertex, partition) pairs where the partition does not own the vertex nor
+    hold it yet, in edge order; marks them held in ``holders``."""
+    u = np.empty(len(src), np.int64)
+    q = np.empty(len(src), np.int64)
+    n = 0
+    for i in range(len(src)):
+        s, p = src[i], owner[i]
+        flag = np.uint64(1) << np.uint64(p)
+        if part[s] != p and not holders[s] & flag:
+            holders[s] |= flag
+            u[n], q[n] = s, p
+            n += 1
+    return u[:n], q[:n]
+
+
+@njit(cache=True)
+def _release(src, lost_at, part, holders, start, deg, nbr):
+    """Ghosts no edge needs any more: the distinct (vertex, partition) pairs where a lost
+    edge ``src -> (a vertex of partition lost_at)`` was the vertex's last out-edge into a
+    partition holding it as a ghost (read from the out-adjacency after the batch), in
+    edge order; clears them in ``holders``."""
+    u = np.empty(len(src), np.int64)
+    q = np.empty(len(src), np.int64)
+    n = 0
+    for i in range(len(src)):
+        s, p = src[i], lost_at[i]
+        flag = np.uint64(1) << np.uint64(p)
+        if part[s] == p or not holders[s] & flag:
+            continue
+        linked = False
+        for k in range(start[s], start[s] + deg[s]):
+            if part[nbr[k]] == p:
+                linked = True
+                break
+        if not linked:
+            holders[s] &= ~flag
+            u[n], q[n] = s, p
+            n += 1
+    return u[:n], q[:n]
+
+
+@njit(cache=True)
+def _first_neighbours(src, dst, after, added, new):
+    """For each of the vertices ``added`` (``new`` marks them by slot), the first
+    neighbour, in the order of the net edge changes ``src -> dst`` that exist after the
+    batch (``after`` not NaN), that the batch did not add; -1 where there is none."""
+    first = np.full(len(added), -1, np.int64)
+    at = {}
+    for i in range(len(added)):
+        at[added[i]] = i
+    for k in range(len(src)):
+        if np.isnan(after[k]):
+            continue
+        a, b = np.int64(src[k]), np.int64(dst[k])
+        if new[a] and not new[b] and first[at[a]] < 0:
+            first[at[a]] = b
+        if new[b] and not new[a] and first[at[b]] < 0:
+            first[at[b]] = a
+    return first
+
+
+@njit(cache=True)
+def _least_loaded(load, count):
+    """Owners for ``count`` vertices, each in turn to the least-loaded partition (the
+    first of equals), ``load`` counting them as they go."""
+    out = np.empty(count, np.int64)
+    for i in range(count):
+        p = np.argmin(load)
+        out[i] = p
+        load[p] += 1
+    return out

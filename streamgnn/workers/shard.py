@@ -421,18 +421,19 @@ class Shard:
                 self.graph.in_weight[slots] = w
                 b.edges.degree_changed = self.sets.union(b.edges.degree_changed, degree)
         fresh = b.is_added[slots]
-        old = self.rows(slots, hop)
-        differs = (old != rows).any(axis=1) & ~fresh
         if hop == 0:
-            self.graph.x[slots] = rows
+            table, new = torch.from_numpy(self.graph.x), torch.from_numpy(rows)
         else:
-            self.h[hop][self._index(slots)] = self._tensor(rows).to(self.dtype)
+            table, new = self.h[hop], self._tensor(rows).to(self.dtype)
+        moved, old, _ = store_rows_(table, slots, new, fresh, keep_old=True)
         c = b.changed
         unknown = self.sets.find(c.slots, slots) < 0  # not a source yet (fresh ghosts are)
-        moved = differs & unknown
-        b.changed = _Changed(np.concatenate([c.slots, slots[(differs | fresh) & unknown]]),
-                             np.concatenate([c.old_slots, slots[moved]]),
-                             [*c.old_rows, self._tensor(old[moved]).to(self.dtype)])
+        replaced = moved & ~fresh  # the rows ``old`` holds, in order
+        if not unknown[replaced].all():
+            old = old[torch.from_numpy(unknown[replaced]).to(old.device)]
+        b.changed = _Changed(np.concatenate([c.slots, slots[moved & unknown]]),
+                             np.concatenate([c.old_slots, slots[replaced & unknown]]),
+                             [*c.old_rows, old.to(self.device, self.dtype)])
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             ghosts: tuple[np.ndarray, np.ndarray] | None = None,
@@ -572,7 +573,7 @@ class Shard:
         result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
         result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
-        result.combined_messages.append(self._combined_messages(sources[at], v1, edges))
+        result.combined_messages.append(self._combined_messages(sources, at, v1, edges))
         result.rewritten.append((region, new.cpu().numpy()))
         return _Step(region, new, fresh, moved, old_rows, finite)
 
@@ -664,14 +665,13 @@ class Shard:
                                       outbox.region, outbox.new, outbox.old,
                                       self._index(edges.empty_before), outbox.part)
 
-    def _combined_messages(self, src: np.ndarray, dst: np.ndarray, edges: _BatchEdges) -> int:
+    def _combined_messages(self, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
+                           edges: _BatchEdges) -> int:
         if self.ghost is None:
             return 0
         moved = (edges.has | edges.had) & self.owned[edges.dst]
-        src = np.concatenate([src, edges.src[moved]])
-        dst = np.concatenate([dst, edges.dst[moved]])
-        remote = self.ghost[src]
-        return self.sets.distinct_pairs(dst[remote], self.ghost_owner[src[remote]])
+        return self.sets.remote_pairs(sources, at, v1, edges.src[moved], edges.dst[moved],
+                                      self.ghost, self.ghost_owner)
 
     def _pull(self, hop: int, layer: Layer, pull: np.ndarray) -> tuple[Tensor, int]:
         """Recompute the states of ``pull`` from all their in-neighbours; also returns how

@@ -58,15 +58,22 @@ def _find(members, queries, scratch, mark):
 
 
 @njit(cache=True)
-def _distinct_pairs(slots, tags, bits):
-    for s in slots:
-        bits[s] = 0
+def _remote_pairs(sources, at, v1, src2, dst2, ghost, owner, bits):
+    for d in v1:
+        bits[d] = 0
+    for d in dst2:
+        bits[d] = 0
     n = 0
-    for i in range(len(slots)):
-        tag = np.int64(1) << tags[i]
-        if not bits[slots[i]] & tag:
-            bits[slots[i]] |= tag
-            n += 1
+    for k in range(len(at) + len(src2)):
+        if k < len(at):
+            s, d = sources[at[k]], v1[k]
+        else:
+            s, d = src2[k - len(at)], dst2[k - len(at)]
+        if ghost[s]:
+            tag = np.int64(1) << owner[s]
+            if not bits[d] & tag:
+                bits[d] |= tag
+                n += 1
     return n
 
 
@@ -105,10 +112,13 @@ class SlotSets:
         return _positions(np.asarray(members, np.int64), np.asarray(queries, np.int64),
                           self.scratch)
 
-    def distinct_pairs(self, slots: np.ndarray, tags: np.ndarray) -> int:
-        """How many distinct (slot, tag) pairs there are (tags in 0..63)."""
-        return _distinct_pairs(np.asarray(slots, np.int64), np.asarray(tags, np.int64),
-                               self.scratch)
+    def remote_pairs(self, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
+                     src2: np.ndarray, dst2: np.ndarray, ghost: np.ndarray,
+                     owner: np.ndarray) -> int:
+        """How many distinct (destination, ``owner`` of the source) pairs the edges
+        ``sources[at] -> v1`` and ``src2 -> dst2`` whose source is a ``ghost`` make
+        (owners in 0..63)."""
+        return _remote_pairs(sources, at, v1, src2, dst2, ghost, owner, self.scratch)
 
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
