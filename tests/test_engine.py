@@ -15,6 +15,7 @@ import streamgnn as sg
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
+from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
 from tests.reference import Reference, update_strategy
@@ -247,6 +248,18 @@ def test_changed_labels_are_exactly_the_label_changes():
         expected = {v: (labels_before.get(v), lab) for v, lab in labels_after.items()
                     if labels_before.get(v) != lab}
         assert result.changed_labels == expected
+
+
+def test_changed_labels_read_as_a_mapping_and_merge_as_columns():
+    a = ChangedLabels(np.array([7, 3]), np.array([1, NO_LABEL]), np.array([2, 0]))
+    b = ChangedLabels(np.array([5]), np.array([4]), np.array([1]))
+    both = ChangedLabels.concat([a, b, ChangedLabels.empty()])
+    assert both == {7: (1, 2), 3: (None, 0), 5: (4, 1)} and list(both) == [7, 3, 5]
+    assert both[3] == (None, 0) and 5 in both and 6 not in both and len(both) == 3
+    assert both.triples() == [(7, 1, 2), (3, None, 0), (5, 4, 1)]
+    assert ChangedLabels.concat([]) == {}
+    with pytest.raises(ValueError, match="columns of 2, 1 and 2"):
+        ChangedLabels(np.array([1, 2]), np.array([0]), np.array([0, 1]))
 
 
 def test_bad_batch_changes_nothing_and_names_the_problem():

@@ -74,7 +74,7 @@ from streamgnn.stream.schemas import (
 )
 from streamgnn.stream.transport import Record, Transport
 from streamgnn.updates import OP_NAMES, UPDATE_ADAPTER, Update, ValueLimits
-from streamgnn.workers import ApplyResult, Engine
+from streamgnn.workers import ApplyResult, ChangedLabels, Engine
 from streamgnn.workers.engine import Workers
 
 
@@ -580,7 +580,7 @@ class Service:
         self.transport.flush()
         self._record_acks()
 
-    def _publish_changes(self, changed: dict[int, tuple[int | None, int]],
+    def _publish_changes(self, changed: ChangedLabels,
                          sources: list[SourceRange], times: np.ndarray, at: float) -> None:
         """One message per label-topic partition (vertex mod partitions), split further
         past ``_CHANGES_PER_MESSAGE``, with event time ``at``; when all are acknowledged,
@@ -588,8 +588,8 @@ class Service:
         topic = self.config.topics.labels
         partitions = self.transport.partitions(topic)
         by_partition: dict[int, list[tuple[int, int | None, int]]] = {}
-        for vertex, (old, new) in changed.items():
-            by_partition.setdefault(vertex % partitions, []).append((vertex, old, new))
+        for change in changed.triples():
+            by_partition.setdefault(change[0] % partitions, []).append(change)
         messages = [(p, changes[i:i + _CHANGES_PER_MESSAGE])
                     for p, changes in sorted(by_partition.items())
                     for i in range(0, len(changes), _CHANGES_PER_MESSAGE)]

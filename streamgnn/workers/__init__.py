@@ -4,8 +4,9 @@ and query serving (`query`). Must not import kafka; only an MPI exchange imports
 mpi4py."""
 
 from streamgnn.workers.engine import Engine
+from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.placement import Placement
 from streamgnn.workers.query import QueryAnswer
 from streamgnn.workers.shard import ApplyResult, Shard
 
-__all__ = ["ApplyResult", "Engine", "Placement", "QueryAnswer", "Shard"]
+__all__ = ["ApplyResult", "ChangedLabels", "Engine", "Placement", "QueryAnswer", "Shard"]

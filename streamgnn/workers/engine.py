@@ -35,6 +35,7 @@ from streamgnn.queries import QueryColumns, QueryRequest
 from streamgnn.updates import AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.executors import Executors
+from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.query import QueryAnswer, QueryGraph, plan, run
 from streamgnn.workers.shard import ApplyResult, Shard
@@ -314,9 +315,8 @@ class Engine:
             self._poisoned = (f"a batch of {len(batch)} updates drove layer {min(bad)} "
                               "embeddings to NaN or inf; restore the engine from a snapshot")
             raise NonFiniteEmbeddingError(self._poisoned)
-        merged = ApplyResult({}, diff.rejected)
-        for r in results:
-            merged.changed_labels.update(r.changed_labels)
+        merged = ApplyResult(ChangedLabels.concat([r.changed_labels for r in results]),
+                             diff.rejected)
         for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
                      "combined_messages"):  # per layer, summed over the partitions
             setattr(merged, name, [sum(counts) for counts in zip(

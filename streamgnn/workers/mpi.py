@@ -39,6 +39,7 @@ from streamgnn.allocator import freed_memory_returned
 from streamgnn.models import decompose
 from streamgnn.npz import from_bytes, plain, read_arrays, to_bytes, write_arrays
 from streamgnn.updates import UpdateBatch
+from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import ApplyResult, Shard
 
@@ -354,17 +355,14 @@ def _partials(a: dict[str, np.ndarray]) -> dict:
 
 def _result_arrays(r: ApplyResult) -> dict[str, np.ndarray]:
     changes = r.changed_labels
-    return {"ids": np.fromiter(changes, np.int64, len(changes)),
-            "old": np.array([-1 if o is None else o for o, _ in changes.values()], np.int64),
-            "new": np.array([n for _, n in changes.values()], np.int64),
+    return {"ids": changes.ids, "old": changes.old, "new": changes.new,
             "counts": np.array([r.recomputed, r.pulled, r.pulled_columns, r.remote_reads,
                                 r.combined_messages], np.int64),
             "non_finite": np.array(r.non_finite)}
 
 
 def _result(a: dict[str, np.ndarray]) -> ApplyResult:
-    changes = {i: (None if o < 0 else o, n) for i, o, n in zip(
-        a["ids"].tolist(), a["old"].tolist(), a["new"].tolist(), strict=True)}
+    changes = ChangedLabels(a["ids"], a["old"], a["new"])
     recomputed, pulled, columns, remote, combined = (row.tolist() for row in a["counts"])
     return ApplyResult(changes, [], recomputed, pulled, remote, combined,
                        int(a["non_finite"]), columns)

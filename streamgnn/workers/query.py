@@ -34,6 +34,7 @@ from streamgnn.graph import DynamicGraph
 from streamgnn.graph.idmap import IdMap
 from streamgnn.models.layers import Layer
 from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
+from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.slotsets import SlotSets, marked
 
 
@@ -61,7 +62,7 @@ class QueryAnswer:
     pull_bytes: list[int] = field(default_factory=list)
     work: int = 0
     device: str = "cpu"
-    changed_labels: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+    changed_labels: ChangedLabels = field(default_factory=ChangedLabels.empty)
 
 
 class QueryGraph:

@@ -43,6 +43,7 @@ from streamgnn.models.rowops import argmax_rows, store_rows_
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
+from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from streamgnn.workers.placement import Routed, bit, held_by
 from streamgnn.workers.slotsets import SlotSets, marked
 
@@ -50,10 +51,10 @@ from streamgnn.workers.slotsets import SlotSets, marked
 @dataclass
 class ApplyResult:
     """What a batch changed: ``changed_labels`` maps external id -> (old, new) predicted
-    label (old is None for a vertex the batch added); ``recomputed``/``pulled`` count the
-    vertices per layer whose embedding was recomputed / whose state was re-aggregated
-    (whole or in some columns; ``pulled_columns``: the (vertex, column) pairs of the
-    latter);
+    label (old is None for a vertex the batch added; `ChangedLabels`, held as columns);
+    ``recomputed``/``pulled`` count the vertices per layer whose embedding was recomputed
+    / whose state was re-aggregated (whole or in some columns; ``pulled_columns``: the
+    (vertex, column) pairs of the latter);
     with partitions, ``remote_reads`` counts per layer the ghost rows the pulls read (what
     a design fetching remote rows on demand would request) and ``combined_messages`` the
     messages from ghosts, combined per destination and source partition (what a design
@@ -64,7 +65,7 @@ class ApplyResult:
     `Engine.rewritten` merges them), and ``removed`` the ids the batch deleted (engine
     only)."""
 
-    changed_labels: dict[int, tuple[int | None, int]]
+    changed_labels: ChangedLabels
     rejected: list[InvalidUpdateError] = field(default_factory=list)
     recomputed: list[int] = field(default_factory=list)
     pulled: list[int] = field(default_factory=list)
@@ -379,7 +380,8 @@ class Shard:
                            [self._tensor(diff.changed_x_before).to(self.dtype)])
         self._batch = _Batch(self._batch_edges(diff), added, removed,
                              self._tensor(diff.removed_x).to(self.dtype), is_added, changed,
-                             ApplyResult({}, diff.rejected), subscribed or {})
+                             ApplyResult(ChangedLabels.empty(), diff.rejected),
+                             subscribed or {})
 
     def _outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
         """Per partition, the rows of h^hop (features at 0) it holds as ghosts and that
@@ -758,16 +760,13 @@ class Shard:
                            had, has, np.sort(pair_keys(src, dst)), degree_changed,
                            degree_changed[old_degree == 0])
 
-    def _label_changes(self, last: _Step) -> dict[int, tuple[int | None, int]]:
+    def _label_changes(self, last: _Step) -> ChangedLabels:
         new = argmax_rows(last.after)
         old = self._labels[last.region]
         self._labels[last.region] = new
         differs = (new != old) | last.fresh
-        changes = dict(zip(self.graph.ext[last.region[differs]].tolist(),
-                           zip(old[differs].tolist(), new[differs].tolist())))
-        for v in self.graph.ext[last.region[last.fresh]].tolist():
-            changes[v] = (None, changes[v][1])  # added by the batch: no old label
-        return changes
+        old = np.where(last.fresh, NO_LABEL, old)  # added by the batch: no old label
+        return ChangedLabels(self.graph.ext[last.region[differs]], old[differs], new[differs])
 
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
