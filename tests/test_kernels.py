@@ -363,7 +363,10 @@ def test_self_loop_attention_numba_and_torch_equal_the_softmax(seed, h, c, sprea
     everything = _softmax_rows([np.vstack([m, o]) for m, o in zip(msgs, own)], h, c)
     expected = everything[:, 2 * h:].reshape(-1, h, c) / everything[:, h:2 * h, None]
     own = torch.from_numpy(np.array(own))
+    order = torch.from_numpy(rng.permutation(len(msgs)))  # rows read where they are
+    table = torch.zeros((len(msgs), state.shape[1]), dtype=state.dtype)
+    table[order] = state
     for kernel in (attend_with_self_loop_numba, attend_with_self_loop_torch):
-        got = kernel(state[:, :h], state[:, h:2 * h], state[:, 2 * h:].view(-1, h, c),
-                     own[:, :h].contiguous(), own[:, h:].reshape(-1, h, c))
-        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-12)
+        for at, rows in ((state, None), (table, order)):
+            got = kernel(at, rows, own[:, :h].contiguous(), own[:, h:].reshape(-1, h, c))
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-12)

@@ -85,6 +85,11 @@ class Aggregation:
     def finalize(self, state: Tensor, count: Tensor):
         return state
 
+    def finalize_stored(self, table: Tensor, index: Tensor, count: Tensor):
+        """`finalize` of rows ``index`` of the stored states ``table`` (``count``: their
+        in-degrees)."""
+        return self.finalize(table.index_select(0, index), count)
+
     def apply_delta(self, state: Tensor, ties: Tensor | None, t: Tensor, region: np.ndarray,
                     new: RowMessages, old: RowMessages, empty_before: Tensor,
                     part: Tensor | None) -> Pull:
@@ -233,8 +238,18 @@ class SoftmaxPartial:
     den: Tensor
     num: Tensor
 
-    def to(self, dtype: torch.dtype) -> SoftmaxPartial:
-        return SoftmaxPartial(self.shift.to(dtype), self.den.to(dtype), self.num.to(dtype))
+
+@dataclass
+class PackedSoftmax:
+    """Softmax partials as packed state rows (shift, den, num): rows ``rows`` of
+    ``table``, or all of its rows in order (None). Read where they are, in the states'
+    dtype: the attention output takes its values' dtype."""
+
+    table: Tensor
+    rows: Tensor | None = None
+
+    def to(self, dtype: torch.dtype) -> PackedSoftmax:
+        return self
 
 
 class SoftmaxAggregation(Aggregation):
@@ -261,8 +276,11 @@ class SoftmaxAggregation(Aggregation):
         return SoftmaxPartial(state[:, :h], state[:, h:2 * h],
                               state[:, 2 * h:].view(-1, h, self.channels))
 
-    def finalize(self, state, count) -> SoftmaxPartial:
-        return self.unpack(state)
+    def finalize(self, state, count) -> PackedSoftmax:
+        return PackedSoftmax(state)
+
+    def finalize_stored(self, table, index, count) -> PackedSoftmax:
+        return PackedSoftmax(table, index)  # rows of 5 KB (GAT, 3 layers): not copied
 
     def apply_delta(self, state, ties, t, region, new, old, empty_before, part) -> Pull:
         """``t``: `GATLayer.transform` rows (values, then source and destination

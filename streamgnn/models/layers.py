@@ -26,8 +26,8 @@ from streamgnn.models.aggr import (
     MaxAggregation,
     MeanAggregation,
     MinAggregation,
+    PackedSoftmax,
     SoftmaxAggregation,
-    SoftmaxPartial,
     SumAggregation,
 )
 from streamgnn.models.softmax_ops import attend_with_self_loop, reduce_attention_csr
@@ -310,9 +310,9 @@ class GATLayer(Layer):
     def destination_part(self, t):
         return self.scores(t)[1]
 
-    def combine(self, h, agg: SoftmaxPartial, t, in_weight):
+    def combine(self, h, agg: PackedSoftmax, t, in_weight):
         a_src, a_dst = self.scores(t)
-        out = attend_with_self_loop(agg.shift, agg.den, agg.num, self.logits(a_src, a_dst),
+        out = attend_with_self_loop(agg.table, agg.rows, self.logits(a_src, a_dst),
                                     self.values(t))
         out = out.reshape(len(t), self.out_dim) if self.conv.concat else out.mean(dim=1)
         if self.conv.res is not None:

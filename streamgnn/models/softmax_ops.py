@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from numba import njit
 from torch import Tensor
 
-from streamgnn.models.rowops import prefetch_row
+from streamgnn.models.rowops import AHEAD, prefetch_row
 
 
 @njit(cache=True)
@@ -176,39 +176,51 @@ def reduce_attention_csr(t: Tensor, channels: int, ptr: np.ndarray, src: Tensor,
 
 
 @njit(cache=True)
-def _self_loop_loop(shift, den, num, own, values):
+def _self_loop_loop(state, rows, own, values):
     n, h, c = values.shape
     out = np.empty((n, h, c), values.dtype)
     for i in range(n):
+        if i + AHEAD < n:
+            prefetch_row(state, rows[i + AHEAD])
+        r = rows[i]
         for k in range(h):
-            top = max(shift[i, k], own[i, k])
-            kept = np.exp(shift[i, k] - top)  # 0 where nothing arrived (shift -inf)
+            shift = state[r, k]
+            top = max(shift, own[i, k])
+            kept = np.exp(shift - top)  # 0 where nothing arrived (shift -inf)
             mine = np.exp(own[i, k] - top)
-            total = den[i, k] * kept + mine
+            total = state[r, h + k] * kept + mine
+            at = 2 * h + k * c
             for j in range(c):
-                out[i, k, j] = (num[i, k, j] * kept + mine * values[i, k, j]) / total
+                out[i, k, j] = (state[r, at + j] * kept + mine * values[i, k, j]) / total
     return out
 
 
-def attend_with_self_loop_numba(shift: Tensor, den: Tensor, num: Tensor, own: Tensor,
+def attend_with_self_loop_numba(state: Tensor, rows: Tensor | None, own: Tensor,
                                 values: Tensor) -> Tensor:
-    return torch.from_numpy(_self_loop_loop(shift.numpy(), den.numpy(), num.numpy(),
-                                            own.numpy(), values.numpy()))
+    rows = np.arange(len(own)) if rows is None else rows.numpy()
+    return torch.from_numpy(_self_loop_loop(state.numpy(), rows, own.numpy(),
+                                            values.numpy()))
 
 
-def attend_with_self_loop_torch(shift: Tensor, den: Tensor, num: Tensor, own: Tensor,
+def attend_with_self_loop_torch(state: Tensor, rows: Tensor | None, own: Tensor,
                                 values: Tensor) -> Tensor:
+    packed = state if rows is None else state.index_select(0, rows)
+    h, c = values.shape[1:]
+    shift, den, num = packed[:, :h], packed[:, h:2 * h], packed[:, 2 * h:].view(-1, h, c)
     top = torch.maximum(shift, own)
     kept = torch.exp(shift - top).unsqueeze(-1)  # 0 where nothing arrived (shift -inf)
     mine = torch.exp(own - top).unsqueeze(-1)
-    return (num * kept + mine * values) / (den.unsqueeze(-1) * kept + mine)
+    out = (num * kept + mine * values) / (den.unsqueeze(-1) * kept + mine)
+    return out.to(values.dtype)
 
 
-def attend_with_self_loop(shift: Tensor, den: Tensor, num: Tensor, own: Tensor,
+def attend_with_self_loop(state: Tensor, rows: Tensor | None, own: Tensor,
                           values: Tensor) -> Tensor:
-    """Each destination's attention output [n, heads, channels] once its self-loop (logit
-    ``own`` [n, heads], value ``values``) joins the partial softmax ``(shift, den, num)``
-    of its in-edges."""
+    """Each destination's attention output [n, heads, channels], in ``values``' dtype,
+    once its self-loop (logit ``own`` [n, heads], value ``values``) joins the partial
+    softmax of its in-edges: row ``rows[i]`` of the packed states ``state`` (shift |
+    den | num, `SoftmaxAggregation.pack`; rows 0..n-1 when ``rows`` is None), read in
+    place."""
     cpu = values.device.type == "cpu"
     kernel = attend_with_self_loop_numba if cpu else attend_with_self_loop_torch
-    return kernel(shift, den, num, own, values)
+    return kernel(state, rows, own, values)

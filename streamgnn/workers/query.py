@@ -300,8 +300,7 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
             else:
                 state[torch.from_numpy(local).to(device)] = reply
             got[local] += theirs
-        agg = layer.aggr.finalize(state, tensor(count, torch.int64))
-        agg = agg if not isinstance(agg, Tensor) else agg.to(dtype)
+        agg = layer.aggr.finalize(state, tensor(count, torch.int64)).to(dtype)
         here = layer.update(h, agg, t, tensor(qg.in_weight(targets)))
         here_ids = targets
         old = targets[targets < qg.n0]

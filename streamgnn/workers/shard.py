@@ -556,8 +556,7 @@ class Shard:
             remote = self._pull(hop, layer, pull)[1] if len(pull) else 0
             if columns is not None and len(columns.dst):
                 remote += self._pull_columns(hop, layer, columns)
-            agg = layer.aggr.finalize(self.state[hop - 1].index_select(0, index),
-                                      self._index(count))
+            agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
         agg = agg.to(self.dtype)
         root = self.root[hop - 1]
         if root is None:
@@ -615,7 +614,7 @@ class Shard:
         part = None
         if layer.aggr.destination_dependent:
             kept = self.t[hop - 1]  # kept: the region's parts alone, not their whole rows
-            part = (layer.destination_part(kept).index_select(0, self._index(region))
+            part = (layer.destination_part(kept)[self._index(region)]
                     if kept is not None else
                     layer.destination_part(self._t(hop, layer, self._index(region))))
         return _RowMessages(m.t, region, messages(
