@@ -44,7 +44,7 @@ class ModelSpec:
         if n == "gin":
             return GIN(i, h, L, o)
         if n == "gat":
-            return GAT(i, h, L, o * self.heads, heads=self.heads)
+            return GAT(i, h, L, o, heads=self.heads)  # the last layer averages its heads
         raise ValueError(f"unknown model {n!r}; choose one of {', '.join(MODELS)}")
 
 
