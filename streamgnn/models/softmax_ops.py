@@ -44,6 +44,9 @@ def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, sl
         for k in range(h):
             den_before[i, k] = state[touched[i], h + k]
     for m in range(len(old_rows)):  # leaving: subtract at the current shift
+        if m + AHEAD < len(old_rows):
+            prefetch_row(t, old_rows[m + AHEAD])
+            prefetch_row(state, region[old_at[m + AHEAD]])
         u, r = old_rows[m], region[old_at[m]]
         for k in range(h):
             e = np.exp(_logit(t[u, k, c], part[old_at[m], k], slope) - state[r, k])
@@ -56,23 +59,22 @@ def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, sl
         for k in range(h):
             if state[touched[i], h + k] < cancellation * den_before[i, k]:
                 cancelled[i] = True
-    for m in range(len(new_rows)):  # arriving: raise the shift first, rescaling the sums
+    for m in range(len(new_rows)):  # arriving: a larger logit raises the shift first
+        if m + AHEAD < len(new_rows):
+            prefetch_row(t, new_rows[m + AHEAD])
+            prefetch_row(state, region[new_at[m + AHEAD]])
         u, r = new_rows[m], region[new_at[m]]
         for k in range(h):
             logit = _logit(t[u, k, c], part[new_at[m], k], slope)
+            at = 2 * h + k * c
             if logit > state[r, k]:
                 scale = np.exp(state[r, k] - logit)  # 0 where the row was empty (-inf)
                 state[r, h + k] *= scale
-                at = 2 * h + k * c
                 for j in range(c):
                     state[r, at + j] *= scale
                 state[r, k] = logit
-    for m in range(len(new_rows)):
-        u, r = new_rows[m], region[new_at[m]]
-        for k in range(h):
-            e = np.exp(_logit(t[u, k, c], part[new_at[m], k], slope) - state[r, k])
+            e = np.exp(logit - state[r, k])
             state[r, h + k] += e
-            at = 2 * h + k * c
             for j in range(c):
                 state[r, at + j] += e * t[u, k, j]
     return touched[cancelled]
