@@ -34,6 +34,25 @@ def _logit(source_score, destination_score, slope):
     return x if x > 0 else slope * x
 
 
+@njit(cache=True, inline="always")
+def _join(state, r, k, logit, t, u, c):
+    """Add a message to head ``k`` of the packed state row ``r``: ``logit``, and
+    channels ``t[u, k, :c]``; the row's shift is raised first where the logit exceeds
+    it, rescaling what is summed so far (to 0 where the row was empty, shift -inf)."""
+    h = t.shape[1]
+    at = 2 * h + k * c
+    if logit > state[r, k]:
+        scale = np.exp(state[r, k] - logit)
+        state[r, h + k] *= scale
+        for j in range(c):
+            state[r, at + j] *= scale
+        state[r, k] = logit
+    e = np.exp(logit - state[r, k])
+    state[r, h + k] += e
+    for j in range(c):
+        state[r, at + j] += e * t[u, k, j]
+
+
 @njit(cache=True)
 def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, slope,
                cancellation):
@@ -65,18 +84,7 @@ def _fold_loop(state, t, c, region, new_rows, new_at, old_rows, old_at, part, sl
             prefetch_row(state, region[new_at[m + AHEAD]])
         u, r = new_rows[m], region[new_at[m]]
         for k in range(h):
-            logit = _logit(t[u, k, c], part[new_at[m], k], slope)
-            at = 2 * h + k * c
-            if logit > state[r, k]:
-                scale = np.exp(state[r, k] - logit)  # 0 where the row was empty (-inf)
-                state[r, h + k] *= scale
-                for j in range(c):
-                    state[r, at + j] *= scale
-                state[r, k] = logit
-            e = np.exp(logit - state[r, k])
-            state[r, h + k] += e
-            for j in range(c):
-                state[r, at + j] += e * t[u, k, j]
+            _join(state, r, k, _logit(t[u, k, c], part[new_at[m], k], slope), t, u, c)
     return touched[cancelled]
 
 
@@ -153,18 +161,7 @@ def _reduce_loop(t, c, ptr, src, dst, slope):
                 prefetch_row(t, src[e + AHEAD])
             u = src[e]
             for k in range(h):
-                logit = _logit(t[u, k, c], t[d, k, c + 1], slope)
-                at = 2 * h + k * c
-                if logit > out[i, k]:  # rescale what is summed so far (to 0 at first)
-                    scale = np.exp(out[i, k] - logit)
-                    out[i, h + k] *= scale
-                    for j in range(c):
-                        out[i, at + j] *= scale
-                    out[i, k] = logit
-                weight = np.exp(logit - out[i, k])
-                out[i, h + k] += weight
-                for j in range(c):
-                    out[i, at + j] += weight * t[u, k, j]
+                _join(out, i, k, _logit(t[u, k, c], t[d, k, c + 1], slope), t, u, c)
     return out
 
 
