@@ -637,18 +637,24 @@ class Shard:
 
     def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
                      removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
-        """t of the message sources ``slots``, in one transform: rows ``0..len(slots)``
-        after the batch, then those before it of the sources whose input changed; and
-        ``old``: the row holding each source's t before the batch."""
+        """t of the message sources ``slots``: rows ``0..len(slots)`` after the batch,
+        then those before it of the sources whose input changed; and ``old``: the row
+        holding each source's t before the batch. Computed in one transform; where t is
+        kept, read from it but for the sources whose input changed (the sources include
+        all of them), whose new rows it then takes: the old rows subtracted are then
+        the very values once added."""
         olds = np.concatenate([changed.old_slots, removed])
-        t = layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
-                                       *changed.old_rows, removed_rows]))
         old = np.arange(len(slots))
         old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
         kept = self.t[hop - 1]
-        if kept is not None:  # the sources include every vertex whose input changed
-            kept[self._index(changed.slots)] = t.index_select(
-                0, self._index(self.sets.positions(slots, changed.slots)))
+        if kept is None:
+            return layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
+                                              *changed.old_rows, removed_rows])), old
+        t = kept.index_select(0, self._index(np.concatenate([slots, olds])))
+        index = self._index(changed.slots)
+        new = layer.transform(self._rows(hop - 1, index))
+        t[self._index(self.sets.positions(slots, changed.slots))] = new
+        kept[index] = new
         return t, old
 
     def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
