@@ -603,11 +603,17 @@ class Shard:
         """Messages that stop and start arriving in the region, for aggregations that are
         not linear: one per edge, in both directions, as rows of the sources' t and edge
         weights (and, for destination-dependent ones, each region vertex's
-        `Layer.destination_part`: a destination whose input changed is pulled anyway)."""
+        `Layer.destination_part`; a destination whose input changed is pulled anyway, so
+        none is sent to it)."""
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges)
+        pulled = (marked(self.graph.num_slots, changed.slots)
+                  if layer.aggr.destination_dependent else None)
 
         def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
+            if pulled is not None:
+                kept = ~pulled[dst]
+                rows, w, dst = rows[kept], w[kept], dst[kept]
             factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
             return RowMessages(rows, factor, self.sets.positions(region, dst))
 
