@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamgnn as sg
+from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
@@ -143,7 +144,7 @@ def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
     workload = LinkBenchWorkload(engine.graph, seed=3)
     for _ in range(4):
         engine.apply(workload.batch(300))
-    assert len(shard.h[1]) > 300  # grown
+    assert len(shard.state[0]) > 300  # grown
     tables = [t for name in ("h", "state", "ties", "root", "t")
               for t in getattr(shard, name) if t is not None]
     assert all(t.data_ptr() % (2 << 20) == 0 for t in tables)
@@ -387,6 +388,35 @@ def test_extremum_ties_count_every_carrier(arch, seed, batches):
             shard = engine.shards[0]
             np.testing.assert_array_equal(shard.state[hop - 1].numpy()[alive], state[alive])
             np.testing.assert_array_equal(shard.ties[hop - 1].numpy()[alive], ties[alive])
+        assert_exact(engine, model, torch.float64, 1e-9)
+
+
+@given(arch=st.sampled_from(["graphconv-add", "graphconv-narrowing", "sage-sum"]),
+       num_layers=st.integers(1, 3), seed=st.integers(0, 10_000),
+       batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=6))
+def test_sum_layers_keep_their_preactivation_alone(arch, num_layers, seed, batches):
+    """A layer that is activate(sum of messages + root + bias) keeps that pre-activation
+    as its only table (no embeddings, no root terms): after every batch each row equals
+    the layer's conv output from PyG's own inputs (before the activation), and every
+    layer equals PyG's forward."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed).double()
+    engine = Engine.from_pyg(model, data)
+    shard = engine.shards[0]
+    assert all(layer.keeps_preactivation for layer in engine.layers)
+    assert shard.h[1:] == [None] * num_layers and shard.root == [None] * num_layers
+    ref = Reference(data)
+    for candidates in batches:
+        engine.apply(valid_batch(ref, candidates))
+        current = engine.graph.to_data()
+        g = current.to_pyg()
+        inputs = pyg_layers(model, current, torch.float64)[:-1]
+        slots = engine.graph.slots(current.ids)
+        for k, (conv, h) in enumerate(zip(model.convs, inputs, strict=True)):
+            with torch.no_grad():
+                z = (conv(h, g.edge_index, g.edge_weight.double())
+                     if isinstance(conv, WEIGHTED_CONVS) else conv(h, g.edge_index))
+            np.testing.assert_allclose(shard.state[k].numpy()[slots], z.numpy(), atol=1e-9)
         assert_exact(engine, model, torch.float64, 1e-9)
 
 

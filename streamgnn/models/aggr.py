@@ -123,12 +123,23 @@ class SumAggregation(Aggregation):
     """States in the embeddings' dtype. A delta adds to a state row with one rounding
     per element; a row whose rounding errors since it was last computed from all
     in-neighbours may add up to more than ``drift_limit`` roundings at its size is
-    recomputed so (re-anchored): long delta chains keep the error of a fresh sum."""
+    recomputed so (re-anchored): long delta chains keep the error of a fresh sum. A row
+    computed from all in-neighbours starts at ``fresh_roundings`` roundings at its size
+    (its own error), so a row that later falls far below that size is re-anchored too."""
 
     name = "sum"
     linear = True
     spmm = "sum"
     drift_limit = 256.0
+    fresh_roundings = 16.0
+
+    def fresh_drift(self, rows: Tensor) -> Tensor:
+        """The rounding bounds (float32) of state rows just computed from all
+        in-neighbours."""
+        unit = torch.finfo(rows.dtype).eps / 2
+        chunks = [r.abs().amax(dim=1) for r in rows.split(1 << 16)] if len(rows) else []
+        top = torch.cat(chunks) if chunks else rows.new_zeros(0)
+        return (top * (self.fresh_roundings * unit)).to(torch.float32)
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)

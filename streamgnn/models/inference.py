@@ -50,7 +50,8 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
                      dtype: torch.dtype = torch.float32, keep_states: bool = True
                      ) -> tuple[list[Tensor], list[Tensor | None]]:
     """:func:`layerwise_inference` plus each layer's aggregation state rows (None
-    without ``keep_states``)."""
+    without ``keep_states``; a layer that `Layer.keeps_preactivation` keeps that as its
+    state)."""
     outputs = [torch.from_numpy(graph.x[:graph.num_slots]).to(device, dtype)]
     states = []
     for h, state in layer_by_layer(layers, graph, device, max_edges, progress, dtype,
@@ -86,15 +87,19 @@ def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "
                     state = aggregate(layer, t, ptr, src,
                                       torch.from_numpy(w).to(device, dtype), scale,
                                       torch.arange(a, b, device=device))
+                    count = torch.from_numpy(np.diff(ptr)).to(device)
+                    agg = layer.aggr.finalize(state, count).to(dtype)
+                    if keep_states and layer.keeps_preactivation:
+                        state = layer.preactivation(h[a:b], agg)
+                        out[a:b] = layer.activate(state)
+                    else:
+                        out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
                     if keep_states:
                         if kept is None:
                             kept = state.new_zeros(
                                 (n, *state.shape[1:]),
                                 dtype=layer.aggr.state_dtype or state.dtype)
                         kept[a:b] = state
-                    count = torch.from_numpy(np.diff(ptr)).to(device)
-                    agg = layer.aggr.finalize(state, count).to(dtype)
-                    out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
                     bar.update()
             yield out, kept
             h = out

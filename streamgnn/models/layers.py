@@ -137,6 +137,29 @@ class Layer:
         """The part of the update that depends only on the vertex's own input."""
         raise NotImplementedError
 
+    keeps_preactivation = False
+    """Whether the layer is ``activate(z)``, z = the sum of messages ``w_uv rel(h_u)`` +
+    ``root(h_v)`` + a bias, ``rel`` and ``root`` linear and ``activate`` row by row: an
+    engine then keeps z as the layer's only table (messages and root changes add to it,
+    and h is ``activate`` of its rows when read)."""
+
+    def rel_root(self, h: Tensor) -> Tensor:
+        """``rel`` and ``root`` of each row of ``h`` in one product, interleaved: rows 2i
+        and 2i+1 of the result are those of ``h[i]`` (layers keeping the pre-activation)."""
+        raise NotImplementedError
+
+    def preactivation(self, h: Tensor, agg: Tensor) -> Tensor:
+        """z of vertices with inputs ``h`` and aggregated (transformed) messages ``agg``."""
+        raise NotImplementedError
+
+    def activate(self, z: Tensor) -> Tensor:
+        """The layer's output from its pre-activation ``z``, row by row."""
+        raise NotImplementedError
+
+    def empty_preactivation(self) -> Tensor:
+        """z of a vertex with no in-edges and a zero root term: the bias."""
+        raise NotImplementedError
+
     def combine_root(self, agg, root: Tensor | None) -> Tensor:
         raise NotImplementedError
 
@@ -185,8 +208,12 @@ class GCNLayer(Layer):
 
 
 class _LinearRootLayer(Layer):
-    """SAGEConv / GraphConv: h'_v = lin_nbr(aggr(m)) + lin_root(h_v). For sum and mean the
-    neighbour weight is applied at the source when that shrinks messages (out < in)."""
+    """SAGEConv / GraphConv: h'_v = lin_nbr(aggr(m)) + lin_root(h_v) (L2-normalised for
+    SAGEConv(normalize=True)). For sum and mean the neighbour weight is applied at the
+    source when that shrinks messages (out < in). With a sum and a root term the layer
+    keeps its pre-activation: rel = lin_nbr without bias, root = lin_root."""
+
+    normalize = False
 
     def __init__(self, aggr: str, lin_nbr, lin_root, in_dim: int, out_dim: int,
                  post: Post) -> None:
@@ -199,6 +226,8 @@ class _LinearRootLayer(Layer):
         self.in_dim, self.out_dim = in_dim, out_dim
         self.pre = self.transforms = self.aggr.linear and out_dim < in_dim
         self.caches_root = self.pre and lin_root is not None
+        self.keeps_preactivation = self.aggr.name == "sum" and lin_root is not None
+        self._stacked: Tensor | None = None  # rel's and root's weights, one over the other
 
     def transform(self, h):
         return _linear(self.lin_nbr, h, bias=False) if self.pre else h
@@ -206,15 +235,35 @@ class _LinearRootLayer(Layer):
     def root(self, h):
         return self.lin_root(h)
 
+    def rel_root(self, h):
+        if self._stacked is None:
+            self._stacked = torch.cat([self.lin_nbr.weight, self.lin_root.weight]).detach()
+        return F.linear(h, self._stacked).view(2 * len(h), self.out_dim)
+
     def combine(self, h, agg, t, in_weight):
         return self.combine_root(agg, None if self.lin_root is None else self.root(h))
 
     def combine_root(self, agg, root):
-        if self.pre:
-            out = agg if self.lin_nbr.bias is None else agg + self.lin_nbr.bias
-        else:
-            out = self.lin_nbr(agg)
-        return out if root is None else out + root
+        out = self._neighbours(agg)
+        out = out if root is None else out + root
+        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
+
+    def _neighbours(self, agg: Tensor) -> Tensor:
+        """lin_nbr of the aggregated messages (applied at the source when ``pre``)."""
+        if not self.pre:
+            return self.lin_nbr(agg)
+        return agg if self.lin_nbr.bias is None else agg + self.lin_nbr.bias
+
+    def preactivation(self, h, agg):
+        return self._neighbours(agg) + self.root(h)
+
+    def activate(self, z):
+        return self.finish(F.normalize(z, p=2.0, dim=-1) if self.normalize else z)
+
+    def empty_preactivation(self):
+        bias = self.lin_nbr.bias
+        return (bias if bias is not None else self.lin_nbr.weight.new_zeros(
+            self.out_dim)).detach()
 
 
 class SAGELayer(_LinearRootLayer):
@@ -224,10 +273,6 @@ class SAGELayer(_LinearRootLayer):
         super().__init__(conv.aggr, conv.lin_l, conv.lin_r if conv.root_weight else None,
                          conv.in_channels, conv.out_channels, post)
         self.normalize = conv.normalize
-
-    def combine_root(self, agg, root):
-        out = super().combine_root(agg, root)
-        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
 
 class GraphConvLayer(_LinearRootLayer):

@@ -86,11 +86,12 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
         if i + AHEAD < len(region):
             prefetch_row(state, region[i + AHEAD])
         r, s = region[i], divisor[i]
+        before = float(_largest(state[r]))
         for j in range(state.shape[1]):
             state[r, j] += delta[i, j]
             out[i, j] = state[r, j] / s
         top = float(_largest(state[r]))
-        drift[r] += unit * top
+        drift[r] += unit * max(top, before)
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
@@ -118,13 +119,14 @@ def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
                     divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
     index = torch.from_numpy(region).to(state.device)
-    summed = state.index_select(0, index).double() + combine_rows_torch(
-        t, rows, coef, local, len(region))
+    kept = state.index_select(0, index)
+    summed = kept.double() + combine_rows_torch(t, rows, coef, local, len(region))
     stored = summed.to(state.dtype)
     state[index] = stored
     unit = torch.finfo(state.dtype).eps / 2
-    top = stored.abs().amax(dim=1).double() if len(region) else summed.new_zeros(0)
-    drift[index] += (unit * top).to(drift.dtype)
+    top, before = ((r.abs().amax(dim=1).double() if len(region) else summed.new_zeros(0))
+                   for r in (stored, kept))
+    drift[index] += (unit * torch.maximum(top, before)).to(drift.dtype)
     stale = drift[index] > limit * unit * top.clamp(min=1.0)
     out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
     return out.to(t.dtype), stale.cpu().numpy()
@@ -135,9 +137,12 @@ def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: 
                limit: float) -> tuple[Tensor, np.ndarray]:
     """Messages ``coef[k] * t[rows[k]]`` summed per destination ``region[local[k]]`` in
     float64 and added to its state row in place (one rounding per element). ``drift``
-    (per slot) accumulates a bound on the relative rounding error each state row took
-    since it was last computed from scratch. Returns the state rows of ``region``
-    (distinct slots), each divided by ``divisor[i]``, in ``t``'s dtype, and which rows
+    (per slot) accumulates a bound on the rounding error each state row took since it was
+    last computed from scratch: a rounding at the row's size before or after the add,
+    whichever is larger (a row falling from large values keeps the error it carried at
+    that size: the old messages subtracted were computed to that size's precision).
+    Returns the state rows of ``region`` (distinct slots), each divided by
+    ``divisor[i]``, in ``t``'s dtype, and which rows
     are stale: their drift above ``limit`` roundings at their size (or at 1 if smaller),
     to be recomputed."""
     kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch

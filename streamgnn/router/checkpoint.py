@@ -33,7 +33,7 @@ import numpy as np
 
 from streamgnn.npz import read_arrays, sha256
 
-FORMAT = "streamgnn-state/4"  # /4: float32 sum states with rounding bounds; /3: npz files
+FORMAT = "streamgnn-state/5"  # /5: sum layers keep z alone; /4: sums with rounding bounds
 MANIFEST = "manifest.json"
 
 

@@ -186,17 +186,22 @@ class Shard:
         self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
         self.sets = SlotSets(len(graph.alive))
         self.state = states
-        self.drift = [_no_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
+        self.drift = [_fresh_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
         self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
+        self._z = _keeping_z(layers, states)
         with torch.inference_mode():
-            self.root = [layer.root(h) if layer.caches_root and s is not None else None
-                         for layer, h, s in zip(layers, hs, states, strict=False)]
+            self.root = [layer.root(h) if layer.caches_root and s is not None and not z
+                         else None
+                         for layer, h, s, z in zip(layers, hs, states, self._z, strict=False)]
             self.t = [layer.transform(h) if layer.caches_t and s is not None else None
                       for layer, h, s in zip(layers, hs, states, strict=False)]
         # the shard takes the lists over: moved onto huge pages in place, each original
         # table goes as soon as it is copied (a products-like worker's are GBs)
         self.h: list[Tensor | None] = hs
         hs[0] = None  # h[0] lives in the graph
+        for k, z in enumerate(self._z, start=1):
+            if z:  # its rows are the pre-activation's, activated
+                hs[k] = None
         self._in_weight = graph.in_weight.copy()  # in-degrees the states were built with
         self.ghost = ghost
         self.holders = holders
@@ -229,7 +234,10 @@ class Shard:
         for out, state in layer_by_layer(layers, graph, str(device), progress=progress,
                                          dtype=dtype, keep_states=not recompute):
             if len(hs) < len(layers):
-                rows = out.cpu().numpy()
+                layer = layers[len(hs) - 1]
+                keeps_z = state is not None and layer.keeps_preactivation
+                table = state if keeps_z else out  # what ghosts hold of this layer
+                rows = table.cpu().numpy()
                 sent = []
                 for q in range(partitions):
                     slots = np.flatnonzero(owned[:n] & held_by(holders[:n], q))
@@ -241,8 +249,10 @@ class Shard:
                     if g is not None:
                         index = torch.from_numpy(graph.slots(g.ids).astype(np.int64))
                         with torch.inference_mode():
-                            out[index.to(device)] = torch.from_numpy(g.rows).to(device,
-                                                                                 dtype)
+                            got = torch.from_numpy(g.rows).to(device, dtype)
+                            table[index.to(device)] = got
+                            if keeps_z:
+                                out[index.to(device)] = layer.activate(got)
                 del incoming
             hs.append(out)
             states.append(state)
@@ -274,6 +284,11 @@ class Shard:
 
     def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
         return self._rows(layer, self._index(slots)).cpu().numpy()
+
+    def _stored(self, layer: int) -> Tensor:
+        """The table holding layer ``layer`` (1..L) per slot: h, or the pre-activation z
+        where the shard keeps that instead (what ghosts are sent)."""
+        return self.state[layer - 1] if self._z[layer - 1] else self.h[layer]
 
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
@@ -332,7 +347,10 @@ class Shard:
                 else torch.from_numpy(a).to(device)
                 for k in range(len(layers) + (name == "h"))])
         shard._in_weight = arrays["in_weight"]
-        shard._labels = shard.h[-1].argmax(dim=-1).cpu().numpy()
+        shard._z = _keeping_z(layers, shard.state)
+        out = shard._stored(len(layers))
+        out = layers[-1].activate(out) if shard._z[-1] else out
+        shard._labels = out.argmax(dim=-1).cpu().numpy()
         shard.ghost, shard.holders, shard.ghost_owner = (
             arrays.get(name) for name in ("ghost", "holders", "ghost_owner"))
         shard._batch = None
@@ -371,9 +389,14 @@ class Shard:
             owned = self.owned
             owned[removed] = False
             owned[added] = ~self.ghost[added]
-        for rows in (*self.state, *self.drift, *self.ties):  # reused slots: start empty
-            if rows is not None and len(added):
-                rows[self._index(added)] = 0
+        if len(added):  # reused slots: start empty
+            index = self._index(added)
+            for layer, rows, z in zip(self.layers, self.state, self._z, strict=True):
+                if rows is not None:
+                    rows[index] = layer.empty_preactivation() if z else 0
+            for rows in (*self.drift, *self.ties):
+                if rows is not None:
+                    rows[index] = 0
         is_added = marked(self.graph.num_slots, added)
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                            diff.changed.astype(np.int64),
@@ -403,7 +426,9 @@ class Shard:
             if len(slots):
                 weight = (self.graph.in_weight[slots] if hop == 0 and any(
                     layer.degree_normalised for layer in self.layers) else None)
-                out[q] = Ghosts(self.graph.ext[slots], self.rows(slots, hop), weight)
+                rows = (self.rows(slots, 0) if hop == 0 else
+                        self._stored(hop).index_select(0, self._index(slots)).cpu().numpy())
+                out[q] = Ghosts(self.graph.ext[slots], rows, weight)
         return out
 
     def _incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
@@ -426,8 +451,10 @@ class Shard:
         if hop == 0:
             table, new = torch.from_numpy(self.graph.x), torch.from_numpy(rows)
         else:
-            table, new = self.h[hop], self._tensor(rows).to(self.dtype)
+            table, new = self._stored(hop), self._tensor(rows).to(self.dtype)
         moved, old, _ = store_rows_(table, slots, new, fresh, keep_old=True)
+        if hop > 0 and self._z[hop - 1]:
+            old = self.layers[hop - 1].activate(old)
         c = b.changed
         unknown = self.sets.find(c.slots, slots) < 0  # not a source yet (fresh ghosts are)
         replaced = moved & ~fresh  # the rows ``old`` holds, in order
@@ -498,7 +525,7 @@ class Shard:
             b.result.non_finite = hop  # the other shards go on to the barrier: report at end
         if hop < self.num_layers:
             b.changed = step.changed()
-            b.removed_rows = self.h[hop].index_select(0, self._index(b.removed))
+            b.removed_rows = self._rows(hop, self._index(b.removed))
         b.step = step
 
     def _finish(self) -> ApplyResult:
@@ -526,13 +553,15 @@ class Shard:
             result.pulled_columns.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
-            nothing = self.h[hop][:0]
+            nothing = self._rows(hop, self._index(region))
             result.rewritten.append((region, nothing.cpu().numpy()))
             return _Step(region, nothing, is_added[region], np.zeros(0, bool), nothing)
 
         index = self._index(region)
         count = g.in_degree[region]
         columns = None  # a pull of some columns only
+        keeps_z, last = self._z[hop - 1], hop == self.num_layers
+        z_old = self.state[hop - 1].index_select(0, index) if keeps_z and not last else None
         if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
             pulled, remote = self._pull(hop, layer, pull)
@@ -558,18 +587,22 @@ class Shard:
                 remote += self._pull_columns(hop, layer, columns)
             agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
         agg = agg.to(self.dtype)
-        root = self.root[hop - 1]
-        if root is None:
-            rows = self._rows(hop - 1, index)
-            t = self._t(hop, layer, index) if layer.self_transform else None
-            new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
-        else:  # only vertices whose own input changed need their root term again
-            own = self._index(changed.slots)
-            root[own] = layer.root(self._rows(hop - 1, own))
-            new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
         fresh = is_added[region]
-        moved, old_rows, finite = store_rows_(self.h[hop], region, new, fresh,
-                                              keep_old=hop < self.num_layers)
+        if keeps_z:  # agg is z, stored already
+            new = layer.activate(agg)
+            moved, old_rows, finite = _compared(layer, z_old, new, fresh)
+        else:
+            root = self.root[hop - 1]
+            if root is None:
+                rows = self._rows(hop - 1, index)
+                t = self._t(hop, layer, index) if layer.self_transform else None
+                new = layer.update(rows, agg, t, self._weight(g.in_weight, region))
+            else:  # only vertices whose own input changed need their root term again
+                own = self._index(changed.slots)
+                root[own] = layer.root(self._rows(hop - 1, own))
+                new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
+            moved, old_rows, finite = store_rows_(self.h[hop], region, new, fresh,
+                                                  keep_old=not last)
         result.recomputed.append(len(region))
         result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
         result.pulled_columns.append(0 if columns is None else _count(columns.cols))
@@ -584,15 +617,21 @@ class Shard:
               count: np.ndarray) -> tuple[Tensor, np.ndarray]:
         """A linear aggregation's superstep: the messages that stop and start arriving in
         the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
-        the changed edges), one per row of t they carry, folded into the states; returns
-        the region's finalized states (``count``: in-degrees) and which are stale
-        (`SumAggregation.fold`)."""
+        the changed edges), one per row of t they carry, folded into the states (where the
+        shard keeps the pre-activation, the root terms of sources whose input changed
+        too); returns the region's finalized states (``count``: in-degrees) and which are
+        stale (`SumAggregation.fold`)."""
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges)
         scale_new, scale_old = self._source_scales(layer, m.slots)
+        own = own_slots = None
+        if self._z[hop - 1]:  # the sources' root terms fold into their own z too
+            own_slots = changed.slots[self.owned[changed.slots]]
+            own = self.sets.positions(m.slots, own_slots)
         rows, coef, local = linear_delta_messages(
             m.old, m.at1, v1, w1, m.at2, edges.dst, edges.before, edges.after, m.has, m.had,
-            layer.edge_weighted, scale_new, scale_old, region, self.sets.scratch)
+            layer.edge_weighted, scale_new, scale_old, region, self.sets.scratch, own,
+            own_slots)
         return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], m.t, rows, coef,
                                local, region, count)
 
@@ -648,14 +687,16 @@ class Shard:
         holding each source's t before the batch. Computed in one transform; where t is
         kept, read from it but for the sources whose input changed (the sources include
         all of them), whose new rows it then takes: the old rows subtracted are then
-        the very values once added."""
+        the very values once added. Where the shard keeps the pre-activation, t is
+        `Layer.rel_root` of those rows (two rows of t each)."""
         olds = np.concatenate([changed.old_slots, removed])
         old = np.arange(len(slots))
         old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
         kept = self.t[hop - 1]
         if kept is None:
-            return layer.transform(torch.cat([self._rows(hop - 1, self._index(slots)),
-                                              *changed.old_rows, removed_rows])), old
+            transform = layer.rel_root if self._z[hop - 1] else layer.transform
+            return transform(torch.cat([self._rows(hop - 1, self._index(slots)),
+                                        *changed.old_rows, removed_rows])), old
         t = kept.index_select(0, self._index(np.concatenate([slots, olds])))
         index = self._index(changed.slots)
         new = layer.transform(self._rows(hop - 1, index))
@@ -703,10 +744,13 @@ class Shard:
                  if layer.degree_normalised else None)
         state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
                           scale, self._index(pull_at))
+        if self._z[hop - 1]:  # the sum's pre-activation: summed, then the vertex's own terms
+            state = layer.preactivation(self._rows(hop - 1, self._index(pull)),
+                                        state.to(self.dtype))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
             if self.drift[hop - 1] is not None:
-                self.drift[hop - 1][self._index(pull)] = 0
+                self.drift[hop - 1][self._index(pull)] = layer.aggr.fresh_drift(state)
         return state, remote
 
     def _pull_columns(self, hop: int, layer: Layer, pull: Pull) -> int:
@@ -783,7 +827,7 @@ class Shard:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
         None unless they are already in the engine's dtype and device."""
         if layer > 0:
-            return self.h[layer]
+            return self.h[layer]  # None where the shard keeps the pre-activation
         x = torch.from_numpy(self.graph.x)
         return x if x.dtype == self.dtype and self.device.type == "cpu" else None
 
@@ -796,9 +840,12 @@ class Shard:
         return kept.index_select(0, index)
 
     def _rows(self, layer: int, index: Tensor) -> Tensor:
+        """h^layer of the slots ``index``."""
         if layer == 0:
             rows = self.graph.x.take(index.cpu().numpy(), axis=0)
             return torch.from_numpy(rows).to(self.device, self.dtype)
+        if self._z[layer - 1]:
+            return self.layers[layer - 1].activate(self.state[layer - 1].index_select(0, index))
         return self.h[layer].index_select(0, index)
 
     def _index(self, slots: np.ndarray) -> Tensor:
@@ -820,11 +867,11 @@ class Shard:
                 grown[:len(old)] = old
                 setattr(self, name, grown)
         need = self.graph.num_slots
-        have = self.h[-1].shape[0]
+        have = len(self._labels)
         if need <= have:
             return
         size = max(need, have * 5 // 4)
-        self.h = [None, *(_grown(h, size) for h in self.h[1:])]
+        self.h = [None if h is None else _grown(h, size) for h in self.h]
         self.state = [None if s is None else _grown(s, size) for s in self.state]
         self.drift = [None if d is None else _grown(d, size) for d in self.drift]
         self.root = [None if r is None else _grown(r, size) for r in self.root]
@@ -834,12 +881,32 @@ class Shard:
                                        np.zeros(size - len(self._labels), np.int64)])
 
 
-def _no_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
-    """Rounding bounds of states just computed from all in-neighbours: zeros, for
-    aggregations whose deltas round (linear ones)."""
+def _keeping_z(layers: list[Layer], states: list[Tensor | None]) -> list[bool]:
+    """Per layer: whether the shard keeps its pre-activation z as its only table (a
+    state is kept and the layer `Layer.keeps_preactivation`)."""
+    return [s is not None and layer.keeps_preactivation
+            for layer, s in zip(layers, states, strict=True)]
+
+
+def _compared(layer: Layer, z_old: Tensor | None, new: Tensor, fresh: np.ndarray
+              ) -> tuple[np.ndarray, Tensor, bool]:
+    """`store_rows_`'s answer for a layer whose pre-activation is kept (stored already):
+    which rows of the region changed (all, at the last layer: ``z_old`` None) and the old
+    rows of those that did and are not ``fresh``; whether every new row is finite."""
+    finite = bool(torch.isfinite(new).all())
+    if z_old is None:
+        return np.ones(len(new), bool), new[:0], finite
+    old = layer.activate(z_old)
+    moved = fresh | (old != new).any(dim=1).cpu().numpy()
+    return moved, old[torch.from_numpy(moved & ~fresh).to(old.device)], finite
+
+
+def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
+    """Rounding bounds of states just computed from all in-neighbours, for aggregations
+    whose deltas round (linear ones)."""
     if state is None or not layer.aggr.linear:
         return None
-    return torch.zeros(len(state), dtype=torch.float32, device=state.device)
+    return layer.aggr.fresh_drift(state)
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
