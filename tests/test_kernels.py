@@ -21,6 +21,8 @@ from streamgnn.models.rowops import (
     argmax_rows_torch,
     combine_rows_numba,
     combine_rows_torch,
+    compare_rows_numba,
+    compare_rows_torch,
     fold_rows_numba,
     fold_rows_torch,
     store_rows_numba,
@@ -123,6 +125,26 @@ def test_store_rows_numba_and_torch_report_changed_rows_their_old_values_and_fin
         np.testing.assert_array_equal(got_moved, moved)
         np.testing.assert_array_equal(
             old.numpy(), table[index[moved & ~fresh]] if keep_old else np.zeros((0, 4)))
+        assert finite == (poison is None or not count)
+
+
+@given(seed=seeds, count=st.integers(0, 20), with_old=st.booleans(),
+       poison=st.sampled_from([None, np.nan, np.inf]))
+def test_compare_rows_numba_and_torch_report_changed_rows_and_finiteness(
+        seed, count, with_old, poison):
+    rng = np.random.default_rng(seed)
+    old = rng.normal(size=(count, 4)).astype(np.float32)
+    new = old.copy()
+    changes = rng.random(count) < 0.5
+    new[changes, rng.integers(0, 4, count)[changes]] += 1.0
+    fresh = rng.random(count) < 0.2
+    if poison is not None and count:
+        new[0, 0] = poison
+    moved = (new != old).any(axis=1) | fresh if with_old else np.ones(count, bool)
+    for kernel in (compare_rows_numba, compare_rows_torch):
+        got, finite = kernel(torch.from_numpy(old) if with_old else None,
+                             torch.from_numpy(new), fresh)
+        np.testing.assert_array_equal(got, moved)
         assert finite == (poison is None or not count)
 
 

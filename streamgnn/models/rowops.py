@@ -199,6 +199,47 @@ def store_rows_(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarra
 
 
 @njit(cache=True)
+def _compare_loop(old, new, fresh, moved):
+    finite = True
+    compare = len(old) > 0
+    for i in range(new.shape[0]):
+        differs = fresh[i]
+        for j in range(new.shape[1]):
+            v = new[i, j]
+            finite &= np.isfinite(v)
+            if compare:
+                differs |= old[i, j] != v
+        if compare:
+            moved[i] = differs
+    return finite
+
+
+def compare_rows_numba(old: Tensor | None, new: Tensor, fresh: np.ndarray
+                       ) -> tuple[np.ndarray, bool]:
+    moved = np.ones(len(new), np.bool_)
+    rows = new.numpy()
+    before = rows[:0] if old is None else old.numpy()
+    return moved, bool(_compare_loop(before, rows, fresh, moved))
+
+
+def compare_rows_torch(old: Tensor | None, new: Tensor, fresh: np.ndarray
+                       ) -> tuple[np.ndarray, bool]:
+    finite = bool(torch.isfinite(new).all())
+    if old is None:
+        return np.ones(len(new), np.bool_), finite
+    return (old != new).any(dim=-1).cpu().numpy() | fresh, finite
+
+
+def compare_rows(old: Tensor | None, new: Tensor, fresh: np.ndarray
+                 ) -> tuple[np.ndarray, bool]:
+    """Which rows of ``new`` differ from those of ``old`` (``fresh`` ones count as
+    differing; all, without ``old``), and whether every value of ``new`` is finite: what
+    `store_rows_` reports, for rows stored already."""
+    kernel = compare_rows_numba if new.device.type == "cpu" else compare_rows_torch
+    return kernel(old, new, fresh)
+
+
+@njit(cache=True)
 def _argmax_loop(rows):
     out = np.empty(rows.shape[0], np.int64)
     for i in range(rows.shape[0]):

@@ -39,7 +39,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
-from streamgnn.models.rowops import argmax_rows, store_rows_
+from streamgnn.models.rowops import argmax_rows, compare_rows, store_rows_
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
@@ -893,11 +893,10 @@ def _compared(layer: Layer, z_old: Tensor | None, new: Tensor, fresh: np.ndarray
     """`store_rows_`'s answer for a layer whose pre-activation is kept (stored already):
     which rows of the region changed (all, at the last layer: ``z_old`` None) and the old
     rows of those that did and are not ``fresh``; whether every new row is finite."""
-    finite = bool(torch.isfinite(new).all())
-    if z_old is None:
-        return np.ones(len(new), bool), new[:0], finite
-    old = layer.activate(z_old)
-    moved = fresh | (old != new).any(dim=1).cpu().numpy()
+    old = None if z_old is None else layer.activate(z_old)
+    moved, finite = compare_rows(old, new, fresh)
+    if old is None:
+        return moved, new[:0], finite
     return moved, old[torch.from_numpy(moved & ~fresh).to(old.device)], finite
 
 
