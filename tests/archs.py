@@ -22,6 +22,7 @@ ARCHS = {
     "pyg-gcn": lambda L: GCN(F_IN, 16, L, 5),
     "pyg-sage-mean": lambda L: GraphSAGE(F_IN, 16, L, 5),
     "pyg-sage-bn": lambda L: GraphSAGE(F_IN, 16, L, 5, norm="batch_norm"),
+    "pyg-sage-sum-bn": lambda L: GraphSAGE(F_IN, 16, L, 5, aggr="sum", norm="batch_norm"),
     "pyg-gin": lambda L: GIN(F_IN, 16, L, 5),
     "pyg-gat": lambda L: GAT(F_IN, 16, L, 8, heads=4),
     "gcn-improved": lambda L: stack(GCNConv, [F_IN] + [16] * (L - 1) + [5], improved=True),

@@ -215,6 +215,19 @@ def test_restored_engine_continues_bit_for_bit(name):
         assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
+def test_a_snapshot_from_before_sum_layers_kept_z_is_refused_naming_why():
+    """Arrays with a sum layer's embeddings beside its state were written when that
+    state was the plain sum of messages: restoring them as z would be wrong, so it is
+    refused."""
+    data = sg.datasets.synthetic("tiny", seed=4)
+    model = ModelSpec("graphconv-sum", data.num_features, data.num_classes, 16).build().eval()
+    snapshot = Engine.from_pyg(model, data).snapshot()
+    assert "shard0/h/1" not in snapshot
+    snapshot["shard0/h/1"] = np.zeros((1, 16), np.float32)
+    with pytest.raises(ValueError, match="layer 1's embeddings beside its sum state"):
+        Engine.restore(model, snapshot)
+
+
 def test_a_snapshot_without_ties_is_restored_with_them_counted():
     """Arrays written before max/min kept ties have none: the restored engine counts them
     and goes on exactly as the original."""
@@ -391,14 +404,16 @@ def test_extremum_ties_count_every_carrier(arch, seed, batches):
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
-@given(arch=st.sampled_from(["graphconv-add", "graphconv-narrowing", "sage-sum"]),
+@given(arch=st.sampled_from(["graphconv-add", "graphconv-narrowing", "sage-sum",
+                             "pyg-sage-sum-bn"]),
        num_layers=st.integers(1, 3), seed=st.integers(0, 10_000),
        batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=6))
 def test_sum_layers_keep_their_preactivation_alone(arch, num_layers, seed, batches):
     """A layer that is activate(sum of messages + root + bias) keeps that pre-activation
     as its only table (no embeddings, no root terms): after every batch each row equals
     the layer's conv output from PyG's own inputs (before the activation), and every
-    layer equals PyG's forward."""
+    layer equals PyG's forward (read through `Engine.lookup`, the activation's batch norm
+    included)."""
     data = start_graph(seed)
     model = randomise(ARCHS[arch](num_layers), seed).double()
     engine = Engine.from_pyg(model, data)

@@ -225,9 +225,10 @@ class _LinearRootLayer(Layer):
         self.lin_nbr, self.lin_root = lin_nbr, lin_root
         self.in_dim, self.out_dim = in_dim, out_dim
         self.pre = self.transforms = self.aggr.linear and out_dim < in_dim
-        self.caches_root = self.pre and lin_root is not None
-        self.keeps_preactivation = self.aggr.name == "sum" and lin_root is not None
-        self._stacked: Tensor | None = None  # rel's and root's weights, one over the other
+        self.keeps_preactivation = (self.aggr.name == "sum" and lin_root is not None
+                                    and getattr(lin_root, "bias", None) is None)
+        self.caches_root = self.pre and lin_root is not None and not self.keeps_preactivation
+        self._stacked: tuple[tuple, Tensor] | None = None  # rel's and root's weights stacked
 
     def transform(self, h):
         return _linear(self.lin_nbr, h, bias=False) if self.pre else h
@@ -236,9 +237,11 @@ class _LinearRootLayer(Layer):
         return self.lin_root(h)
 
     def rel_root(self, h):
-        if self._stacked is None:
-            self._stacked = torch.cat([self.lin_nbr.weight, self.lin_root.weight]).detach()
-        return F.linear(h, self._stacked).view(2 * len(h), self.out_dim)
+        parts = (self.lin_nbr.weight, self.lin_root.weight)
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in parts)
+        if self._stacked is None or self._stacked[0] != key:  # the weights as they are now
+            self._stacked = key, torch.cat(parts).detach()
+        return F.linear(h, self._stacked[1]).view(2 * len(h), self.out_dim)
 
     def combine(self, h, agg, t, in_weight):
         return self.combine_root(agg, None if self.lin_root is None else self.root(h))

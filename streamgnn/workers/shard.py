@@ -13,11 +13,16 @@ columns that need it (max/min where the maximum may have left). Then h^l is reco
 for the destinations and for vertices whose own h^{l-1} changed. ``recompute=True`` is
 the RC baseline: the same affected region, every destination pulled, no states kept.
 
+A sum layer with a root term keeps its pre-activation z alone (`Layer.keeps_preactivation`):
+no embeddings, no root terms; the root terms of vertices whose input changed fold into their
+own z as messages, and h = `Layer.activate` of z wherever a row is read.
+
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
-copies of remote in-neighbours (their features, in-degree and every layer's embedding row,
-never computed here). Between supersteps (`_outgoing` / `_incoming`) each owner sends the
-rows of its vertices that changed to the shards holding them as ghosts, so messages and
-pulls read every in-neighbour locally. Without ghosts (one partition) nothing is sent.
+copies of remote in-neighbours (their features, in-degree and every layer's row as the
+owner stores it, h or z, never computed here). Between supersteps (`_outgoing` /
+`_incoming`) each owner sends the rows of its vertices that changed to the shards holding
+them as ghosts, so messages and pulls read every in-neighbour locally. Without ghosts (one
+partition) nothing is sent.
 
 Owns per-layer state and propagation; must not import kafka or mpi4py.
 """
@@ -188,11 +193,10 @@ class Shard:
         self.state = states
         self.drift = [_fresh_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
         self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
-        self._z = _keeping_z(layers, states)
+        self._z = [_keeps_z(layer, s) for layer, s in zip(layers, states, strict=True)]
         with torch.inference_mode():
-            self.root = [layer.root(h) if layer.caches_root and s is not None and not z
-                         else None
-                         for layer, h, s, z in zip(layers, hs, states, self._z, strict=False)]
+            self.root = [layer.root(h) if layer.caches_root and s is not None else None
+                         for layer, h, s in zip(layers, hs, states, strict=False)]
             self.t = [layer.transform(h) if layer.caches_t and s is not None else None
                       for layer, h, s in zip(layers, hs, states, strict=False)]
         # the shard takes the lists over: moved onto huge pages in place, each original
@@ -223,8 +227,9 @@ class Shard:
         """Partition ``me``'s first state, computed where it lives: ``arrays`` is the shard
         without layer state (graph, ``ghost``, ``holders``, ``ghost_owner``, as `arrays`
         lays them out). A BSP program like `run`: after each layer but the last it yields
-        the rows of its vertices other partitions hold as ghosts and takes theirs, which
-        the next layer reads; returns the shard (states kept unless ``recompute``)."""
+        the rows of its vertices other partitions hold as ghosts (as stored: z where the
+        shard keeps it) and takes theirs, which the next layer reads; returns the shard
+        (states kept unless ``recompute``)."""
         graph = DynamicGraph.from_arrays(under(arrays, "graph/"))
         ghost, holders, ghost_owner = arrays["ghost"], arrays["holders"], arrays["ghost_owner"]
         owned = graph.alive & ~ghost
@@ -235,7 +240,7 @@ class Shard:
                                          dtype=dtype, keep_states=not recompute):
             if len(hs) < len(layers):
                 layer = layers[len(hs) - 1]
-                keeps_z = state is not None and layer.keeps_preactivation
+                keeps_z = _keeps_z(layer, state)
                 table = state if keeps_z else out  # what ghosts hold of this layer
                 rows = table.cpu().numpy()
                 sent = []
@@ -282,7 +287,9 @@ class Shard:
             self._owned = self.graph.alive & ~self.ghost[:len(self.graph.alive)]
         return self._owned
 
+    @torch.inference_mode()
     def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
+        """h^layer of ``slots`` (activated where the shard keeps the pre-activation)."""
         return self._rows(layer, self._index(slots)).cpu().numpy()
 
     def _stored(self, layer: int) -> Tensor:
@@ -347,7 +354,11 @@ class Shard:
                 else torch.from_numpy(a).to(device)
                 for k in range(len(layers) + (name == "h"))])
         shard._in_weight = arrays["in_weight"]
-        shard._z = _keeping_z(layers, shard.state)
+        shard._z = [_keeps_z(layer, s) for layer, s in zip(layers, shard.state, strict=True)]
+        if stale := [k for k, z in enumerate(shard._z, start=1) if z and f"h/{k}" in arrays]:
+            raise ValueError(f"these arrays hold layer {stale[0]}'s embeddings beside its sum "
+                             "state: written before sum layers kept their pre-activation "
+                             "alone; bootstrap the engine again")
         out = shard._stored(len(layers))
         out = layers[-1].activate(out) if shard._z[-1] else out
         shard._labels = out.argmax(dim=-1).cpu().numpy()
@@ -407,8 +418,10 @@ class Shard:
                              subscribed or {})
 
     def _outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
-        """Per partition, the rows of h^hop (features at 0) it holds as ghosts and that
-        changed in this batch (or that it began to hold); None where there are none."""
+        """Per partition, the rows of layer ``hop`` as stored (features at 0; z where the
+        shard keeps it) it holds as ghosts and whose h changed in this batch (or that it
+        began to hold); None where there are none. A ghost's z may lag its owner's where
+        z moved and h did not: its activation is the same h, bit for bit."""
         b = self._batch
         out: list[Ghosts | None] = [None] * partitions
         if self.holders is None:
@@ -432,8 +445,9 @@ class Shard:
         return out
 
     def _incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
-        """Take the ghost rows of h^hop other shards sent: ghosts whose row differs join
-        the next superstep's sources (with their old rows), new ghosts join as fresh."""
+        """Take the ghost rows of layer ``hop`` other shards sent (as `_outgoing` sends
+        them): ghosts whose row differs join the next superstep's sources (with their old
+        rows of h), new ghosts join as fresh."""
         received = [g for g in received if g is not None and len(g.ids)]
         if not received:
             return
@@ -881,11 +895,10 @@ class Shard:
                                        np.zeros(size - len(self._labels), np.int64)])
 
 
-def _keeping_z(layers: list[Layer], states: list[Tensor | None]) -> list[bool]:
-    """Per layer: whether the shard keeps its pre-activation z as its only table (a
-    state is kept and the layer `Layer.keeps_preactivation`)."""
-    return [s is not None and layer.keeps_preactivation
-            for layer, s in zip(layers, states, strict=True)]
+def _keeps_z(layer: Layer, state: Tensor | None) -> bool:
+    """Whether a shard keeps the layer's pre-activation z as its only table: it keeps a
+    state (not RC) and the layer `Layer.keeps_preactivation`."""
+    return state is not None and layer.keeps_preactivation
 
 
 def _compared(layer: Layer, z_old: Tensor | None, new: Tensor, fresh: np.ndarray
