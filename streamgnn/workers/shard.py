@@ -256,8 +256,9 @@ class Shard:
                         with torch.inference_mode():
                             got = torch.from_numpy(g.rows).to(device, dtype)
                             table[index.to(device)] = got
-                            if keeps_z:
-                                out[index.to(device)] = layer.activate(got)
+                            for a in range(0, len(index) if keeps_z else 0, 1 << 16):
+                                rows = slice(a, a + (1 << 16))  # (a GB on a large graph)
+                                out[index[rows].to(device)] = layer.activate(got[rows])
                 del incoming
             hs.append(out)
             states.append(state)
