@@ -4,6 +4,7 @@ region (RC) vs a full PyG forward pass, measured in the same run.
 
     python benchmarks/engine.py [--preset arxiv-like] [--layers 2 3] [--batch-sizes 1 10 100 1000]
     python benchmarks/engine.py --profile --workloads "GraphConv sum" --layers 2 --batch-sizes 100
+    python benchmarks/engine.py --memory
 
 For each workload and depth: bootstrap on the 80 % snapshot; then, per batch size, blocks
 of LinkBench writes (adds replay the held-out 20 %) go to the engine and then to RC (the
@@ -15,7 +16,8 @@ on a graph of their own (so neither side finds the graph warm from the generator
 over as `UpdateBatch` columns, as the router ships them to workers (building those from
 update objects costs ~2 us per update more). Prints a table per workload and writes JSON.
 ``--profile`` instead runs the engine alone under cProfile (first workload, depth and batch
-size chosen) and prints where a batch's time goes.
+size chosen) and prints where a batch's time goes; ``--memory`` only bootstraps each
+workload and reports engine and RC state per vertex and per edge.
 """
 
 from __future__ import annotations
@@ -62,12 +64,48 @@ def stream_split(preset: str, weighted: bool):
     return sg.datasets.split_stream(data, frac=0.2, seed=0)
 
 
-def engine_bytes(engine: Engine) -> int:
-    tensors = [t for shard in engine.shards for t in (
+def table_bytes(engine: Engine) -> int:
+    """The engine's per-vertex tables beside the graph: embeddings, states and what it
+    keeps with them."""
+    return sum(t.nbytes for shard in engine.shards for t in (
         *shard.h[1:], *shard.state, *shard.drift, *shard.ties, *shard.root, *shard.t)
-        if t is not None]
+        if t is not None)
+
+
+def engine_bytes(engine: Engine) -> int:
     graph = engine.graph.nbytes()
-    return sum(t.nbytes for t in tensors) + graph["structure"] + graph["features"]
+    return table_bytes(engine) + graph["structure"] + graph["features"]
+
+
+def memory(label: str, name: str, weighted: bool, layers: int, split) -> dict:
+    """Engine and RC state after bootstrap, per vertex (tables and features) and per edge
+    (graph structure)."""
+    _, engine, rc, _ = bootstrap(name, weighted, layers, split, "cpu")
+    g = engine.graph.nbytes()
+    vertices, edges = engine.graph.num_vertices, engine.graph.num_edges
+    return {"workload": label, "layers": layers, "vertices": vertices, "edges": edges,
+            "engine_table_bytes_per_vertex": table_bytes(engine) / vertices,
+            "rc_table_bytes_per_vertex": table_bytes(rc) / vertices,
+            "feature_bytes_per_vertex": g["features"] / vertices,
+            "structure_bytes_per_edge": g["structure"] / edges,
+            "engine_mb": engine_bytes(engine) / 2**20, "rc_mb": engine_bytes(rc) / 2**20}
+
+
+def print_memory(rows: list[dict]) -> None:
+    table = Table(title="State after bootstrap: per vertex (tables beside the graph, and "
+                        "features) and per edge (structure); both sides keep the same graph")
+    for col in ("workload", "L", "engine B / vertex", "RC B / vertex", "features B / vertex",
+                "structure B / edge", "engine / RC MB", "ratio"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["workload"], str(r["layers"]),
+                      f"{r['engine_table_bytes_per_vertex']:,.0f}",
+                      f"{r['rc_table_bytes_per_vertex']:,.0f}",
+                      f"{r['feature_bytes_per_vertex']:,.0f}",
+                      f"{r['structure_bytes_per_edge']:.1f}",
+                      f"{r['engine_mb']:.0f} / {r['rc_mb']:.0f}",
+                      f"{r['engine_mb'] / r['rc_mb']:.2f}x")
+    console.print(table)
 
 
 def full_forward_seconds(model: torch.nn.Module, engine: Engine, repeat: int) -> float:
@@ -227,6 +265,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile the engine instead (first workload, depth, batch size)")
     parser.add_argument("--profile-batches", type=int, default=300)
+    parser.add_argument("--memory", action="store_true",
+                        help="only bootstrap each workload and report its state per vertex "
+                             "and per edge (writes engine-memory.json beside --out)")
     parser.add_argument("--device", default="cpu", help="where engine and RC run: cpu or cuda")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads (with both cores busy elsewhere, 2 threads wait on "
@@ -242,6 +283,17 @@ def main() -> None:
         return
     splits = {}
     results = []
+    if args.memory:
+        for label, name, weighted in WORKLOADS:
+            if label in args.workloads:
+                split = splits.setdefault(weighted, stream_split(args.preset, weighted))
+                results += [memory(label, name, weighted, layers, split)
+                            for layers in args.layers]
+        print_memory(results)
+        out = args.out.with_name("engine-memory.json")
+        out.write_text(json.dumps({"preset": args.preset, "rows": results}, indent=2))
+        console.print(f"-> {out}")
+        return
     for label, name, weighted in WORKLOADS:
         if label not in args.workloads:
             continue
