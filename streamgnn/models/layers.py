@@ -248,8 +248,7 @@ class _LinearRootLayer(Layer):
 
     def combine_root(self, agg, root):
         out = self._neighbours(agg)
-        out = out if root is None else out + root
-        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
+        return self._normalized(out if root is None else out + root)
 
     def _neighbours(self, agg: Tensor) -> Tensor:
         """lin_nbr of the aggregated messages (applied at the source when ``pre``)."""
@@ -261,7 +260,11 @@ class _LinearRootLayer(Layer):
         return self._neighbours(agg) + self.root(h)
 
     def activate(self, z):
-        return self.finish(F.normalize(z, p=2.0, dim=-1) if self.normalize else z)
+        return self.finish(self._normalized(z))
+
+    def _normalized(self, out: Tensor) -> Tensor:
+        """SAGEConv(normalize=True)'s L2 normalisation of each output row (else as is)."""
+        return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
 
     def empty_preactivation(self):
         bias = self.lin_nbr.bias

@@ -143,9 +143,8 @@ def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: 
     whichever is larger (a row falling from large values keeps the error it carried at
     that size: the old messages subtracted were computed to that size's precision).
     Returns the state rows of ``region`` (distinct slots), each divided by
-    ``divisor[i]``, in ``t``'s dtype, and which rows
-    are stale: their drift above ``limit`` roundings at their size (or at 1 if smaller),
-    to be recomputed."""
+    ``divisor[i]``, in ``t``'s dtype, and which rows are stale: their drift above
+    ``limit`` roundings at their size (or at 1 if smaller), to be recomputed."""
     kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
     return kernel(state, drift, t, rows, coef, local, region, divisor, limit)
 
