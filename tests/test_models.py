@@ -128,6 +128,14 @@ def test_unsupported_conv_lists_supported_layers():
         decompose(GNN([ChebConv(4, 4, K=2)]))
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_a_model_decomposes_on_the_device_its_weights_are_on(arch):
+    """Nothing in decomposition makes a CPU tensor beside the weights: on the meta device
+    (shapes without data), as on cuda, a stray CPU tensor raises."""
+    on_meta, on_cpu = decompose(ARCHS[arch](2).to("meta")), decompose(ARCHS[arch](2))
+    assert [layer.out_dim for layer in on_meta] == [layer.out_dim for layer in on_cpu]
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_zoo_checkpoint_roundtrip(name, tmp_path):
     data = sg.datasets.synthetic("tiny", seed=1)

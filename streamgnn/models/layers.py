@@ -298,7 +298,8 @@ class GINLayer(Layer):
         self.aggr = SumAggregation()
         self.in_dim = _in_features(conv.nn)
         with torch.no_grad():
-            probe = torch.zeros(1, self.in_dim, dtype=next(conv.nn.parameters()).dtype)
+            weight = next(conv.nn.parameters())
+            probe = torch.zeros(1, self.in_dim, dtype=weight.dtype, device=weight.device)
             self.out_dim = conv.nn(probe).shape[-1]
 
     def combine(self, h, agg, t, in_weight):
