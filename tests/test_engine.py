@@ -117,15 +117,18 @@ def test_vertices_outside_the_l_hop_region_are_not_touched():
     for _ in range(2):
         _, nbr, _ = g.out_edges(np.array(sorted(reach)))
         reach |= set(nbr.tolist())
-    before = [h.clone() for h in engine.shards[0].h[1:]]
-    state_before = [s.clone() for s in engine.shards[0].state]
+    shard = engine.shards[0]
+
+    def tables() -> list[torch.Tensor]:  # embeddings and states, where the shard keeps them
+        return [t for t in (*shard.h[1:], *shard.state) if t is not None]
+
+    before = [t.clone() for t in tables()]
+    assert len(before) >= 2
     result = engine.apply(batch)
     outside = np.setdiff1d(g.vertex_slots(), np.array(sorted(reach)))
     assert len(outside) > 300
-    for h_old, h_new in zip(before, engine.shards[0].h[1:]):
-        assert torch.equal(h_old[outside], h_new[outside])
-    for s_old, s_new in zip(state_before, engine.shards[0].state):
-        assert torch.equal(s_old[outside], s_new[outside])
+    for old, new in zip(before, tables(), strict=True):
+        assert torch.equal(old[outside], new[outside])
     assert max(result.recomputed) <= len(reach)
     assert_exact(engine, model, torch.float32, 1e-4)
 
@@ -215,16 +218,17 @@ def test_restored_engine_continues_bit_for_bit(name):
         assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
-def test_a_snapshot_from_before_sum_layers_kept_z_is_refused_naming_why():
-    """Arrays with a sum layer's embeddings beside its state were written when that
-    state was the plain sum of messages: restoring them as z would be wrong, so it is
-    refused."""
+@pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean"])
+def test_a_snapshot_from_before_a_layer_kept_z_is_refused_naming_why(name):
+    """Arrays with a sum or mean layer's embeddings beside its state were written when
+    that state was the plain sum of messages: restoring them as z would be wrong, so it
+    is refused."""
     data = sg.datasets.synthetic("tiny", seed=4)
-    model = ModelSpec("graphconv-sum", data.num_features, data.num_classes, 16).build().eval()
+    model = ModelSpec(name, data.num_features, data.num_classes, 16).build().eval()
     snapshot = Engine.from_pyg(model, data).snapshot()
     assert "shard0/h/1" not in snapshot
     snapshot["shard0/h/1"] = np.zeros((1, 16), np.float32)
-    with pytest.raises(ValueError, match="layer 1's embeddings beside its sum state"):
+    with pytest.raises(ValueError, match="layer 1's embeddings beside its state"):
         Engine.restore(model, snapshot)
 
 
@@ -405,12 +409,14 @@ def test_extremum_ties_count_every_carrier(arch, seed, batches):
 
 
 @given(arch=st.sampled_from(["graphconv-add", "graphconv-narrowing", "sage-sum",
-                             "pyg-sage-sum-bn"]),
+                             "pyg-sage-sum-bn", "graphconv-mean", "pyg-sage-mean",
+                             "pyg-sage-bn", "sage-wide"]),
        num_layers=st.integers(1, 3), seed=st.integers(0, 10_000),
        batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=6))
-def test_sum_layers_keep_their_preactivation_alone(arch, num_layers, seed, batches):
-    """A layer that is activate(sum of messages + root + bias) keeps that pre-activation
-    as its only table (no embeddings, no root terms): after every batch each row equals
+def test_sum_and_mean_layers_keep_their_preactivation_alone(arch, num_layers, seed, batches):
+    """A layer that is activate(sum or mean of messages + root + bias) keeps that
+    pre-activation as its only table (no embeddings, no root terms): after every batch
+    (in-degrees rising and falling: a mean's z rescaled) each row equals
     the layer's conv output from PyG's own inputs (before the activation), and every
     layer equals PyG's forward (read through `Engine.lookup`, the activation's batch norm
     included)."""

@@ -71,29 +71,38 @@ def test_combine_rows_numba_and_torch_equal_the_reference(seed, dtype, messages,
 
 
 @given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
-       messages=st.integers(0, 60), num=st.integers(0, 12), limit=st.sampled_from([1.0, 8.0]))
+       messages=st.integers(0, 60), num=st.integers(0, 12), limit=st.sampled_from([1.0, 8.0]),
+       rescales=st.booleans())
 def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_and_read_back(
-        seed, dtype, messages, num, limit):
+        seed, dtype, messages, num, limit, rescales):
     rng = np.random.default_rng(seed)
     t = torch.from_numpy(rng.normal(size=(9, 5))).to(dtype)
     region = rng.choice(30, num, replace=False)
     local = rng.integers(0, max(num, 1), messages if num else 0)
     rows, coef = rng.integers(0, 9, len(local)), rng.normal(size=len(local)) * 10
     divisor = rng.integers(1, 4, num).astype(np.float64)
+    scale = np.ones(num)  # a mean's rescale d / d' about the bias (and root, as messages)
+    if rescales:
+        scale = np.where(rng.random(num) < 0.5, 1.0, rng.integers(0, 5, num) / 3)
+    bias = rng.normal(size=5)
     base = torch.from_numpy(rng.normal(size=(30, 5)) * 10).to(dtype)
     unit = torch.finfo(dtype).eps / 2
     drift = torch.from_numpy(rng.random(30).astype(np.float32) * 20 * unit)
     summed = base.double().numpy().copy()  # (a float64 base would share its memory)
+    summed[region] = scale[:, None] * summed[region] + (1 - scale[:, None]) * bias
     np.add.at(summed, region[local], coef[:, None] * t.double().numpy()[rows])
     expected = torch.from_numpy(summed).to(dtype).numpy()  # one rounding per element
     top = np.abs(expected[region].astype(np.float64)).max(axis=1, initial=0.0)  # stored rows
     before = np.abs(base.double().numpy()[region]).max(axis=1, initial=0.0)
-    grown = drift.numpy().copy()
-    grown[region] += (unit * np.maximum(top, before)).astype(np.float32)  # the larger size
+    grown = drift.numpy().astype(np.float64)
+    grown[region] = scale * grown[region] + unit * np.maximum(  # scaled, + the larger size
+        top, np.maximum(scale, 1.0) * before)
+    grown = grown.astype(np.float32)
     stale = grown[region] > limit * unit * np.maximum(top, 1.0)
     for kernel in (fold_rows_numba, fold_rows_torch):
         state, bound = base.clone(), drift.clone()
-        out, got_stale = kernel(state, bound, t, rows, coef, local, region, divisor, limit)
+        out, got_stale = kernel(state, bound, t, rows, coef, local, region, divisor, limit,
+                                scale, bias)
         np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(bound.numpy(), grown, rtol=1e-6)
         np.testing.assert_array_equal(got_stale, stale)

@@ -138,10 +138,11 @@ class Layer:
         raise NotImplementedError
 
     keeps_preactivation = False
-    """Whether the layer is ``activate(z)``, z = the sum of messages ``w_uv rel(h_u)`` +
-    ``root(h_v)`` + a bias, ``rel`` and ``root`` linear and ``activate`` row by row: an
-    engine then keeps z as the layer's only table (messages and root changes add to it,
-    and h is ``activate`` of its rows when read)."""
+    """Whether the layer is ``activate(z)``, z = the sum (or mean) of messages
+    ``w_uv rel(h_u)`` + ``root(h_v)`` + a bias, ``rel`` and ``root`` linear and
+    ``activate`` row by row: an engine then keeps z as the layer's only table (messages
+    and root changes add to it, a mean's rescales about its root term and bias where the
+    in-degree changes, and h is ``activate`` of its rows when read)."""
 
     def rel_root(self, h: Tensor) -> Tensor:
         """``rel`` and ``root`` of each row of ``h`` in one product, interleaved: rows 2i
@@ -210,8 +211,9 @@ class GCNLayer(Layer):
 class _LinearRootLayer(Layer):
     """SAGEConv / GraphConv: h'_v = lin_nbr(aggr(m)) + lin_root(h_v) (L2-normalised for
     SAGEConv(normalize=True)). For sum and mean the neighbour weight is applied at the
-    source when that shrinks messages (out < in). With a sum and a root term the layer
-    keeps its pre-activation: rel = lin_nbr without bias, root = lin_root."""
+    source when that shrinks messages (out < in). With a sum or mean and a root term
+    without bias the layer keeps its pre-activation: rel = lin_nbr without bias, root =
+    lin_root."""
 
     normalize = False
 
@@ -225,7 +227,7 @@ class _LinearRootLayer(Layer):
         self.lin_nbr, self.lin_root = lin_nbr, lin_root
         self.in_dim, self.out_dim = in_dim, out_dim
         self.pre = self.transforms = self.aggr.linear and out_dim < in_dim
-        self.keeps_preactivation = (self.aggr.name == "sum" and lin_root is not None
+        self.keeps_preactivation = (self.aggr.name in ("sum", "mean") and lin_root is not None
                                     and getattr(lin_root, "bias", None) is None)
         self.caches_root = self.pre and lin_root is not None and not self.keeps_preactivation
         self._stacked: tuple[tuple, Tensor] | None = None  # rel's and root's weights stacked

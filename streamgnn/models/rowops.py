@@ -79,20 +79,26 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
 
 
 @njit(cache=True)
-def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale):
+def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale, scale,
+               bias):
     delta = _combine_loop(t, rows, coef, local, len(region))
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
     for i in range(len(region)):
         if i + AHEAD < len(region):
             prefetch_row(state, region[i + AHEAD])
             prefetch_row(drift, region[i + AHEAD])  # a miss of its own: 8-15 % of the loop
-        r, s = region[i], divisor[i]
+        r, s, a = region[i], divisor[i], scale[i]
         before = float(_largest(state[r]))
-        for j in range(state.shape[1]):
-            state[r, j] += delta[i, j]
-            out[i, j] = state[r, j] / s
+        if a == 1.0:
+            for j in range(state.shape[1]):
+                state[r, j] += delta[i, j]
+                out[i, j] = state[r, j] / s
+        else:
+            for j in range(state.shape[1]):
+                state[r, j] = a * state[r, j] + (1.0 - a) * bias[j] + delta[i, j]
+                out[i, j] = state[r, j] / s
         top = float(_largest(state[r]))
-        drift[r] += unit * max(top, before)
+        drift[r] = a * drift[r] + unit * max(top, max(a, 1.0) * before)
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
@@ -108,45 +114,52 @@ def _largest(row):
 
 def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
-                    divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
+                    divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray
+                    ) -> tuple[Tensor, np.ndarray]:
     out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
     stale = np.empty(len(region), np.bool_)
     _fold_loop(state.numpy(), drift.numpy(), t.numpy(), rows, coef, local, region, divisor,
-               limit, out, stale)
+               limit, out, stale, scale, bias)
     return torch.from_numpy(out), stale
 
 
 def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
-                    divisor: np.ndarray, limit: float) -> tuple[Tensor, np.ndarray]:
+                    divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray
+                    ) -> tuple[Tensor, np.ndarray]:
     index = torch.from_numpy(region).to(state.device)
+    a = torch.from_numpy(scale).to(state.device)
     kept = state.index_select(0, index)
-    summed = kept.double() + combine_rows_torch(t, rows, coef, local, len(region))
+    summed = (kept.double() * a[:, None] + (1.0 - a[:, None]) * torch.from_numpy(bias).to(
+        state.device) + combine_rows_torch(t, rows, coef, local, len(region)))
     stored = summed.to(state.dtype)
     state[index] = stored
     unit = torch.finfo(state.dtype).eps / 2
     top, before = ((r.abs().amax(dim=1).double() if len(region) else summed.new_zeros(0))
                    for r in (stored, kept))
-    drift[index] += (unit * torch.maximum(top, before)).to(drift.dtype)
+    grown = unit * torch.maximum(top, a.clamp(min=1.0) * before)
+    drift[index] = (a * drift.index_select(0, index).double() + grown).to(drift.dtype)
     stale = drift[index] > limit * unit * top.clamp(min=1.0)
     out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
     return out.to(t.dtype), stale.cpu().numpy()
 
 
 def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
-               local: np.ndarray, region: np.ndarray, divisor: np.ndarray,
-               limit: float) -> tuple[Tensor, np.ndarray]:
+               local: np.ndarray, region: np.ndarray, divisor: np.ndarray, limit: float,
+               scale: np.ndarray, bias: np.ndarray) -> tuple[Tensor, np.ndarray]:
     """Messages ``coef[k] * t[rows[k]]`` summed per destination ``region[local[k]]`` in
-    float64 and added to its state row in place (one rounding per element). ``drift``
-    (per slot) accumulates a bound on the rounding error each state row took since it was
-    last computed from scratch: a rounding at the row's size before or after the add,
-    whichever is larger (a row falling from large values keeps the error it carried at
-    that size: the old messages subtracted were computed to that size's precision).
+    float64 and added to its state row in place, the row first rescaled about ``bias``
+    where ``scale[i]`` is not 1 (``scale * row + (1 - scale) * bias``; float64), with one
+    rounding per element. ``drift`` (per slot) accumulates a bound on the rounding error
+    each state row took since it was last computed from scratch: scaled with the row, plus
+    a rounding at the row's size before (times the scale, where it grows) or after the
+    add, whichever is larger (a row falling from large values keeps the error it carried
+    at that size: the old messages subtracted were computed to that size's precision).
     Returns the state rows of ``region`` (distinct slots), each divided by
     ``divisor[i]``, in ``t``'s dtype, and which rows are stale: their drift above
     ``limit`` roundings at their size (or at 1 if smaller), to be recomputed."""
     kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
-    return kernel(state, drift, t, rows, coef, local, region, divisor, limit)
+    return kernel(state, drift, t, rows, coef, local, region, divisor, limit, scale, bias)
 
 
 @njit(cache=True)

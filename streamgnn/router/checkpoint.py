@@ -33,7 +33,7 @@ import numpy as np
 
 from streamgnn.npz import read_arrays, sha256
 
-FORMAT = "streamgnn-state/5"  # /5: sum layers keep z alone; /4: sums with rounding bounds
+FORMAT = "streamgnn-state/6"  # /6: mean layers keep z alone too; /5: sum layers did
 MANIFEST = "manifest.json"
 
 

@@ -13,9 +13,11 @@ columns that need it (max/min where the maximum may have left). Then h^l is reco
 for the destinations and for vertices whose own h^{l-1} changed. ``recompute=True`` is
 the RC baseline: the same affected region, every destination pulled, no states kept.
 
-A sum layer with a root term keeps its pre-activation z alone (`Layer.keeps_preactivation`):
-no embeddings, no root terms; the root terms of vertices whose input changed fold into their
-own z as messages, and h = `Layer.activate` of z wherever a row is read.
+A sum or mean layer with a root term keeps its pre-activation z alone
+(`Layer.keeps_preactivation`): no embeddings, no root terms; the root terms of vertices
+whose input changed fold into their own z as messages (a mean's z is first rescaled about
+its root term and bias where the in-degree changed), and h = `Layer.activate` of z
+wherever a row is read.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
 copies of remote in-neighbours (their features, in-degree and every layer's row as the
@@ -126,6 +128,8 @@ class _BatchEdges:
     has: np.ndarray
     keys: np.ndarray             # sorted (src << 32 | dst) of the changed pairs
     degree_changed: np.ndarray   # live vertices whose in-edges changed
+    recounted: np.ndarray        # ... those whose number of in-edges changed
+    count_before: np.ndarray     # ... and that number before the batch
     empty_before: np.ndarray     # live destinations that had no in-edge before the batch
 
 
@@ -357,9 +361,9 @@ class Shard:
         shard._in_weight = arrays["in_weight"]
         shard._z = [_keeps_z(layer, s) for layer, s in zip(layers, shard.state, strict=True)]
         if stale := [k for k, z in enumerate(shard._z, start=1) if z and f"h/{k}" in arrays]:
-            raise ValueError(f"these arrays hold layer {stale[0]}'s embeddings beside its sum "
-                             "state: written before sum layers kept their pre-activation "
-                             "alone; bootstrap the engine again")
+            raise ValueError(f"these arrays hold layer {stale[0]}'s embeddings beside its "
+                             "state: written before sum and mean layers kept their "
+                             "pre-activation alone; bootstrap the engine again")
         out = shard._stored(len(layers))
         out = layers[-1].activate(out) if shard._z[-1] else out
         shard._labels = out.argmax(dim=-1).cpu().numpy()
@@ -587,8 +591,8 @@ class Shard:
             pull, remote = region[stale], 0
             if len(pull):  # re-anchored: summed again from all in-neighbours
                 pulled, remote = self._pull(hop, layer, pull)
-                agg[self._index(np.flatnonzero(stale))] = layer.aggr.finalize(
-                    pulled, self._index(count[stale])).to(agg.dtype)
+                agg[self._index(np.flatnonzero(stale))] = (pulled if keeps_z else
+                    layer.aggr.finalize(pulled, self._index(count[stale]))).to(agg.dtype)
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
@@ -632,23 +636,54 @@ class Shard:
               count: np.ndarray) -> tuple[Tensor, np.ndarray]:
         """A linear aggregation's superstep: the messages that stop and start arriving in
         the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
-        the changed edges), one per row of t they carry, folded into the states (where the
-        shard keeps the pre-activation, the root terms of sources whose input changed
-        too); returns the region's finalized states (``count``: in-degrees) and which are
-        stale (`SumAggregation.fold`)."""
+        the changed edges), one per row of t they carry, folded into the states; returns
+        the region's finalized states (``count``: in-degrees) and which are stale
+        (`SumAggregation.fold`). Where the shard keeps the pre-activation, the root terms
+        of sources whose input changed fold in too; a mean's messages then arrive divided
+        by the in-degree, and the z of a vertex whose in-degree went from d to d' is first
+        rescaled by d / d' about its old root term and bias (`_rescaled`)."""
+        keeps_z = self._z[hop - 1]
+        mean_z = keeps_z and layer.aggr.name == "mean"
+        rescaled, at_region, a = self._rescaled(region, edges, count) if mean_z else (
+            None, None, None)
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
-                                  edges)
+                                  edges, rescaled)
         scale_new, scale_old = self._source_scales(layer, m.slots)
         own = own_slots = None
-        if self._z[hop - 1]:  # the sources' root terms fold into their own z too
+        if keeps_z:  # the sources' root terms fold into their own z too
             own_slots = changed.slots[self.owned[changed.slots]]
             own = self.sets.positions(m.slots, own_slots)
+        dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
+                     if mean_z else np.ones(len(region)))
         rows, coef, local = linear_delta_messages(
             m.old, m.at1, v1, w1, m.at2, edges.dst, edges.before, edges.after, m.has, m.had,
-            layer.edge_weighted, scale_new, scale_old, region, self.sets.scratch, own,
-            own_slots)
+            layer.edge_weighted, scale_new, scale_old, region, dst_scale, self.sets.scratch,
+            own, own_slots)
+        scale = bias = None
+        if mean_z:  # rescaled about r + b: (1 - a) r as messages from the old root rows
+            scale = np.ones(len(region))
+            scale[at_region] = a
+            roots = 2 * m.old[self.sets.positions(m.slots, rescaled)] + 1
+            rows, coef, local = (np.concatenate(pair) for pair in zip(
+                (rows, coef, local), (roots, 1.0 - a, at_region), strict=True))
+            bias = layer.empty_preactivation().double().cpu().numpy()
         return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], m.t, rows, coef,
-                               local, region, count)
+                               local, region, None if keeps_z else count, scale, bias)
+
+    def _rescaled(self, region: np.ndarray, edges: _BatchEdges, count: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A mean's z = S / d + r + b (S: the messages' sum, r: the root term, b: the
+        bias) for the new in-degree d' is ``a z + (1 - a) (r + b)`` with a = d / d' (0
+        when d' is 0). Returns the region's vertices to rescale so (their in-degree
+        changed, they are not new and had an in-edge: z is r + b already otherwise),
+        their positions in the region and their ``a``."""
+        at = self.sets.find(region, edges.recounted)
+        kept = (at >= 0) & (edges.count_before > 0) & ~self._batch.is_added[edges.recounted]
+        before = edges.count_before[kept].astype(np.float64)
+        at = at[kept]
+        now = count[at].astype(np.float64)
+        return (edges.recounted[kept], at,
+                np.divide(before, now, out=np.zeros(len(at)), where=now > 0))
 
     def _messages(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                   v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
@@ -686,10 +721,12 @@ class Shard:
 
     def _message_sources(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                          changed: _Changed, removed: np.ndarray, removed_rows: Tensor,
-                         edges: _BatchEdges) -> _Sources:
-        """The message sources of a superstep and their t (`_Sources`)."""
+                         edges: _BatchEdges, extra: np.ndarray | None = None) -> _Sources:
+        """The message sources of a superstep and their t (`_Sources`), with rows of t
+        for the ``extra`` slots too."""
         sets = self.sets
-        slots = sets.union(sources, edges.src, removed)  # sources, and a row for every old row
+        # sources, a row for every old row, and the extra rows
+        slots = sets.union(sources, edges.src, removed, *(() if extra is None else (extra,)))
         t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
         live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
         return _Sources(slots, t, old, edges.has & live, edges.had & live,
@@ -759,9 +796,10 @@ class Shard:
                  if layer.degree_normalised else None)
         state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
                           scale, self._index(pull_at))
-        if self._z[hop - 1]:  # the sum's pre-activation: summed, then the vertex's own terms
+        if self._z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
+            agg = layer.aggr.finalize(state, self._index(np.diff(ptr)))
             state = layer.preactivation(self._rows(hop - 1, self._index(pull)),
-                                        state.to(self.dtype))
+                                        agg.to(self.dtype))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
             if self.drift[hop - 1] is not None:
@@ -826,8 +864,10 @@ class Shard:
         lost = np.bincount(self.sets.positions(degree_changed, dst[had & ~has & live]),
                            minlength=len(degree_changed))
         old_degree = g.in_degree[degree_changed] - gained + lost
+        recounted = gained != lost
         return _BatchEdges(src, dst, np.where(had, e.before, 0), np.where(has, e.after, 0),
                            had, has, np.sort(pair_keys(src, dst)), degree_changed,
+                           degree_changed[recounted], old_degree[recounted],
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> ChangedLabels:
