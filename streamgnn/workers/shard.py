@@ -660,7 +660,7 @@ class Shard:
             layer.edge_weighted, scale_new, scale_old, region, dst_scale, self.sets.scratch,
             own, own_slots)
         scale = bias = None
-        if mean_z:  # rescaled about r + b: (1 - a) r as messages from the old root rows
+        if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
             scale = np.ones(len(region))
             scale[at_region] = a
             roots = 2 * m.old[self.sets.positions(m.slots, rescaled)] + 1
