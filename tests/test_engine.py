@@ -194,7 +194,7 @@ def test_deterministic():
     assert np.array_equal(runs[0], runs[1])
 
 
-@pytest.mark.parametrize("name", ["graphconv-sum", "graphconv-max", "gat"])
+@pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean", "graphconv-max", "gat"])
 def test_restored_engine_continues_bit_for_bit(name):
     """A snapshot keeps everything the engine carries between batches (states, max's
     ties, root terms, attention's kept t): restored, it applies the next batches exactly

@@ -95,7 +95,7 @@ def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_a
     top = np.abs(expected[region].astype(np.float64)).max(axis=1, initial=0.0)  # stored rows
     before = np.abs(base.double().numpy()[region]).max(axis=1, initial=0.0)
     grown = drift.numpy().astype(np.float64)
-    grown[region] = scale * grown[region] + unit * np.maximum(  # scaled, + the larger size
+    grown[region] = np.maximum(scale, 1.0) * grown[region] + unit * np.maximum(  # grown
         top, np.maximum(scale, 1.0) * before)
     grown = grown.astype(np.float32)
     stale = grown[region] > limit * unit * np.maximum(top, 1.0)

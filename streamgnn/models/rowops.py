@@ -98,7 +98,8 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
                 state[r, j] = a * state[r, j] + (1.0 - a) * bias[j] + delta[i, j]
                 out[i, j] = state[r, j] / s
         top = float(_largest(state[r]))
-        drift[r] = a * drift[r] + unit * max(top, max(a, 1.0) * before)
+        g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
+        drift[r] = g * drift[r] + unit * max(top, g * before)
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
@@ -137,8 +138,9 @@ def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
     unit = torch.finfo(state.dtype).eps / 2
     top, before = ((r.abs().amax(dim=1).double() if len(region) else summed.new_zeros(0))
                    for r in (stored, kept))
-    grown = unit * torch.maximum(top, a.clamp(min=1.0) * before)
-    drift[index] = (a * drift.index_select(0, index).double() + grown).to(drift.dtype)
+    g = a.clamp(min=1.0)
+    drift[index] = (g * drift.index_select(0, index).double()
+                    + unit * torch.maximum(top, g * before)).to(drift.dtype)
     stale = drift[index] > limit * unit * top.clamp(min=1.0)
     out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
     return out.to(t.dtype), stale.cpu().numpy()
@@ -151,8 +153,9 @@ def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: 
     float64 and added to its state row in place, the row first rescaled about ``bias``
     where ``scale[i]`` is not 1 (``scale * row + (1 - scale) * bias``; float64), with one
     rounding per element. ``drift`` (per slot) accumulates a bound on the rounding error
-    each state row took since it was last computed from scratch: scaled with the row, plus
-    a rounding at the row's size before (times the scale, where it grows) or after the
+    each state row took since it was last computed from scratch: scaled with the row where
+    the scale grows it (never shrunk: part of the error, the root term's, does not scale),
+    plus a rounding at the row's size before (times the scale, where it grows) or after the
     add, whichever is larger (a row falling from large values keeps the error it carried
     at that size: the old messages subtracted were computed to that size's precision).
     Returns the state rows of ``region`` (distinct slots), each divided by
