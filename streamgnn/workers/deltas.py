@@ -1,12 +1,15 @@
 """The message list of a linear aggregation's delta, built in one numba pass: for each
 message, the row of the sources' t it carries, its coefficient and its destination's
 position in the region. With s the per-source factor (degree-normalised layers), unchanged
-edges out of changed sources send ``+w s_new t_new - w s_old t_old`` (one message when
-t did not change); changed edges send ``+after s_new t_new`` where they exist after the
-batch and ``-before s_old t_old`` where they existed before it; each message is then
-scaled by its destination's factor (a mean kept as the pre-activation: 1 / its in-degree).
-A layer that keeps its pre-activation also adds, to each source whose input changed, its
-new root term and subtracts its old one.
+edges out of changed sources send ``+w s_new t_new - w s_old t_old``: one message of
+``w s (t_new - t_old)`` where the table has that difference (t is linear, so it is t of
+h_new - h_old: one row of the product instead of two, one message instead of two), one of
+``w (s_new - s_old) t`` when only the factor changed, two otherwise; changed edges send
+``+after s_new t_new`` where they exist after the batch and ``-before s_old t_old`` where
+they existed before it; each message is then scaled by its destination's factor (a mean
+kept as the pre-activation: 1 / its in-degree). A layer that keeps its pre-activation
+also adds, to each source whose input changed, its new root term and subtracts its old
+one (one message of the difference's root term where the table has it).
 
 Owns this index arithmetic only; must not import torch, kafka or mpi4py.
 """
@@ -18,20 +21,22 @@ from numba import njit
 
 
 @njit(cache=True)
-def linear_delta_messages(old, at, v1, w1, at2, dst, before, after, has, had, weighted,
-                          scale_new, scale_old, region, dst_scale, scratch, own, own_slots):
-    """Sources are numbered 0..len(old): source i's t after the batch is row i, before it
-    row ``old[i]``; ``scale_new``/``scale_old`` its factor after/before.
+def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, before, after,
+                          has, had, weighted, scale_new, scale_old, region, dst_scale, scratch,
+                          own, own_slots):
+    """Source i's t after the batch is row ``new_row[i]`` of the table, before it row
+    ``old_row[i]`` (the same row where it has no other), and t of the difference row
+    ``delta_row[i]`` (-1: none; only where its factor did not change); -1 where the
+    message list never reads it. ``scale_new``/``scale_old``: its factor after/before.
     ``at``/``v1``/``w1``: unchanged edges (source, destination slot, weight);
     ``at2``/``dst``/``before``/``after``/``has``/``had``: changed edges (source,
     destination slot, weights, whether they exist after/before and reach a live vertex).
     ``dst_scale``: per region position, what messages to it are multiplied by.
     ``scratch``: an int64 array as long as the slots. ``own``: None, or the sources
     (positions, at slots ``own_slots`` in the region) whose root term changes: then each
-    row r of t above stands for rows 2r (its message) and 2r+1 (its root term) of a table
-    twice as long (`Layer.rel_root`), and each of those sources sends its own state its
-    new root term (and minus its old one where it had a row before). Returns (rows,
-    coef, local)."""
+    row r of the table stands for rows 2r (its message) and 2r+1 (its root term) of a
+    table twice as long (`Layer.rel_root`), and each of those sources sends its own state
+    its new root term minus its old one. Returns (rows, coef, local)."""
     for i in range(len(region)):
         scratch[region[i]] = i
     step = 1 if own is None else 2
@@ -43,31 +48,88 @@ def linear_delta_messages(old, at, v1, w1, at2, dst, before, after, has, had, we
     for i in range(len(at)):
         d = scratch[v1[i]]
         a, c = at[i], (w1[i] if weighted else 1.0) * dst_scale[d]
-        if old[a] == a:  # only the factor changed
-            rows[k], coef[k], local[k] = step * a, c * (scale_new[a] - scale_old[a]), d
+        if delta_row[a] >= 0:
+            rows[k], coef[k], local[k] = step * delta_row[a], c * scale_new[a], d
+            k += 1
+        elif old_row[a] == new_row[a]:  # only the factor changed
+            rows[k], coef[k], local[k] = step * new_row[a], c * (scale_new[a] - scale_old[a]), d
             k += 1
         else:
-            rows[k], coef[k], local[k] = step * a, c * scale_new[a], d
-            rows[k + 1], coef[k + 1], local[k + 1] = step * old[a], -c * scale_old[a], d
+            rows[k], coef[k], local[k] = step * new_row[a], c * scale_new[a], d
+            rows[k + 1], coef[k + 1], local[k + 1] = step * old_row[a], -c * scale_old[a], d
             k += 2
     for i in range(len(at2)):
         a, d = at2[i], scratch[dst[i]]
         if has[i]:
-            rows[k] = step * a
+            rows[k] = step * new_row[a]
             coef[k] = (after[i] if weighted else 1.0) * scale_new[a] * dst_scale[d]
             local[k] = d
             k += 1
         if had[i]:
-            rows[k] = step * old[a]
+            rows[k] = step * old_row[a]
             coef[k] = -(before[i] if weighted else 1.0) * scale_old[a] * dst_scale[d]
             local[k] = d
             k += 1
     if own is not None:
         for i in range(len(own)):
             a, d = own[i], scratch[own_slots[i]]
-            rows[k], coef[k], local[k] = 2 * a + 1, 1.0, d
+            if delta_row[a] >= 0:
+                rows[k], coef[k], local[k] = 2 * delta_row[a] + 1, 1.0, d
+                k += 1
+                continue
+            rows[k], coef[k], local[k] = 2 * new_row[a] + 1, 1.0, d
             k += 1
-            if old[a] != a:
-                rows[k], coef[k], local[k] = 2 * old[a] + 1, -1.0, d
+            if old_row[a] != new_row[a]:
+                rows[k], coef[k], local[k] = 2 * old_row[a] + 1, -1.0, d
                 k += 1
     return rows[:k], coef[:k], local[:k]
+
+
+@njit(cache=True)
+def difference_rows(old, moved, at1, at2, has, had, extra, own):
+    """The rows a linear aggregation's table of t needs when t is computed, not kept
+    (`linear_delta_messages` reads them): sources numbered 0..len(old), ``old[i]`` the
+    row of h before the batch of source i (-1: none), ``moved`` the sources whose input
+    changed (each with such a row). A source's row after the batch is needed where a
+    changed edge from it exists after the batch, or it has no row before and something
+    reads it (an unchanged edge ``at1``, a changed edge that existed before, its root
+    term at ``own``, a rescale at ``extra``); its row before where a changed edge from it
+    existed before, or a rescale reads it; the difference of every moved source. Returns
+    (new_row, old_row, delta_row) for the table [rows after at ``fresh`` | rows before,
+    of h before at ``before`` | differences of ``moved``], and ``fresh`` and ``before``."""
+    n = len(old)
+    new = np.zeros(n, np.bool_)
+    past = np.zeros(n, np.bool_)
+    for i in range(len(at2)):
+        a = at2[i]
+        if has[i]:
+            new[a] = True
+        if had[i]:
+            if old[a] >= 0:
+                past[a] = True
+            else:
+                new[a] = True
+    for a in extra:
+        if old[a] >= 0:
+            past[a] = True
+        else:
+            new[a] = True
+    for reads in (at1, own):
+        for a in reads:
+            if old[a] < 0:
+                new[a] = True
+    new_row = np.full(n, -1)
+    old_row = np.full(n, -1)
+    delta_row = np.full(n, -1)
+    fresh = np.flatnonzero(new)
+    before = np.flatnonzero(past)
+    for k in range(len(fresh)):
+        new_row[fresh[k]] = k
+    for i in range(n):
+        if old[i] < 0:
+            old_row[i] = new_row[i]
+    for k in range(len(before)):
+        old_row[before[k]] = len(fresh) + k
+    for k in range(len(moved)):
+        delta_row[moved[k]] = len(fresh) + len(before) + k
+    return new_row, old_row, delta_row, fresh, old[before]

@@ -48,7 +48,7 @@ from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, compare_rows, store_rows_
 from streamgnn.npz import prefixed, under
-from streamgnn.workers.deltas import linear_delta_messages
+from streamgnn.workers.deltas import difference_rows, linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from streamgnn.workers.placement import Routed, bit, held_by
@@ -135,15 +135,19 @@ class _BatchEdges:
 
 @dataclass
 class _Sources:
-    """A superstep's message sources ``slots`` and their ``t`` (`Shard._source_rows`:
-    rows after the batch, then old ones; ``old``: each source's row before it); the
+    """A superstep's message sources ``slots`` and a table ``t`` of their rows of t
+    (`Shard._message_sources`): source i's after the batch is row ``new[i]``, before it row
+    ``old[i]`` (``new[i]`` where it has no other), t of the difference row ``delta[i]``
+    (-1: none; only for linear aggregations); -1 where no message reads it. Also the
     changed edges that exist after (``has``) and before (``had``) the batch into live
     vertices; the source positions of the unchanged edges (``at1``) and changed ones
     (``at2``)."""
 
     slots: np.ndarray
     t: Tensor
+    new: np.ndarray
     old: np.ndarray
+    delta: np.ndarray
     has: np.ndarray
     had: np.ndarray
     at1: np.ndarray
@@ -646,19 +650,18 @@ class Shard:
         mean_z = keeps_z and layer.aggr.name == "mean"
         rescaled, at_region, a = self._rescaled(region, edges, count) if mean_z else (
             None, None, None)
+        # the sources' root terms fold into their own z too
+        own_slots = changed.slots[self.owned[changed.slots]] if keeps_z else None
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
-                                  edges, rescaled)
+                                  edges, rescaled, own_slots)
         scale_new, scale_old = self._source_scales(layer, m.slots)
-        own = own_slots = None
-        if keeps_z:  # the sources' root terms fold into their own z too
-            own_slots = changed.slots[self.owned[changed.slots]]
-            own = self.sets.positions(m.slots, own_slots)
+        own = None if own_slots is None else self.sets.positions(m.slots, own_slots)
         dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
                      if mean_z else np.ones(len(region)))
         rows, coef, local = linear_delta_messages(
-            m.old, m.at1, v1, w1, m.at2, edges.dst, edges.before, edges.after, m.has, m.had,
-            layer.edge_weighted, scale_new, scale_old, region, dst_scale, self.sets.scratch,
-            own, own_slots)
+            m.new, m.old, m.delta, m.at1, v1, w1, m.at2, edges.dst, edges.before,
+            edges.after, m.has, m.had, layer.edge_weighted, scale_new, scale_old, region,
+            dst_scale, self.sets.scratch, own, own_slots)
         scale = bias = None
         if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
             scale = np.ones(len(region))
@@ -713,7 +716,8 @@ class Shard:
                     if kept is not None else
                     layer.destination_part(self._t(hop, layer, self._index(region))))
         return _RowMessages(m.t, region, messages(
-            np.concatenate([m.at1, m.at2[m.has]]), np.concatenate([w1, edges.after[m.has]]),
+            m.new[np.concatenate([m.at1, m.at2[m.has]])],
+            np.concatenate([w1, edges.after[m.has]]),
             np.concatenate([v1, edges.dst[m.has]])), messages(
             m.old[np.concatenate([m.at1, m.at2[m.had]])],
             np.concatenate([w1, edges.before[m.had]]),
@@ -721,40 +725,61 @@ class Shard:
 
     def _message_sources(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
                          changed: _Changed, removed: np.ndarray, removed_rows: Tensor,
-                         edges: _BatchEdges, extra: np.ndarray | None = None) -> _Sources:
-        """The message sources of a superstep and their t (`_Sources`), with rows of t
-        for the ``extra`` slots too."""
+                         edges: _BatchEdges, extra: np.ndarray | None = None,
+                         own_slots: np.ndarray | None = None) -> _Sources:
+        """The message sources of a superstep and their table of t (`_Sources`), in one
+        transform, with the rows before the batch of the ``extra`` slots (a mean's
+        rescaled vertices) and the root terms of the sources at ``own_slots``. Where the
+        shard keeps the pre-activation, the table is `Layer.rel_root` of those rows (two
+        rows of t each). Where t is kept it is read, not computed (`_kept_rows`)."""
         sets = self.sets
         # sources, a row for every old row, and the extra rows
         slots = sets.union(sources, edges.src, removed, *(() if extra is None else (extra,)))
-        t, old = self._source_rows(hop, layer, slots, changed, removed, removed_rows)
         live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
-        return _Sources(slots, t, old, edges.has & live, edges.had & live,
-                        sets.positions(slots, sources)[at], sets.positions(slots, edges.src))
-
-    def _source_rows(self, hop: int, layer: Layer, slots: np.ndarray, changed: _Changed,
-                     removed: np.ndarray, removed_rows: Tensor) -> tuple[Tensor, np.ndarray]:
-        """t of the message sources ``slots``: rows ``0..len(slots)`` after the batch,
-        then those before it of the sources whose input changed; and ``old``: the row
-        holding each source's t before the batch. Computed in one transform; where t is
-        kept, read from it but for the sources whose input changed (the sources include
-        all of them), whose new rows it then takes: the old rows subtracted are then
-        the very values once added. Where the shard keeps the pre-activation, t is
-        `Layer.rel_root` of those rows (two rows of t each)."""
+        has, had = edges.has & live, edges.had & live
+        at1, at2 = sets.positions(slots, sources)[at], sets.positions(slots, edges.src)
         olds = np.concatenate([changed.old_slots, removed])
-        old = np.arange(len(slots))
-        old[self.sets.positions(slots, olds)] = np.arange(len(slots), len(slots) + len(olds))
-        kept = self.t[hop - 1]
-        if kept is None:
+        old = np.full(len(slots), -1)  # each source's old row among ``olds`` (-1: none)
+        old[sets.positions(slots, olds)] = np.arange(len(olds))
+        old_rows = torch.cat([*changed.old_rows, removed_rows])
+        if self.t[hop - 1] is not None:
+            t = self._kept_rows(hop, layer, slots, olds, changed)
+        elif not layer.aggr.linear or layer.degree_normalised:
             transform = layer.rel_root if self._z[hop - 1] else layer.transform
-            return transform(torch.cat([self._rows(hop - 1, self._index(slots)),
-                                        *changed.old_rows, removed_rows])), old
+            t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
+        else:  # t of the rows read, and of h_new - h_old of the moved sources
+            moved = sets.positions(slots, changed.old_slots)
+            new, past, delta, fresh, before = difference_rows(
+                old, moved, at1, at2, has, had,
+                sets.positions(slots, extra) if extra is not None else at1[:0],
+                sets.positions(slots, own_slots) if own_slots is not None else at1[:0])
+            rows = self._rows(hop - 1, self._index(np.concatenate([slots[fresh],
+                                                                   slots[moved]])))
+            parts = [rows[:len(fresh)]]
+            if len(before):
+                parts.append(old_rows.index_select(0, self._index(before)))
+            if len(moved):
+                parts.append(rows[len(fresh):] - old_rows[:len(moved)])
+            transform = layer.rel_root if self._z[hop - 1] else layer.transform
+            t = transform(torch.cat(parts) if len(parts) > 1 else parts[0])
+            return _Sources(slots, t, new, past, delta, has, had, at1, at2)
+        n = len(slots)
+        return _Sources(slots, t, np.arange(n), np.where(old >= 0, n + old, np.arange(n)),
+                        np.full(n, -1), has, had, at1, at2)
+
+    def _kept_rows(self, hop: int, layer: Layer, slots: np.ndarray, olds: np.ndarray,
+                   changed: _Changed) -> Tensor:
+        """Where t is kept: rows of the sources ``slots`` after the batch, then before it
+        (of ``olds``), read from it but for the sources whose input changed (the sources
+        include all of them), whose new rows it then takes: the old rows subtracted are
+        then the very values once added."""
+        kept = self.t[hop - 1]
         t = kept.index_select(0, self._index(np.concatenate([slots, olds])))
         index = self._index(changed.slots)
         new = layer.transform(self._rows(hop - 1, index))
         t[self._index(self.sets.positions(slots, changed.slots))] = new
         kept[index] = new
-        return t, old
+        return t
 
     def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The per-source message factor after and before the batch (degree-normalised
