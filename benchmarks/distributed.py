@@ -84,31 +84,40 @@ def communication(split, sizes: list[int], parts: list[int]) -> list[dict]:
 
 
 def throughput(split, sizes: list[int], parts: list[int], seconds: float) -> list[dict]:
+    """Every P's engine (each on its own copy of the trace) takes batches in turn, the
+    order rotating each round: the machine's drift over the run then falls on all of
+    them alike, and the time ratios are between batches measured side by side."""
     snapshot, events = split
     model = model_for("graphconv-sum", snapshot)
-    rows = []
+    engines = {p: Engine.from_pyg(model, snapshot, partitions=p) for p in parts}
+    traces = {p: Trace(snapshot, events, weighted=False) for p in parts}
     for p in parts:
-        engine = Engine.from_pyg(model, snapshot, partitions=p)
-        trace = Trace(snapshot, events, weighted=False)
         for _ in range(10):  # warm-up (JIT)
-            engine.apply(trace.batch(sizes[0]))
-        for size in sizes:
-            times, imbalance = [], []
-            spent = time.perf_counter()
-            while time.perf_counter() - spent < seconds or len(times) < 3:
-                batch = trace.batch(size)
+            engines[p].apply(traces[p].batch(sizes[0]))
+    rows = []
+    for size in sizes:
+        times = {p: [] for p in parts}
+        imbalance = {p: [] for p in parts}
+        spent, rounds = time.perf_counter(), 0
+        while time.perf_counter() - spent < seconds * len(parts) or rounds < 3:
+            for p in parts[rounds % len(parts):] + parts[:rounds % len(parts)]:
+                batch = traces[p].batch(size)
                 t = time.perf_counter()
-                engine.apply(batch)
-                times.append(time.perf_counter() - t)
-                busy = np.array([s["busy_s"] for s in engine.stats()])  # [P, steps]
+                engines[p].apply(batch)
+                times[p].append(time.perf_counter() - t)
+                busy = np.array([s["busy_s"] for s in engines[p].stats()])  # [P, steps]
                 if p > 1:
-                    imbalance.append(float((busy.max(axis=0) / busy.mean(axis=0)).mean()))
+                    imbalance[p].append(float((busy.max(axis=0) / busy.mean(axis=0)).mean()))
+            rounds += 1
+        for p in parts:
             rows.append({"partitions": p, "batch": size,
-                         "median_ms": float(np.median(times)) * 1e3,
-                         "updates_per_s": size / float(np.median(times)),
-                         "max_over_mean_load": float(np.mean(imbalance)) if imbalance else 1.0,
-                         "engine_mb": engine_bytes(engine) / 2**20})
+                         "median_ms": float(np.median(times[p])) * 1e3,
+                         "updates_per_s": size / float(np.median(times[p])),
+                         "max_over_mean_load": (float(np.mean(imbalance[p]))
+                                                if imbalance[p] else 1.0),
+                         "engine_mb": engine_bytes(engines[p]) / 2**20})
             console.print(rows[-1])
+    rows.sort(key=lambda r: (r["partitions"], r["batch"]))
     base = {r["batch"]: r["median_ms"] for r in rows if r["partitions"] == parts[0]}
     table = Table(title="Throughput in one process, GraphConv-sum 2 layers, arxiv-like")
     for col in ("P", "batch", "updates/s", "median ms", f"time / P={parts[0]}",
