@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamgnn.prefetch import AHEAD, prefetch
+
 _MIN_ROOM = 4  # room of a block that moves, at least
 
 
@@ -101,12 +103,18 @@ def _gather_except(adj, vertices, skip):
     out_w = np.empty(total, np.float32)
     n = 0
     for i in range(len(vertices)):
+        if i + AHEAD < len(vertices):  # the block read AHEAD vertices on
+            ahead = vertices[i + AHEAD]
+            prefetch(nbr.ctypes.data + start[ahead] * nbr.itemsize)
+            prefetch(w.ctypes.data + start[ahead] * w.itemsize)
         u = vertices[i]
+        # the skipped pairs out of u: a run of the sorted keys
+        lo = np.searchsorted(skip, u << 32) if len(skip) else 0
+        hi = np.searchsorted(skip, (u + 1) << 32) if lo < len(skip) else lo
         for k in range(start[u], start[u] + deg[u]):
-            if len(skip):
-                key = (u << 32) | nbr[k]
-                j = np.searchsorted(skip, key)
-                if j < len(skip) and skip[j] == key:
+            if lo < hi:
+                j = lo + np.searchsorted(skip[lo:hi], (u << 32) | nbr[k])
+                if j < hi and skip[j] == (u << 32) | nbr[k]:
                     continue
             at[n], out_nbr[n], out_w[n] = i, nbr[k], w[k]
             n += 1

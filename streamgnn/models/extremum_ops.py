@@ -25,7 +25,7 @@ import torch
 from numba import njit
 from torch import Tensor
 
-from streamgnn.models.rowops import AHEAD, prefetch_row
+from streamgnn.prefetch import AHEAD, prefetch_row
 
 MAX_TIES = 255  # uint8: more carriers are counted as this many (a lower bound)
 

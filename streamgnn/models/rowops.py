@@ -5,8 +5,7 @@ gather-scale-scatter (``combine_rows``), the same folded into stored states and 
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 The loops read and write rows of large tables at random, so each asks for the row it will
-need a few iterations ahead (`prefetch_row`): the memory system then fetches several rows
-at once instead of one after the other (1.4-1.6x on cold rows).
+need a few iterations ahead (`prefetch_row`).
 
 Owns these kernels only; must not import kafka, mpi4py or the graph store.
 """
@@ -15,34 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 from torch import Tensor
 
-AHEAD = 8  # rows asked for ahead of their use
-
-
-@intrinsic
-def _prefetch(typingctx, address):
-    """llvm.prefetch of the cache line at ``address`` (for reading, kept in all caches):
-    a hint that never faults, whatever the address."""
-    def codegen(context, builder, signature, args):
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = builder.module.declare_intrinsic(
-            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
-        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-    return types.void(types.intp), codegen
-
-
-@njit(cache=True, inline="always")
-def prefetch_row(table, r):
-    """Ask for row ``r`` of ``table`` (each row contiguous, any number of dimensions)
-    before it is read."""
-    start = table.ctypes.data + r * table.strides[0]
-    for offset in range(0, table.itemsize * (table.size // max(table.shape[0], 1)), 64):
-        _prefetch(start + offset)
+from streamgnn.prefetch import AHEAD, prefetch_row
 
 
 @njit(cache=True)

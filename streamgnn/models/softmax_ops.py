@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from numba import njit
 from torch import Tensor
 
-from streamgnn.models.rowops import AHEAD, prefetch_row
+from streamgnn.prefetch import AHEAD, prefetch_row
 
 
 @njit(cache=True)
