@@ -25,12 +25,15 @@ def _union(values, mark, alive, live_only):
         for x in out:
             mark[x] = False
         return out
-    k = 0  # many: a scan of the marks is quicker than a sort
-    for x in range(len(mark)):
-        if mark[x]:
-            mark[x] = False
-            out[k] = x
-            k += 1
+    k = 0  # many: a scan of the marks, 8 at a time, is quicker than a sort
+    words = mark.view(np.uint64)  # (marks come in multiples of 8: `SlotSets.fit`)
+    for i in range(len(words)):
+        if words[i]:
+            for x in range(8 * i, 8 * i + 8):
+                if mark[x]:
+                    mark[x] = False
+                    out[k] = x
+                    k += 1
     return out[:n]
 
 
@@ -97,7 +100,7 @@ class SlotSets:
         """Make room for slots below ``size`` (the scratch arrays hold nothing between calls,
         so new ones do)."""
         if size > len(self._mark):
-            self._mark = np.zeros(size, bool)
+            self._mark = np.zeros(size + (-size) % 8, bool)
             self.scratch = np.zeros(size, np.int64)
 
     def union(self, *sets: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
