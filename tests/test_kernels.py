@@ -5,6 +5,7 @@ out-edges except a set of pairs."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -292,6 +293,21 @@ def test_slot_set_union_positions_and_find(seed, sizes, slots):
     found = union[at] == anywhere if len(union) else np.zeros(len(anywhere), bool)
     np.testing.assert_array_equal(sets.find(union, anywhere), np.where(found, at, -1))
     np.testing.assert_array_equal(sets.union(*parts), union)  # scratch left clean
+
+
+@pytest.mark.parametrize("first", range(1, 17))
+def test_slot_sets_grown_to_any_size_cover_every_slot(first):
+    """Marks are kept in multiples of 8 (scanned 8 at a time); the scratch grows with
+    them, so a set grown a slot at a time holds every slot below its size."""
+    sets = SlotSets(first)
+    for top in range(first, first + 17):
+        sets.fit(top)
+        assert len(sets.scratch) >= top
+        slots = np.arange(top)
+        np.testing.assert_array_equal(sets.union(slots[::-1]), slots)
+        np.testing.assert_array_equal(sets.positions(slots, slots[::-1]), slots[::-1])
+        np.testing.assert_array_equal(sets.find(slots[:top // 2], slots),
+                                      np.where(slots < top // 2, slots, -1))
 
 
 @given(seed=seeds)

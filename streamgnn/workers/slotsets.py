@@ -100,7 +100,8 @@ class SlotSets:
         """Make room for slots below ``size`` (the scratch arrays hold nothing between calls,
         so new ones do)."""
         if size > len(self._mark):
-            self._mark = np.zeros(size + (-size) % 8, bool)
+            size += -size % 8  # marks are scanned 8 at a time
+            self._mark = np.zeros(size, bool)
             self.scratch = np.zeros(size, np.int64)
 
     def union(self, *sets: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
