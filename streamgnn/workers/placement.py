@@ -162,8 +162,8 @@ class Placement:
         self.part[removed], self.holders[removed] = -1, 0
         self.holders[added] = 0
         self.part[added] = self._place(graph, diff)
-        np.subtract.at(self._load, gone_part, 1)
-        np.add.at(self._load, self.part[added], 1)
+        self._load -= np.bincount(gone_part, minlength=self.num_partitions)
+        self._load += np.bincount(self.part[added], minlength=self.num_partitions)
 
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
         gone_now = marked(graph.num_slots, removed)
@@ -197,27 +197,30 @@ class Placement:
                   (ghost_at, ADD_VERTEX, ghost_src, None, None,
                    np.zeros((len(ghost_src), width), np.float32)),
                   (owner, ADD_EDGE, new_src, new_dst, e.after[new], None)]
+        sizes = [len(g[0]) for g in groups]
         part = np.concatenate([g[0] for g in groups]).astype(np.int64)
-        op = np.concatenate([np.full(len(g[0]), g[1], np.int64) for g in groups])
-        a = ext[np.concatenate([g[2] for g in groups]).astype(np.int64)]
-        b = np.concatenate([np.zeros(len(g[0]), np.int64) if g[3] is None
-                            else ext[g[3].astype(np.int64)] for g in groups])
-        w = np.concatenate([np.zeros(len(g[0]), np.float32) if g[4] is None else g[4]
-                            for g in groups])
-        featured = np.concatenate([np.full(len(g[0]), g[5] is not None) for g in groups])
-        xs = np.concatenate([g[5] for g in groups if g[5] is not None])
         order = np.argsort(part, kind="stable")  # each partition's items, in group order
         bounds = np.searchsorted(part[order], np.arange(n + 1))
-        feature_rows = np.flatnonzero(featured)
+        op = np.repeat(np.array([g[1] for g in groups], np.int64), sizes)[order]
+        a = ext[np.concatenate([g[2] for g in groups]).astype(np.int64)[order]]
+        b = np.concatenate([np.zeros(len(g[0]), np.int64) if g[3] is None
+                            else ext[g[3].astype(np.int64)] for g in groups])[order]
+        w = np.concatenate([np.zeros(len(g[0]), np.float32) if g[4] is None else g[4]
+                            for g in groups])[order]
+        featured = np.repeat([g[5] is not None for g in groups], sizes)
+        xs = np.concatenate([g[5] for g in groups if g[5] is not None])
+        xs = xs[(np.cumsum(featured) - 1)[order[featured[order]]]]  # in partition order
+        featured = featured[order]
+        before = np.concatenate([[0], np.cumsum(featured)])  # feature rows before each item
+        # an item's row among its partition's feature rows
+        xrow = np.where(featured, before[:-1] - np.repeat(before[bounds[:-1]], np.diff(bounds)),
+                        NO_X)
         routed = []
         for q in range(n):
-            mine = order[bounds[q]:bounds[q + 1]]
-            rows = np.cumsum(featured[mine]) - 1
-            xrow = np.where(featured[mine], rows, NO_X)
-            take = np.searchsorted(feature_rows, mine[featured[mine]])
-            routed.append(Routed(UpdateBatch(op[mine], a[mine], b[mine], w[mine], xrow,
-                                             xs[take]), np.zeros(0, np.int64),
-                                 np.zeros(0, np.int64), {}))
+            lo, hi = bounds[q], bounds[q + 1]
+            routed.append(Routed(UpdateBatch(op[lo:hi], a[lo:hi], b[lo:hi], w[lo:hi],
+                                             xrow[lo:hi], xs[before[lo]:before[hi]]),
+                                 np.zeros(0, np.int64), np.zeros(0, np.int64), {}))
         ghost_owner = self.part[ghost_src]
         for q in np.unique(ghost_at).tolist():
             at_q = ghost_at == q
