@@ -14,9 +14,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# Tests compile the numba kernels with bounds checks (an index past an array raises
+# instead of writing over memory), cached apart from the unchecked kernels everything
+# else runs.
 test: $(STAMP)
 	$(PY) -m ruff check streamgnn tests benchmarks
-	$(PY) -m pytest -q
+	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=.numba-checked $(PY) -m pytest -q
 
 torture: $(STAMP)
 	STREAMGNN_TORTURE_KILLS=30 STREAMGNN_TORTURE_BATCHES=100 \
@@ -32,4 +35,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/foundation.py
 
 clean:
-	rm -rf $(VENV) artifacts .pytest_cache .hypothesis
+	rm -rf $(VENV) artifacts .pytest_cache .hypothesis .numba-checked
