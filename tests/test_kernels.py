@@ -35,6 +35,7 @@ from streamgnn.models.softmax_ops import (
     fold_softmax_numba,
     fold_softmax_torch,
 )
+from streamgnn.workers.deltas import difference_rows, linear_delta_messages
 from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
 
@@ -293,6 +294,81 @@ def test_slot_set_union_positions_and_find(seed, sizes, slots):
     found = union[at] == anywhere if len(union) else np.zeros(len(anywhere), bool)
     np.testing.assert_array_equal(sets.find(union, anywhere), np.where(found, at, -1))
     np.testing.assert_array_equal(sets.union(*parts), union)  # scratch left clean
+
+
+@given(seed=seeds, weighted=st.booleans(), roots=st.booleans())
+def test_linear_messages_from_differences_sum_as_new_and_old_rows_do(seed, weighted, roots):
+    """A linear aggregation's messages per destination, built on a table of t of the rows
+    after the batch, before it and of their differences (`difference_rows`), and built on
+    the rows after and before alone: both equal the sum written out edge by edge (every
+    row read lies in its table). ``roots``: each row of the table stands for a message
+    row and a root-term row (`Layer.rel_root`), and sources send their own state their
+    root terms' change."""
+    rng = np.random.default_rng(seed)
+    n, d, e, slots = int(rng.integers(1, 12)), 3, 2, 40
+    h_new = rng.standard_normal((n, d))
+    prior = np.where(rng.random(n) < 0.6, -1, 0)  # -1: no row before (added)
+    prior[prior == 0] = rng.permutation(int((prior == 0).sum()))
+    h_old = np.zeros((max(prior.max() + 1, 0), d))
+    h_old[prior[prior >= 0]] = rng.standard_normal((int((prior >= 0).sum()), d))
+    weights = rng.standard_normal((2 * e if roots else e, d))
+
+    def t(rows):  # rel_root's interleaved rows where roots
+        return (rows @ weights.T).reshape(-1, e)
+
+    region = np.sort(rng.choice(slots, 8, replace=False))
+    moved_sources = np.flatnonzero(prior >= 0)
+    at1 = rng.choice(moved_sources, 10) if len(moved_sources) else np.zeros(0, np.int64)
+    v1, w1 = rng.choice(region, len(at1)), rng.random(len(at1)).astype(np.float32)
+    at2 = rng.integers(0, n, 10)
+    dst2 = rng.choice(region, 10)
+    has, had = rng.random(10) < 0.6, rng.random(10) < 0.6
+    before, after = rng.random(10).astype(np.float32), rng.random(10).astype(np.float32)
+    own = np.unique(rng.integers(0, n, 4)) if roots else None
+    own_slots = rng.choice(region, len(own)) if roots else None
+    dst_scale = rng.random(len(region)) + 0.5
+    ones = np.ones(n)
+
+    def summed(new, old, delta, table):
+        rows, coef, local = linear_delta_messages(
+            new, old, delta, at1, v1, w1, at2, dst2, before, after, has, had, weighted,
+            ones, ones, region, dst_scale, np.zeros(slots, np.int64), own, own_slots)
+        assert (rows >= 0).all() and (rows < len(table)).all()
+        out = np.zeros((len(region), e))
+        np.add.at(out, local, coef[:, None] * table[rows])
+        return out
+
+    def rel(h):
+        return t(h[None])[0]
+
+    def root(h):
+        return t(h[None])[1]
+
+    where = {v: k for k, v in enumerate(region)}
+    expected = np.zeros((len(region), e))
+    for a, v, w in zip(at1, v1, w1, strict=True):
+        expected[where[v]] += (w if weighted else 1) * dst_scale[where[v]] * (
+            rel(h_new[a]) - rel(h_old[prior[a]]))
+    for a, v, b, c, yes, was in zip(at2, dst2, before, after, has, had, strict=True):
+        f = dst_scale[where[v]]
+        if yes:
+            expected[where[v]] += (c if weighted else 1) * f * rel(h_new[a])
+        if was:
+            h = h_old[prior[a]] if prior[a] >= 0 else h_new[a]
+            expected[where[v]] -= (b if weighted else 1) * f * rel(h)
+    for a, v in zip(own if roots else [], own_slots if roots else [], strict=True):
+        expected[where[v]] += root(h_new[a]) - (root(h_old[prior[a]]) if prior[a] >= 0 else 0)
+
+    full = t(np.concatenate([h_new, h_old]))
+    old = np.where(prior >= 0, n + prior, np.arange(n))
+    np.testing.assert_allclose(summed(np.arange(n), old, np.full(n, -1), full), expected,
+                               atol=1e-12)
+    new, old, delta, fresh, taken, moved = difference_rows(
+        prior, at1, at2, has, had, np.zeros(0, np.int64),
+        own if roots else np.zeros(0, np.int64))
+    table = t(np.concatenate([h_new[fresh], h_old[prior[taken]],
+                              h_new[moved] - h_old[prior[moved]]]))
+    np.testing.assert_allclose(summed(new, old, delta, table), expected, atol=1e-12)
 
 
 @pytest.mark.parametrize("first", range(1, 17))

@@ -86,50 +86,55 @@ def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, bef
 
 
 @njit(cache=True)
-def difference_rows(old, moved, at1, at2, has, had, extra, own):
-    """The rows a linear aggregation's table of t needs when t is computed, not kept
-    (`linear_delta_messages` reads them): sources numbered 0..len(old), ``old[i]`` the
-    row of h before the batch of source i (-1: none), ``moved`` the sources whose input
-    changed (each with such a row). A source's row after the batch is needed where a
-    changed edge from it exists after the batch, or it has no row before and something
-    reads it (an unchanged edge ``at1``, a changed edge that existed before, its root
-    term at ``own``, a rescale at ``extra``); its row before where a changed edge from it
-    existed before, or a rescale reads it; the difference of every moved source. Returns
-    (new_row, old_row, delta_row) for the table [rows after at ``fresh`` | rows before,
-    of h before at ``before`` | differences of ``moved``], and ``fresh`` and ``before``."""
-    n = len(old)
+def difference_rows(prior, at1, at2, has, had, extra, own):
+    """The table of t a linear aggregation's messages read when t is computed, not kept:
+    sources numbered 0..len(prior), ``prior[i]`` the row of h before the batch of source
+    i (-1: none; a source with one changed or was deleted). A source's t after the batch
+    is read where a changed edge from it exists after the batch, or where it has no row
+    before and an unchanged edge (``at1``), a changed edge that existed before, its root
+    term (``own``) or a rescale (``extra``) reads it; its t before the batch where a
+    changed edge from it existed before or a rescale reads it; t of h_new - h_old where
+    it has a row before and an unchanged edge or its root term reads it (one row, one
+    message, instead of two). Returns (new_row, old_row, delta_row) as
+    `linear_delta_messages` takes them, for the table [after: sources ``fresh`` | before:
+    sources ``taken`` | differences: sources ``moved``]."""
+    n = len(prior)
     new = np.zeros(n, np.bool_)
     past = np.zeros(n, np.bool_)
+    moves = np.zeros(n, np.bool_)
     for i in range(len(at2)):
         a = at2[i]
         if has[i]:
             new[a] = True
         if had[i]:
-            if old[a] >= 0:
+            if prior[a] >= 0:
                 past[a] = True
             else:
                 new[a] = True
     for a in extra:
-        if old[a] >= 0:
+        if prior[a] >= 0:
             past[a] = True
         else:
             new[a] = True
     for reads in (at1, own):
         for a in reads:
-            if old[a] < 0:
+            if prior[a] >= 0:
+                moves[a] = True
+            else:
                 new[a] = True
+    fresh = np.flatnonzero(new)
+    taken = np.flatnonzero(past)
+    moved = np.flatnonzero(moves)
     new_row = np.full(n, -1)
     old_row = np.full(n, -1)
     delta_row = np.full(n, -1)
-    fresh = np.flatnonzero(new)
-    before = np.flatnonzero(past)
     for k in range(len(fresh)):
         new_row[fresh[k]] = k
     for i in range(n):
-        if old[i] < 0:
+        if prior[i] < 0:
             old_row[i] = new_row[i]
-    for k in range(len(before)):
-        old_row[before[k]] = len(fresh) + k
+    for k in range(len(taken)):
+        old_row[taken[k]] = len(fresh) + k
     for k in range(len(moved)):
-        delta_row[moved[k]] = len(fresh) + len(before) + k
-    return new_row, old_row, delta_row, fresh, old[before]
+        delta_row[moved[k]] = len(fresh) + len(taken) + k
+    return new_row, old_row, delta_row, fresh, taken, moved

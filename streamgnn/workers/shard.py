@@ -140,8 +140,8 @@ class _Sources:
     ``old[i]`` (``new[i]`` where it has no other), t of the difference row ``delta[i]``
     (-1: none; only for linear aggregations); -1 where no message reads it. Also the
     changed edges that exist after (``has``) and before (``had``) the batch into live
-    vertices; the source positions of the unchanged edges (``at1``) and changed ones
-    (``at2``)."""
+    vertices; the source positions of the unchanged edges (``at1``), changed ones
+    (``at2``) and sources whose root terms fold into their own z (``own``)."""
 
     slots: np.ndarray
     t: Tensor
@@ -152,6 +152,7 @@ class _Sources:
     had: np.ndarray
     at1: np.ndarray
     at2: np.ndarray
+    own: np.ndarray | None = None  # positions of the sources at ``own_slots``
 
 
 @dataclass
@@ -655,13 +656,12 @@ class Shard:
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges, rescaled, own_slots)
         scale_new, scale_old = self._source_scales(layer, m.slots)
-        own = None if own_slots is None else self.sets.positions(m.slots, own_slots)
         dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
                      if mean_z else np.ones(len(region)))
         rows, coef, local = linear_delta_messages(
             m.new, m.old, m.delta, m.at1, v1, w1, m.at2, edges.dst, edges.before,
             edges.after, m.has, m.had, layer.edge_weighted, scale_new, scale_old, region,
-            dst_scale, self.sets.scratch, own, own_slots)
+            dst_scale, self.sets.scratch, m.own, own_slots)
         scale = bias = None
         if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
             scale = np.ones(len(region))
@@ -738,34 +738,38 @@ class Shard:
         live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
         has, had = edges.has & live, edges.had & live
         at1, at2 = sets.positions(slots, sources)[at], sets.positions(slots, edges.src)
+        own = None if own_slots is None else sets.positions(slots, own_slots)
         olds = np.concatenate([changed.old_slots, removed])
-        old = np.full(len(slots), -1)  # each source's old row among ``olds`` (-1: none)
-        old[sets.positions(slots, olds)] = np.arange(len(olds))
-        old_rows = torch.cat([*changed.old_rows, removed_rows])
-        if self.t[hop - 1] is not None:
-            t = self._kept_rows(hop, layer, slots, olds, changed)
-        elif not layer.aggr.linear or layer.degree_normalised:
-            transform = layer.rel_root if self._z[hop - 1] else layer.transform
-            t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
-        else:  # t of the rows read, and of h_new - h_old of the moved sources
-            moved = sets.positions(slots, changed.old_slots)
-            new, past, delta, fresh, before = difference_rows(
-                old, moved, at1, at2, has, had,
+        old_rows = torch.cat([*changed.old_rows, removed_rows])  # h before, as ``olds``
+        prior = np.full(len(slots), -1)  # each source's row of ``old_rows`` (-1: none)
+        prior[sets.positions(slots, olds)] = np.arange(len(olds))
+        n = len(slots)
+        if self.t[hop - 1] is None and layer.aggr.linear and not layer.degree_normalised:
+            # t of the rows read, and of h_new - h_old where the old row only went out
+            new, old, delta, fresh, taken, moved = difference_rows(
+                prior, at1, at2, has, had,
                 sets.positions(slots, extra) if extra is not None else at1[:0],
-                sets.positions(slots, own_slots) if own_slots is not None else at1[:0])
+                own if own is not None else at1[:0])
             rows = self._rows(hop - 1, self._index(np.concatenate([slots[fresh],
                                                                    slots[moved]])))
             parts = [rows[:len(fresh)]]
-            if len(before):
-                parts.append(old_rows.index_select(0, self._index(before)))
+            if len(taken):
+                parts.append(old_rows.index_select(0, self._index(prior[taken])))
             if len(moved):
-                parts.append(rows[len(fresh):] - old_rows[:len(moved)])
+                parts.append(rows[len(fresh):]
+                             - old_rows.index_select(0, self._index(prior[moved])))
             transform = layer.rel_root if self._z[hop - 1] else layer.transform
             t = transform(torch.cat(parts) if len(parts) > 1 else parts[0])
-            return _Sources(slots, t, new, past, delta, has, had, at1, at2)
-        n = len(slots)
-        return _Sources(slots, t, np.arange(n), np.where(old >= 0, n + old, np.arange(n)),
-                        np.full(n, -1), has, had, at1, at2)
+        else:
+            new = np.arange(n)
+            old = np.where(prior >= 0, n + prior, new)
+            delta = np.full(n, -1)
+            if self.t[hop - 1] is not None:
+                t = self._kept_rows(hop, layer, slots, olds, changed)
+            else:
+                transform = layer.rel_root if self._z[hop - 1] else layer.transform
+                t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
+        return _Sources(slots, t, new, old, delta, has, had, at1, at2, own)
 
     def _kept_rows(self, hop: int, layer: Layer, slots: np.ndarray, olds: np.ndarray,
                    changed: _Changed) -> Tensor:
