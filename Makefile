@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # else runs.
 test: $(STAMP)
 	$(PY) -m ruff check streamgnn tests benchmarks
-	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=.numba-checked $(PY) -m pytest -q
+	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(CURDIR)/.numba-checked $(PY) -m pytest -q
 
 torture: $(STAMP)
 	STREAMGNN_TORTURE_KILLS=30 STREAMGNN_TORTURE_BATCHES=100 \
