@@ -113,8 +113,9 @@ def _gather_except(adj, vertices, skip):
         hi = np.searchsorted(skip, (u + 1) << 32) if lo < len(skip) else lo
         for k in range(start[u], start[u] + deg[u]):
             if lo < hi:
-                j = lo + np.searchsorted(skip[lo:hi], (u << 32) | nbr[k])
-                if j < hi and skip[j] == (u << 32) | nbr[k]:
+                key = (u << 32) | nbr[k]
+                j = lo + np.searchsorted(skip[lo:hi], key)
+                if j < hi and skip[j] == key:
                     continue
             at[n], out_nbr[n], out_w[n] = i, nbr[k], w[k]
             n += 1

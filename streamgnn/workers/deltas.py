@@ -89,13 +89,13 @@ def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, bef
 def difference_rows(prior, at1, at2, has, had, extra, own):
     """The table of t a linear aggregation's messages read when t is computed, not kept:
     sources numbered 0..len(prior), ``prior[i]`` the row of h before the batch of source
-    i (-1: none; a source with one changed or was deleted). A source's t after the batch
-    is read where a changed edge from it exists after the batch, or where it has no row
-    before and an unchanged edge (``at1``), a changed edge that existed before, its root
-    term (``own``) or a rescale (``extra``) reads it; its t before the batch where a
-    changed edge from it existed before or a rescale reads it; t of h_new - h_old where
-    it has a row before and an unchanged edge or its root term reads it (one row, one
-    message, instead of two). Returns (new_row, old_row, delta_row) as
+    i (-1: none; sources whose input changed and deleted ones have one). A source's t
+    after the batch is read where a changed edge from it exists after the batch, or where
+    it has no row before and an unchanged edge (``at1``), a changed edge that existed
+    before, its root term (``own``) or a rescale (``extra``) reads it; its t before the
+    batch where a changed edge from it existed before or a rescale reads it; t of h_new -
+    h_old where it has a row before and an unchanged edge or its root term reads it (one
+    row, one message, instead of two). Returns (new_row, old_row, delta_row) as
     `linear_delta_messages` takes them, for the table [after: sources ``fresh`` | before:
     sources ``taken`` | differences: sources ``moved``]."""
     n = len(prior)

@@ -211,15 +211,15 @@ class Placement:
         xs = np.concatenate([g[5] for g in groups if g[5] is not None])
         xs = xs[(np.cumsum(featured) - 1)[order[featured[order]]]]  # in partition order
         featured = featured[order]
-        before = np.concatenate([[0], np.cumsum(featured)])  # feature rows before each item
+        rows_before = np.concatenate([[0], np.cumsum(featured)])  # feature rows before an item
         # an item's row among its partition's feature rows
-        xrow = np.where(featured, before[:-1] - np.repeat(before[bounds[:-1]], np.diff(bounds)),
-                        NO_X)
+        xrow = np.where(featured, rows_before[:-1]
+                        - np.repeat(rows_before[bounds[:-1]], np.diff(bounds)), NO_X)
         routed = []
         for q in range(n):
             lo, hi = bounds[q], bounds[q + 1]
             routed.append(Routed(UpdateBatch(op[lo:hi], a[lo:hi], b[lo:hi], w[lo:hi],
-                                             xrow[lo:hi], xs[before[lo]:before[hi]]),
+                                             xrow[lo:hi], xs[rows_before[lo]:rows_before[hi]]),
                                  np.zeros(0, np.int64), np.zeros(0, np.int64), {}))
         ghost_owner = self.part[ghost_src]
         for q in np.unique(ghost_at).tolist():

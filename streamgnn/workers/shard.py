@@ -744,8 +744,9 @@ class Shard:
         prior = np.full(len(slots), -1)  # each source's row of ``old_rows`` (-1: none)
         prior[sets.positions(slots, olds)] = np.arange(len(olds))
         n = len(slots)
+        transform = layer.rel_root if self._z[hop - 1] else layer.transform
         if self.t[hop - 1] is None and layer.aggr.linear and not layer.degree_normalised:
-            # t of the rows read, and of h_new - h_old where the old row only went out
+            # t of the rows messages read, and of h_new - h_old (`difference_rows`)
             new, old, delta, fresh, taken, moved = difference_rows(
                 prior, at1, at2, has, had,
                 sets.positions(slots, extra) if extra is not None else at1[:0],
@@ -758,7 +759,6 @@ class Shard:
             if len(moved):
                 parts.append(rows[len(fresh):]
                              - old_rows.index_select(0, self._index(prior[moved])))
-            transform = layer.rel_root if self._z[hop - 1] else layer.transform
             t = transform(torch.cat(parts) if len(parts) > 1 else parts[0])
         else:
             new = np.arange(n)
@@ -767,7 +767,6 @@ class Shard:
             if self.t[hop - 1] is not None:
                 t = self._kept_rows(hop, layer, slots, olds, changed)
             else:
-                transform = layer.rel_root if self._z[hop - 1] else layer.transform
                 t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
         return _Sources(slots, t, new, old, delta, has, had, at1, at2, own)
 
