@@ -24,6 +24,7 @@ ARCHS = {
     "pyg-sage-bn": lambda L: GraphSAGE(F_IN, 16, L, 5, norm="batch_norm"),
     "pyg-sage-sum-bn": lambda L: GraphSAGE(F_IN, 16, L, 5, aggr="sum", norm="batch_norm"),
     "pyg-gin": lambda L: GIN(F_IN, 16, L, 5),
+    "pyg-gin-bn": lambda L: GIN(F_IN, 16, L, 5, norm="batch_norm"),
     "pyg-gat": lambda L: GAT(F_IN, 16, L, 8, heads=4),
     "gcn-improved": lambda L: stack(GCNConv, [F_IN] + [16] * (L - 1) + [5], improved=True),
     "gcn-no-loops": lambda L: stack(GCNConv, [F_IN] + [16] * (L - 1) + [5],

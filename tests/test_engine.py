@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch_geometric.nn import GINConv
 
 import streamgnn as sg
 from streamgnn.models.gnn import WEIGHTED_CONVS
@@ -218,11 +219,11 @@ def test_restored_engine_continues_bit_for_bit(name):
         assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
-@pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean"])
+@pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean", "gin"])
 def test_a_snapshot_from_before_a_layer_kept_z_is_refused_naming_why(name):
-    """Arrays with a sum or mean layer's embeddings beside its state were written when
-    that state was the plain sum of messages: restoring them as z would be wrong, so it
-    is refused."""
+    """Arrays with a sum, mean or GIN layer's embeddings beside its state were written
+    when that state was the plain sum of messages: restoring them as z would be wrong, so
+    it is refused."""
     data = sg.datasets.synthetic("tiny", seed=4)
     model = ModelSpec(name, data.num_features, data.num_classes, 16).build().eval()
     snapshot = Engine.from_pyg(model, data).snapshot()
@@ -410,16 +411,17 @@ def test_extremum_ties_count_every_carrier(arch, seed, batches):
 
 @given(arch=st.sampled_from(["graphconv-add", "graphconv-narrowing", "sage-sum",
                              "pyg-sage-sum-bn", "graphconv-mean", "pyg-sage-mean",
-                             "pyg-sage-bn", "sage-wide"]),
+                             "pyg-sage-bn", "sage-wide", "pyg-gin", "pyg-gin-bn", "gin-eps"]),
        num_layers=st.integers(1, 3), seed=st.integers(0, 10_000),
        batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=6))
-def test_sum_and_mean_layers_keep_their_preactivation_alone(arch, num_layers, seed, batches):
+def test_sum_mean_and_gin_layers_keep_their_preactivation_alone(arch, num_layers, seed,
+                                                                batches):
     """A layer that is activate(sum or mean of messages + root + bias) keeps that
     pre-activation as its only table (no embeddings, no root terms): after every batch
     (in-degrees rising and falling: a mean's z rescaled) each row equals
-    the layer's conv output from PyG's own inputs (before the activation), and every
-    layer equals PyG's forward (read through `Engine.lookup`, the activation's batch norm
-    included)."""
+    the layer's conv output from PyG's own inputs (before the activation; for GIN what
+    PyG feeds its ``nn``, (1 + eps) h_v + sum_u h_u), and every layer equals PyG's forward
+    (read through `Engine.lookup`, the activation's batch norm included)."""
     data = start_graph(seed)
     model = randomise(ARCHS[arch](num_layers), seed).double()
     engine = Engine.from_pyg(model, data)
@@ -434,11 +436,23 @@ def test_sum_and_mean_layers_keep_their_preactivation_alone(arch, num_layers, se
         inputs = pyg_layers(model, current, torch.float64)[:-1]
         slots = engine.graph.slots(current.ids)
         for k, (conv, h) in enumerate(zip(model.convs, inputs, strict=True)):
-            with torch.no_grad():
-                z = (conv(h, g.edge_index, g.edge_weight.double())
-                     if isinstance(conv, WEIGHTED_CONVS) else conv(h, g.edge_index))
-            np.testing.assert_allclose(shard.state[k].numpy()[slots], z.numpy(), atol=1e-9)
+            np.testing.assert_allclose(shard.state[k].numpy()[slots],
+                                       _preactivation(conv, h, g).numpy(), atol=1e-9)
         assert_exact(engine, model, torch.float64, 1e-9)
+
+
+@torch.no_grad()
+def _preactivation(conv: torch.nn.Module, h: torch.Tensor, g) -> torch.Tensor:
+    """PyG's z of a conv over ``g`` from inputs ``h``: its output, but a GINConv's is the
+    input of its ``nn``."""
+    if isinstance(conv, GINConv):
+        seen = []
+        hook = conv.nn.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+        conv(h, g.edge_index)
+        hook.remove()
+        return seen[0]
+    return (conv(h, g.edge_index, g.edge_weight.double())
+            if isinstance(conv, WEIGHTED_CONVS) else conv(h, g.edge_index))
 
 
 @pytest.mark.parametrize("name", ["graphconv-sum", "sage-mean", "gcn", "gin"])

@@ -292,7 +292,11 @@ class GraphConvLayer(_LinearRootLayer):
 
 
 class GINLayer(Layer):
-    """GINConv: h'_v = nn((1 + eps) h_v + sum_u h_u)."""
+    """GINConv: h'_v = nn((1 + eps) h_v + sum_u h_u). An engine keeps the pre-activation
+    z = sum_u h_u + (1 + eps) h_v (`Layer.keeps_preactivation`: rel the identity, root a
+    scaling, no bias), as wide as the input; the output is ``nn`` of z."""
+
+    keeps_preactivation = True
 
     def __init__(self, conv: GINConv, post: Post = None) -> None:
         super().__init__(post)
@@ -303,9 +307,27 @@ class GINLayer(Layer):
             weight = next(conv.nn.parameters())
             probe = torch.zeros(1, self.in_dim, dtype=weight.dtype, device=weight.device)
             self.out_dim = conv.nn(probe).shape[-1]
+        self._scales: tuple[tuple, Tensor] | None = None  # 1 (rel) and 1 + eps (root) per column
 
     def combine(self, h, agg, t, in_weight):
-        return self.conv.nn(agg + (1 + self.conv.eps) * h)
+        return self.conv.nn(self.preactivation(h, agg))
+
+    def rel_root(self, h):
+        eps = self.conv.eps
+        key = (eps.data_ptr(), eps._version, h.dtype, h.device)
+        if self._scales is None or self._scales[0] != key:  # eps as it is now
+            ones = torch.ones(self.in_dim, dtype=h.dtype, device=h.device)
+            self._scales = key, torch.cat([ones, (1 + eps.detach()).to(ones).expand_as(ones)])
+        return torch.cat([h, h], dim=1).mul_(self._scales[1]).view(2 * len(h), self.in_dim)
+
+    def preactivation(self, h, agg):
+        return agg + (1 + self.conv.eps) * h
+
+    def activate(self, z):
+        return self.finish(self.conv.nn(z))
+
+    def empty_preactivation(self):
+        return next(self.conv.nn.parameters()).new_zeros(self.in_dim).detach()
 
 
 class GATLayer(Layer):

@@ -101,7 +101,9 @@ class _Step:
     ``fresh`` marks region vertices the batch added, ``moved`` those whose row changed
     (fresh ones included) and ``old_rows`` the rows replaced of those moved and not fresh
     (none at the last layer, whose old rows only mattered for labels: the shard keeps
-    those); ``finite``: every new row is."""
+    those); ``finite``: every new row is. Where the shard keeps the pre-activation,
+    ``activated`` are the slots whose rows of h the superstep activated, the region's
+    first, and ``after`` has a row for each (the next superstep reads them)."""
 
     region: np.ndarray
     after: Tensor
@@ -109,6 +111,7 @@ class _Step:
     moved: np.ndarray
     old_rows: Tensor
     finite: bool = True
+    activated: np.ndarray | None = None
 
     def changed(self) -> _Changed:
         """The vertices whose embedding really changed: the next superstep's sources."""
@@ -182,6 +185,7 @@ class _Batch:
     result: ApplyResult
     subscribed: dict[int, np.ndarray]  # partition -> slots it now holds as ghosts
     step: _Step | None = None
+    hop: int = 0  # the superstep ``step`` is of
 
 
 class Shard:
@@ -550,7 +554,7 @@ class Shard:
         if hop < self.num_layers:
             b.changed = step.changed()
             b.removed_rows = self._rows(hop, self._index(b.removed))
-        b.step = step
+        b.step, b.hop = step, hop
 
     def _finish(self) -> ApplyResult:
         """Close the batch: its label changes and counts."""
@@ -612,9 +616,14 @@ class Shard:
             agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
         agg = agg.to(self.dtype)
         fresh = is_added[region]
-        if keeps_z:  # agg is z, stored already
-            new = layer.activate(agg)
-            moved, old_rows, finite = _compared(layer, z_old, new, fresh)
+        activated = None
+        if keeps_z:  # agg is z, stored already; h activated here, with rows read next
+            ahead = region[:0] if last else self._read_next(region, edges.src, removed)
+            activated = np.concatenate([region, ahead])
+            after, moved, old_rows, finite = _compared(
+                layer, z_old, agg, self.state[hop - 1].index_select(0, self._index(ahead)),
+                fresh)
+            new = after[:len(region)]
         else:
             root = self.root[hop - 1]
             if root is None:
@@ -633,7 +642,16 @@ class Shard:
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources, at, v1, edges))
         result.rewritten.append((region, new.cpu().numpy()))
-        return _Step(region, new, fresh, moved, old_rows, finite)
+        return _Step(region, new if activated is None else after, fresh, moved, old_rows,
+                     finite, activated)
+
+    def _read_next(self, region: np.ndarray, src: np.ndarray, removed: np.ndarray
+                   ) -> np.ndarray:
+        """Slots outside ``region`` whose rows of this layer the next superstep reads
+        whatever moved: the owned sources of changed edges and the removed vertices (their
+        rows do not change before it; ghosts' are sent in between)."""
+        read = self.sets.union(src[self.owned[src]], removed)
+        return read[self.sets.find(region, read) < 0]
 
     def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
               v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
@@ -899,7 +917,7 @@ class Shard:
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> ChangedLabels:
-        new = argmax_rows(last.after)
+        new = argmax_rows(last.after[:len(last.region)])
         old = self._labels[last.region]
         self._labels[last.region] = new
         differs = (new != old) | last.fresh
@@ -928,8 +946,30 @@ class Shard:
             rows = self.graph.x.take(index.cpu().numpy(), axis=0)
             return torch.from_numpy(rows).to(self.device, self.dtype)
         if self._z[layer - 1]:
-            return self.layers[layer - 1].activate(self.state[layer - 1].index_select(0, index))
+            return self._activated(layer, index)
         return self.h[layer].index_select(0, index)
+
+    def _activated(self, layer: int, index: Tensor) -> Tensor:
+        """h^layer of the slots ``index`` where the shard keeps z: `Layer.activate` of
+        their rows, but for the rows the open batch's last superstep activated (of that
+        layer, `_Step.activated`), which are taken as they are (an activation with
+        products, GIN's, would otherwise run again on a few rows)."""
+        activate, z = self.layers[layer - 1].activate, self.state[layer - 1]
+        if not len(index):
+            return z.new_empty((0, self.layers[layer - 1].out_dim))
+        b = self._batch
+        if b is None or b.hop != layer or b.step.activated is None:
+            return activate(z.index_select(0, index))
+        after = b.step.after
+        at = self.sets.find(b.step.activated, index.cpu().numpy())
+        taken = at >= 0
+        if taken.all():
+            return after.index_select(0, self._index(at))
+        rows = after.new_empty((len(index), after.shape[1]))
+        mask = torch.from_numpy(taken).to(rows.device)
+        rows[mask] = after.index_select(0, self._index(at[taken]))
+        rows[~mask] = activate(z.index_select(0, index[~mask]))
+        return rows
 
     def _index(self, slots: np.ndarray) -> Tensor:
         index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
@@ -970,16 +1010,21 @@ def _keeps_z(layer: Layer, state: Tensor | None) -> bool:
     return state is not None and layer.keeps_preactivation
 
 
-def _compared(layer: Layer, z_old: Tensor | None, new: Tensor, fresh: np.ndarray
-              ) -> tuple[np.ndarray, Tensor, bool]:
-    """`store_rows_`'s answer for a layer whose pre-activation is kept (stored already):
-    which rows of the region changed (all, at the last layer: ``z_old`` None) and the old
-    rows of those that did and are not ``fresh``; whether every new row is finite."""
-    old = None if z_old is None else layer.activate(z_old)
-    moved, finite = compare_rows(old, new, fresh)
+def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
+              fresh: np.ndarray) -> tuple[Tensor, np.ndarray, Tensor, bool]:
+    """For a layer whose pre-activation is kept (``z`` of a region, stored already): the
+    region's rows of h followed by those of ``z_ahead``, with `store_rows_`'s answer: which
+    of the region's changed (all, at the last layer: ``z_old`` None) and the old rows of
+    those that did and are not ``fresh``; whether every new row is finite. All are
+    activated in one call."""
+    n, m = len(z), len(z) + len(z_ahead)
+    parts = [z, z_ahead] + ([] if z_old is None else [z_old])
+    both = layer.activate(torch.cat(parts) if m > n or z_old is not None else z)
+    after, old = both[:m], (None if z_old is None else both[m:])
+    moved, finite = compare_rows(old, after[:n], fresh)
     if old is None:
-        return moved, new[:0], finite
-    return moved, old[torch.from_numpy(moved & ~fresh).to(old.device)], finite
+        return after, moved, after[:0], finite
+    return after, moved, old[torch.from_numpy(moved & ~fresh).to(old.device)], finite
 
 
 def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
