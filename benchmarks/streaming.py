@@ -3,7 +3,12 @@ by `Service` (consume, decode, arrivals gate, placement, engine, publish label c
 acknowledged), next to the in-process engine on the same batches in the same run.
 
     python benchmarks/streaming.py [--preset arxiv-like] [--batch-sizes 100 1000]
-                                   [--encodings json columns]
+                                   [--encodings json columns] [--workers 0 1]
+
+``--workers N`` (N > 0) serves as `streamgnn serve --workers N` does: an MPI job of N + 1
+ranks, rank 0 the router (consume, decode, validate, route, publish; its reading of the
+next batch overlaps the workers' batch) and ranks 1..N one partition each, one torch
+thread per rank; 0 serves in this process.
 
 Throughput: a backlog of N LinkBench writes (adds replay the held-out 20 %) is produced
 first, once per encoding on the wire (``json``: arrays of updates; ``columns``: `Columns`
@@ -21,10 +26,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -68,13 +76,88 @@ def in_process(model, snapshot, updates, bs: int) -> float:
     return len(updates) / (time.perf_counter() - t)
 
 
-def served(kafka: KafkaConfig, checkpoint, snapshot, topics, bs: int):
-    service = Service(sg.Engine.from_pyg(checkpoint.model(), snapshot), checkpoint,
-                      KafkaTransport(kafka, topics.updates),
-                      ServiceConfig(batch_size=bs, topics=topics))
-    stats = service.run(idle_exit_s=1.5)
+def setup(preset: str, model: str):
+    """The snapshot, the held-out events and the (seeded, untrained) model."""
+    full = sg.datasets.synthetic(preset, seed=0)
+    full.weight[:] = 1.0
+    snapshot, events = sg.datasets.split_stream(full, 0.2, seed=0)
+    spec = ModelSpec(model, full.num_features, full.num_classes, 128, 2)
+    torch.manual_seed(0)
+    return snapshot, events, Checkpoint(spec, spec.build().state_dict())
+
+
+@dataclass
+class Run:
+    """What a service run asks: its topics' prefix, the batch size; for a paced run the
+    events to wait for, those of the warm-up and the producer's command."""
+
+    bootstrap: str
+    prefix: str
+    batch_size: int
+    events: int = 0
+    warm: int = 0
+    producer: list[str] | None = None
+
+
+def serve(run: Run, engine: sg.Engine, checkpoint) -> dict:
+    """One service run: a drain (until idle) or, with a producer, a paced run whose
+    latencies count after the warm-up. Its figures."""
+    topics = Topics.prefixed(run.prefix)
+    service = Service(engine, checkpoint,
+                      KafkaTransport(KafkaConfig(run.bootstrap), topics.updates),
+                      ServiceConfig(batch_size=run.batch_size, topics=topics))
+    if run.producer is None:
+        stats = service.run(idle_exit_s=1.5)
+    else:
+        sender = subprocess.Popen(run.producer, stdout=subprocess.DEVNULL)
+
+        def steady(_) -> None:  # latencies count from the end of the warm-up on
+            if service.stats.events < run.warm:
+                service.stats.latency.reset()
+
+        stats = service.run(stop=lambda: sender.poll() is not None
+                            and service.stats.events >= run.events, on_batch=steady)
+        sender.wait()
     service.transport.close()
-    return stats
+    return {"end_to_end": stats.throughput(), "service_busy": stats.applied / stats.busy_s,
+            "label_changes": stats.label_changes,
+            "latency_p50_ms": stats.latency.percentile(50),
+            "latency_p99_ms": stats.latency.percentile(99)}
+
+
+def served(run: Run, args, workers: int, checkpoint=None, snapshot=None) -> dict:
+    """`serve` in this process (``workers`` 0: ``checkpoint`` and ``snapshot`` given) or
+    as an MPI job of a router and ``workers`` worker ranks (this script under mpiexec,
+    `job`)."""
+    if not workers:
+        return serve(run, sg.Engine.from_pyg(checkpoint.model(), snapshot), checkpoint)
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        subprocess.run([mpiexec, "-n", str(workers + 1), sys.executable, __file__,
+                        "--preset", args.preset, "--model", args.model,
+                        "--job", json.dumps({**asdict(run), "out": str(out)})],
+                       env={**os.environ, "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}, check=True)
+        return json.loads(out.read_text())
+
+
+def job(args) -> None:
+    """A rank of `served`'s MPI job: rank 0 serves the run ``args.job`` names (a `Run`,
+    and where to write its figures) with the other ranks as its workers."""
+    from streamgnn.workers.mpi import spmd
+
+    torch.set_num_threads(1)  # as `streamgnn serve` runs each rank
+    keep_freed_memory()
+    spec = json.loads(args.job)
+    out = Path(spec.pop("out"))
+    snapshot, _, checkpoint = setup(args.preset, args.model)
+
+    def router(workers) -> None:
+        engine = sg.Engine(checkpoint.model(), sg.DynamicGraph.from_data(snapshot),
+                           partitions=workers.size, workers=workers)
+        out.write_text(json.dumps(serve(Run(**spec), engine, checkpoint)))
+
+    spmd(checkpoint.model(), router)
 
 
 def main() -> None:
@@ -87,6 +170,9 @@ def main() -> None:
                     help="updates per Kafka message")
     ap.add_argument("--encodings", nargs="+", choices=["json", "columns"],
                     default=["json", "columns"], help="how updates go on the wire")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1],
+                    help="0: serve in this process; N: an MPI job of a router and N "
+                         "workers (as `streamgnn serve --workers N`)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="in-process runs and backlog drains, alternating; best of each")
     ap.add_argument("--pace", type=float, default=0.5,
@@ -96,16 +182,15 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=2.0,
                     help="... after this many seconds of them (producer start, first batches)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/streaming.json"))
+    ap.add_argument("--job", help=argparse.SUPPRESS)  # a rank of an MPI job (`served`)
     args = ap.parse_args()
+    if args.job:
+        job(args)
+        return
     torch.set_num_threads(2)
     keep_freed_memory()  # as `streamgnn serve` runs the engine
 
-    full = sg.datasets.synthetic(args.preset, seed=0)
-    full.weight[:] = 1.0
-    snapshot, events = sg.datasets.split_stream(full, 0.2, seed=0)
-    spec = ModelSpec(args.model, full.num_features, full.num_classes, 128, 2)
-    torch.manual_seed(0)
-    checkpoint = Checkpoint(spec, spec.build().state_dict())
+    snapshot, events, checkpoint = setup(args.preset, args.model)
     updates = workload(snapshot, events, args.updates)
     lines = b"".join(encode(u) + b"\n" for u in updates)
 
@@ -122,14 +207,16 @@ def main() -> None:
 
     table = Table(title=f"streaming end to end: {args.preset}, {args.model} (2 layers), "
                         f"{args.updates:,} LinkBench writes")
-    for col in ("bs", "encoding", "in-process upd/s", "end-to-end upd/s", "e2e / in-process",
-                "service busy upd/s", "paced rate", "latency p50 ms", "latency p99 ms"):
+    for col in ("bs", "encoding", "workers", "in-process upd/s", "end-to-end upd/s",
+                "e2e / in-process", "service busy upd/s", "paced rate", "latency p50 ms",
+                "latency p99 ms"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["batch_size"]), r["encoding"], f"{r['in_process']:,.0f}",
-                      f"{r['end_to_end']:,.0f}", f"{r['ratio']:.0%}",
-                      f"{r['service_busy']:,.0f}", f"{r['paced_rate']:,.0f}",
-                      f"{r['latency_p50_ms']:.1f}", f"{r['latency_p99_ms']:.1f}")
+        table.add_row(str(r["batch_size"]), r["encoding"], str(r["workers"]),
+                      f"{r['in_process']:,.0f}", f"{r['end_to_end']:,.0f}",
+                      f"{r['ratio']:.0%}", f"{r['service_busy']:,.0f}",
+                      f"{r['paced_rate']:,.0f}", f"{r['latency_p50_ms']:.1f}",
+                      f"{r['latency_p99_ms']:.1f}")
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"preset": args.preset, "model": args.model,
@@ -139,63 +226,53 @@ def main() -> None:
 
 def measure(kafka: KafkaConfig, checkpoint, snapshot, updates, lines, bs, args, tmp: Path
             ) -> list[dict]:
-    """The rows of batch size ``bs``, one per encoding."""
+    """The rows of batch size ``bs``, one per encoding and number of workers."""
     model = checkpoint.model()
-    backlogs = {}
-    for encoding in args.encodings:
-        backlogs[encoding] = topics = Topics.prefixed(f"b{bs}-{encoding}-")
+    for encoding in args.encodings:  # a backlog per encoding, drained from the start each time
+        topics = Topics.prefixed(f"b{bs}-{encoding}-")
         ensure_topics(kafka, topics.all())
         out = UpdateSender(kafka, topics.updates, args.per_message,
                            columns=encoding == "columns")
         for line in lines.splitlines():
             out.send(line)
         out.close()
-    rates, drains = [], {encoding: [] for encoding in args.encodings}
+    ways = [(encoding, workers) for encoding in args.encodings for workers in args.workers]
+    rates, drains = [], {way: [] for way in ways}
     for _ in range(args.rounds):  # alternating, so drift on a shared machine hits all
         rates.append(in_process(model, snapshot, updates, bs))
-        for encoding, topics in backlogs.items():
-            drains[encoding].append(served(kafka, checkpoint, snapshot, topics, bs))
-    return [latency_row(kafka, checkpoint, snapshot, lines, bs, args, tmp, encoding,
-                        max(rates), max(runs, key=lambda s: s.throughput()))
-            for encoding, runs in drains.items()]
+        for encoding, workers in ways:
+            run = Run(kafka.bootstrap_servers, f"b{bs}-{encoding}-", bs)
+            drains[encoding, workers].append(served(run, args, workers, checkpoint, snapshot))
+    return [latency_row(kafka, checkpoint, snapshot, lines, bs, args, tmp, encoding, workers,
+                        max(rates), max(runs, key=lambda f: f["end_to_end"]))
+            for (encoding, workers), runs in drains.items()]
 
 
 def latency_row(kafka: KafkaConfig, checkpoint, snapshot, lines, bs, args, tmp: Path,
-                encoding: str, rate_in: float, stats) -> dict:
-    """The row of one encoding: its best drain ``stats``, and a latency run."""
-    model = checkpoint.model()
-    e2e = stats.throughput()
+                encoding: str, workers: int, rate_in: float, best: dict) -> dict:
+    """The row of one encoding and number of workers: its best drain's figures
+    (``best``), and a latency run."""
+    e2e = best["end_to_end"]
     paced = args.pace * e2e
     n = min(args.updates, int(paced * (args.warmup + args.latency_seconds)))
     file = tmp / f"paced{bs}.jsonl"
     file.write_bytes(b"".join(lines.splitlines(keepends=True)[:n]))
-    prefix = f"p{bs}-{encoding}-"
-    topics = Topics.prefixed(prefix)
-    ensure_topics(kafka, topics.all())
-    service = Service(sg.Engine.from_pyg(model, snapshot), checkpoint,
-                      KafkaTransport(kafka, topics.updates),
-                      ServiceConfig(batch_size=bs, topics=topics))
-    sender = subprocess.Popen([sys.executable, "-m", "streamgnn.cli", "produce", str(file),
-                               "--rate", str(paced), "--per-message", str(args.per_message),
-                               f"--{encoding}", "-b", kafka.bootstrap_servers,
-                               "--topic-prefix", prefix],
-                              stdout=subprocess.DEVNULL)
-    warm = int(paced * args.warmup)
-
-    def steady(_) -> None:  # latencies count from the end of the warm-up on
-        if service.stats.events < warm:
-            service.stats.latency.reset()
-
-    lat = service.run(stop=lambda: sender.poll() is not None and service.stats.events >= n,
-                      on_batch=steady).latency
-    sender.wait()
-    service.transport.close()
-    console.print(f"bs={bs} {encoding}: in-process {rate_in:,.0f}/s, end-to-end {e2e:,.0f}/s, "
-                  f"latency p50 {lat.percentile(50):.1f} ms")
-    return {"batch_size": bs, "encoding": encoding, "in_process": rate_in, "end_to_end": e2e,
-            "ratio": e2e / rate_in, "service_busy": stats.applied / stats.busy_s,
-            "label_changes": stats.label_changes, "paced_rate": paced, "paced_events": n,
-            "latency_p50_ms": lat.percentile(50), "latency_p99_ms": lat.percentile(99)}
+    prefix = f"p{bs}-{encoding}-w{workers}-"
+    ensure_topics(kafka, Topics.prefixed(prefix).all())
+    producer = [sys.executable, "-m", "streamgnn.cli", "produce", str(file),
+                "--rate", str(paced), "--per-message", str(args.per_message),
+                f"--{encoding}", "-b", kafka.bootstrap_servers, "--topic-prefix", prefix]
+    paced_run = served(Run(kafka.bootstrap_servers, prefix, bs, n, int(paced * args.warmup),
+                           producer), args, workers, checkpoint, snapshot)
+    console.print(f"bs={bs} {encoding} workers={workers}: in-process {rate_in:,.0f}/s, "
+                  f"end-to-end {e2e:,.0f}/s, latency p50 "
+                  f"{paced_run['latency_p50_ms']:.1f} ms")
+    return {"batch_size": bs, "encoding": encoding, "workers": workers,
+            "in_process": rate_in, "end_to_end": e2e, "ratio": e2e / rate_in,
+            "service_busy": best["service_busy"], "label_changes": best["label_changes"],
+            "paced_rate": paced, "paced_events": n,
+            "latency_p50_ms": paced_run["latency_p50_ms"],
+            "latency_p99_ms": paced_run["latency_p99_ms"]}
 
 
 if __name__ == "__main__":

@@ -275,6 +275,25 @@ def test_journal_replays_finished_batches_and_expiries_in_order_last_copy_counti
     assert Journal.death(entries).batch == 5
 
 
+def test_journal_names_what_was_in_flight_when_a_batch_overlapped_the_next_admit():
+    """With MPI workers batch N is in flight while the next records are admitted: a
+    death then leaves both open, and both become suspect (none alone: either may have
+    killed the job); an admit that finished leaves batch N alone; a batch whose "done"
+    came after such admits is finished, and replayed; what a dead process left open is
+    not blamed on the one after it."""
+    from streamgnn.router.journal import Journal
+    b = lambda n: Journal.batch_entry(n, [[0, n, -1, 1]], float(n))  # noqa: E731
+    life, ok, admit = {"life": 1}, {"ok": 1}, {"admit": [[0, 20, 24]]}
+    both = Journal.death([life, b(4), {"done": 4}, b(5), admit])
+    assert (both.batch, both.alone) == (5, None)
+    assert sorted(both.records) == [(0, 5, 5), (0, 20, 24)]
+    alone = Journal.death([life, b(5), admit, ok])
+    assert (alone.batch, alone.alone, alone.records) == (5, (0, 5, -1), [(0, 5, 5)])
+    entries = [life, b(3), admit, ok, {"done": 3}, b(4), admit]
+    assert Journal.steps(entries, after=2) == [b(3)]
+    assert Journal.death([life, b(5), admit, life, b(6), {"done": 6}]) is None
+
+
 def test_a_journal_begun_with_steps_still_to_replay_keeps_them_finished(tmp_path):
     """A checkpoint taken while a replay still has steps left (a stop mid-replay) begins
     the new journal with them: read back, they are still finished steps to replay, and

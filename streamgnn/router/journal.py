@@ -4,17 +4,22 @@ Between two checkpoints the service appends, to the journal of the last checkpoi
 generation in its state directory:
 - ``{"batch": N, "items": runs, "at": t}`` before batch N is applied (fsync'd: its
   outputs go out only after, with event time ``t``), naming every update in it by source
-  (partition, offset, index in the record's array or -1): a restart replays batch N with
-  exactly these updates, so its label changes are the same messages under the same event
-  ids, and the engine ends bit for bit where it would have;
-- ``{"expired": runs}`` before updates that waited too long for their vertex are
-  dead-lettered: a replay dead-letters the same ones;
+  (partition, offset, index in the record's array or -1), and ``{"done": N}`` once it is
+  (or ``{"ok": 1}`` right after it): a restart replays batch N with exactly these
+  updates, so its label changes are the same messages under the same event ids, and the
+  engine ends bit for bit where it would have;
+- ``{"expired": runs, "after": N}`` before updates that waited too long for their vertex
+  are dead-lettered, N the last batch started: a replay dead-letters the same ones after
+  it;
 - ``{"admit": [[partition, first, last], ...]}`` before records are decoded and admitted,
-  and ``{"ok": 1}`` once a step of either kind finished.
-The last entry tells a restart where the previous process died (`Death`): while
-admitting those records, or while applying batch N. `Suspects` counts such deaths per
-record; the service then handles those records one at a time, and a record that was alone
-in flight at two deaths is quarantined (dead-lettered unread), never retried forever.
+  and ``{"ok": 1}`` once they are. While batch N is in flight (MPI workers apply it) the
+  next records may be admitted: their steps fall between N's entry and its "done";
+- ``{"life": 1}`` where a process begins writing (a new journal, or one resumed).
+What is still open at the end tells a restart where the previous process died (`Death`):
+admitting those records, applying batch N, or both. `Suspects` counts such deaths per
+record; the service then handles those records one at a time, and one batch at a time,
+and a record that was alone in flight at two deaths is quarantined (dead-lettered
+unread), never retried forever.
 
 Each checkpoint starts a new journal file. Everything is small JSON; no pickles. Must not import
 torch, kafka or mpi4py.
@@ -61,8 +66,8 @@ def keys(runs_: list[list[int]]) -> list[Key]:
 @dataclass(frozen=True)
 class Death:
     """Where the previous process died: admitting ``records`` ([partition, first, last]
-    ranges), or applying batch ``batch`` (whose updates came from ``records``); ``alone``
-    is the one record or update in flight, if there was only one."""
+    ranges), or applying batch ``batch`` (whose updates came from ``records``), or both;
+    ``alone`` is the one record or update in flight, if there was only one."""
 
     records: list[tuple[int, int, int]]
     batch: int | None = None
@@ -101,6 +106,7 @@ class Journal:
         """Append to the newest journal from ``generation`` on (after a restart from it)."""
         newest = max((g for g, _ in self._files() if g >= generation), default=generation)
         self._open(newest)
+        self._append(_LIFE)  # what the dead process left open is not this one's
 
     def restart(self, generation: int, keep: list[dict], prune_below: int) -> None:
         """Checkpoint ``generation`` is taken (complete, or still being written): begin its
@@ -112,6 +118,7 @@ class Journal:
         path = self._path(generation)
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:  # a kept batch is a finished one: its "ok" goes with it
+            f.write(json.dumps(_LIFE).encode() + b"\n")
             f.writelines(json.dumps(e).encode() + (b'\n{"ok": 1}\n' if "batch" in e else b"\n")
                          for e in keep)
             f.flush()
@@ -130,29 +137,52 @@ class Journal:
 
     @staticmethod
     def death(entries: list[dict]) -> Death | None:
-        """Where the process that wrote ``entries`` died, if it died mid-step."""
-        if not entries or "ok" in entries[-1] or "expired" in entries[-1]:
+        """Where the process that wrote the last of ``entries`` died, if it died
+        mid-step: the admit step and the batch it left open (an "ok" closes the open
+        admit step, else the open batch; "done" closes its batch)."""
+        batch = admit = None
+        for e in entries:
+            if "life" in e:  # a process began here, with nothing open
+                batch = admit = None
+            elif "batch" in e:
+                batch = e
+            elif "admit" in e:
+                admit = e
+            elif "done" in e:
+                batch = None
+            elif "ok" in e:
+                if admit is not None:
+                    admit = None
+                else:
+                    batch = None
+        if batch is None and admit is None:
             return None
-        last = entries[-1]
-        if "admit" in last:
-            records = [tuple(r) for r in last["admit"]]
-            lone = len(records) == 1 and records[0][1] == records[0][2]
-            return Death(records, alone=(records[0][0], records[0][1], -1) if lone else None)
-        items = keys(last["items"])
-        return Death(spans((p, o) for p, o, _ in items), last["batch"],
-                     items[0] if len(items) == 1 else None)
+        records: list[tuple[int, int, int]] = []
+        alone = seq = None
+        if admit is not None:
+            records = [tuple(r) for r in admit["admit"]]
+            if batch is None and len(records) == 1 and records[0][1] == records[0][2]:
+                alone = (records[0][0], records[0][1], -1)
+        if batch is not None:
+            items = keys(batch["items"])
+            records += spans((p, o) for p, o, _ in items)
+            seq = batch["batch"]
+            if admit is None and len(items) == 1:
+                alone = items[0]
+        return Death(records, seq, alone)
 
     @staticmethod
     def steps(entries: list[dict], after: int) -> list[dict]:
         """The steps to replay after batch ``after``, in order: every batch that finished
-        (its entry followed by ``ok``; a replay journals a batch again, and the last copy
-        counts) and the expiries between them."""
+        (its entry followed by ``ok``, or a ``done`` naming it later; a replay journals a
+        batch again, and the last copy counts) and the expiries between them."""
+        done = {e["done"] for e in entries if "done" in e}
         steps: dict[tuple[int, int], dict] = {}  # (batch, 0), or (batch before, n-th expiry)
         since = (-1, 0)  # the last batch journaled, and the expiries journaled since
         for i, e in enumerate(entries):
             if "batch" in e:
                 since = (e["batch"], 0)
-                if i + 1 < len(entries) and "ok" in entries[i + 1]:
+                if e["batch"] in done or (i + 1 < len(entries) and "ok" in entries[i + 1]):
                     steps[since] = e
             elif "expired" in e:
                 since = (e["after"], since[1] + 1 if since[0] == e["after"] else 1)
@@ -181,6 +211,9 @@ class Journal:
     def ok(self) -> None:
         self._append({"ok": 1})
 
+    def done(self, seq: int) -> None:
+        self._append({"done": seq})
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -190,6 +223,10 @@ class Journal:
         self._file.flush()  # survives the process being killed
         if sync:
             os.fsync(self._file.fileno())  # and the machine going down
+
+
+_LIFE = {"life": 1}
+"""The entry a process begins its journal with (a new one, or one it resumes)."""
 
 
 def spans(points: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:

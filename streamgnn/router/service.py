@@ -5,7 +5,11 @@ cuts batches of ``batch_size`` updates (or fewer after the maximum wait), applie
 the engine (which places it on its partitions), publishes every changed label (one
 message per batch and label-topic partition) and every unusable update (dead letter, with
 reason and source offset), and checkpoints state, pending updates and consumed offsets
-every N batches or seconds. Between two batches it answers
+every N batches or seconds. A batch is started (`Engine.submit`: the graph changes, the
+shards start) and finished after the loop's next poll has read and admitted what arrived
+meanwhile (`Engine.collect`, then the outputs): with MPI workers the router's reading
+overlaps the workers' batch (one batch in flight at most; none while records are
+suspect). Between two batches it answers
 query requests from a second transport (`_answer_queries`): each from the state after the
 last batch, published on ``query-results`` naming that batch; a request that cannot be
 answered gets an error result naming why, and never stops the loop. Reads other threads
@@ -103,6 +107,18 @@ class EngineFailure(StreamGNNError, RuntimeError):
 
 
 @dataclass
+class _Flight:
+    """A batch the engine works on: its sequence number, updates, their event times, the
+    event time of its outputs, and the seconds the service spent starting it."""
+
+    seq: int
+    cut: Cut
+    times: np.ndarray
+    at: float
+    seconds: float
+
+
+@dataclass
 class BatchReport:
     seq: int
     size: int
@@ -139,6 +155,8 @@ class Service:
         self._last_checkpoint = (0, time.monotonic())
         self._writing: Writing | None = None  # a checkpoint being written in the background
         self._writing_positions: dict[int, int] = {}  # ... and its offsets
+        self._flight: _Flight | None = None  # the batch the engine works on (`_start`)
+        self._on_batch: Callable[[BatchReport], None] | None = None  # `run`'s
 
     # ---------------------------------------------------------------- start / resume
     @classmethod
@@ -210,6 +228,7 @@ class Service:
                 return
             self._written()
         paused = time.perf_counter()
+        self._finish()  # the state after the last batch started
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         unapplied = self.pending.items() + sorted(self.held.values(), key=lambda item: item[1].key)
         generation = self.checkpoints.begin()
@@ -268,36 +287,41 @@ class Service:
         gc.freeze()  # what exists now (graph, engine, model) lives on: keep GC passes off it
         if self.reads is not None:
             self.reads.open(self)
+        self._on_batch = on_batch
         try:
-            self._loop(stop, idle_exit_s, on_batch)
+            self._loop(stop, idle_exit_s)
             if not self.script:
                 while self.pending:
                     self._next_batch(self.config.batch_size)
+            self._finish()
             self._settle()
             self.checkpoint()
         finally:
+            self._on_batch = None
             if self.reads is not None:
                 self.reads.close()
         return self.stats
 
-    def _loop(self, stop: Callable[[], bool], idle_exit_s: float | None,
-              on_batch: Callable[[BatchReport], None] | None) -> None:
+    def _loop(self, stop: Callable[[], bool], idle_exit_s: float | None) -> None:
+        """Read, admit and apply updates. A batch started (`_start`) is finished after the
+        next poll, which read what had arrived meanwhile (without waiting): with MPI
+        workers the router's reading and decoding overlap the workers' batch."""
         cfg = self.config
         per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
         while not stop():
-            self._serve_reads()
-            self._reap_checkpoint()
+            if self._flight is None:
+                self._between_batches()
             if self.script:
-                self._replay_step(on_batch)
+                self._replay_step()
                 last_input = time.monotonic()
                 continue
-            if self.queries is not None:
-                self._answer_queries()
             want = cfg.batch_size - len(self.pending)
             wait = cfg.max_wait_s if self.pending else 0.1
             if self.queries is not None or self.reads is not None:
                 wait = min(wait, _ANSWER_POLL_S)  # requests wait on this poll
+            if self._flight is not None:
+                wait = 0.0  # what has arrived; then the batch's outputs
             records = self.transport.poll(max(1, int(want / per_record)), wait)
             now = time.monotonic()
             self._record_acks()
@@ -313,23 +337,32 @@ class Service:
                 self.pending.extend(admitted)
             expired = self.arrivals.expired()
             if expired:
-                if self.journal is not None:
+                if self.journal is not None:  # replayed after the last batch started
                     self.journal.expired(Journal.expired_entry(
-                        self.batch_seq, (w.source.key for w in expired)))
+                        self.batch_seq if self._flight is None else self._flight.seq,
+                        (w.source.key for w in expired)))
                 for w in expired:
                     self._expire(w.update, w.source)
+            if self._flight is not None:
+                self._finish()
+                self._between_batches()
             waited = bool(self.pending) and now - opened >= cfg.max_wait_s
             if waited or len(self.pending) >= cfg.batch_size:
                 while len(self.pending) >= cfg.batch_size or (waited and self.pending):
-                    report = self._next_batch(cfg.batch_size)
-                    if report is not None and on_batch is not None:
-                        on_batch(report)
-                    self._serve_reads()
+                    self._next_batch(cfg.batch_size)
                 opened = now
                 self._maybe_checkpoint()
             elif (idle_exit_s is not None and not self.pending and not len(self.arrivals)
                   and now - last_input >= idle_exit_s):
                 return
+
+    def _between_batches(self) -> None:
+        """What is answered from the state between two batches: reads, queries; and a
+        background checkpoint that finished."""
+        self._serve_reads()
+        self._reap_checkpoint()
+        if self.queries is not None:
+            self._answer_queries()
 
     def _serve_reads(self) -> None:
         """Reads queued by other threads, for about as long as the last batch took (at
@@ -463,7 +496,7 @@ class Service:
                           f"{self.config.arrival_wait_s:g} s", update)
 
     # ---------------------------------------------------------------- replay
-    def _replay_step(self, on_batch: Callable[[BatchReport], None] | None) -> None:
+    def _replay_step(self) -> None:
         """The next journaled step, once the updates it names are decoded."""
         step = self.script[0]
         named = step_keys(step)
@@ -485,9 +518,8 @@ class Service:
             for update, origin in items:
                 self._expire(update, origin)
         else:
-            report = self._apply(items, step["at"])
-            if on_batch is not None:
-                on_batch(report)
+            self._start(items, step["at"])
+            self._finish()
         if not self.script:  # the rest goes through the gate as new input would
             rest = sorted(self.held.values(), key=lambda item: item[1].key)
             self.held = {}
@@ -503,12 +535,15 @@ class Service:
                                "are no longer on the topic; start with a fresh --state-dir")
 
     # ---------------------------------------------------------------- batches
-    def _next_batch(self, size: int) -> BatchReport | None:
-        """Cut the next batch from ``pending`` and apply it. Updates from records a
-        process died on go one per batch; quarantined ones are dead-lettered instead."""
+    def _next_batch(self, size: int) -> None:
+        """Cut the next batch from ``pending`` and start it (`_start`). Updates from records
+        a process died on go one per batch; quarantined ones are dead-lettered instead."""
         watched = self.suspects is not None and self.suspects.ranges
         if not watched:
-            return self._apply(self._take(size))
+            self._start(self._take(size))
+            return
+        # while records are suspect, a batch is alone in flight: finished before any
+        # other record is admitted, so a death names it alone
         items = self.pending.items()
         first = items[0][1]
         if self.suspects.suspect(first.record.partition, first.record.offset):
@@ -516,11 +551,13 @@ class Service:
             if n := self.suspects.quarantined(origin.key):
                 self._dead_letter(origin, "quarantined", f"the service died {n} times "
                                   "while this update alone was being applied", update)
-                return None
-            return self._apply([(update, origin)])
-        cut = next((i for i, (_, o) in enumerate(items[:size])
-                    if self.suspects.suspect(o.record.partition, o.record.offset)), size)
-        return self._apply(self._take(cut))
+                return
+            self._start([(update, origin)])
+        else:
+            cut = next((i for i, (_, o) in enumerate(items[:size])
+                        if self.suspects.suspect(o.record.partition, o.record.offset)), size)
+            self._start(self._take(cut))
+        self._finish()
 
     def _take(self, n: int) -> list[Entry]:
         """The next ``n`` queued updates, off the queue (the arrivals gate forgets them)."""
@@ -528,13 +565,14 @@ class Service:
         self.arrivals.taken(sum(map(size, entries)))
         return entries
 
-    def _apply(self, buffer: list[Entry], at: float | None = None) -> BatchReport:
-        """Apply ``buffer`` as the next batch and publish what changed (not waiting for
-        the broker's acknowledgement: `_record_acks`) with event time ``at`` (default:
-        the latest event time of its updates, or now)."""
+    def _start(self, buffer: list[Entry], at: float | None = None) -> None:
+        """Start ``buffer`` as the next batch (the one before finished first), its outputs
+        to carry event time ``at`` (default: the latest event time of its updates, or
+        now). The engine changes its graph now, so the next updates are admitted against
+        it; `_finish` publishes what changed."""
+        self._finish()
         t = time.perf_counter()
         cut = Cut.of(buffer, self.engine.graph.num_features)
-        batch = cut.updates
         seq = self.batch_seq + 1
         times = cut.times()
         if at is None:
@@ -542,12 +580,29 @@ class Service:
         if self.journal is not None:  # a replayed batch is journaled again, the same
             self.journal.batch(Journal.batch_entry(seq, cut.runs(), at))
         try:
-            result = self.engine.apply(batch, skip_invalid=True)
+            self.engine.submit(cut.updates, skip_invalid=True)
+        except Exception as e:
+            raise EngineFailure(f"batch {seq} ({len(cut.updates)} updates) failed in the "
+                                f"engine: {type(e).__name__}: {e}") from e
+        self._flight = _Flight(seq, cut, times, at, time.perf_counter() - t)
+
+    def _finish(self) -> None:
+        """Finish the batch in flight, if any: take its result from the engine, dead-letter
+        what it rejected and publish what changed (not waiting for the broker's
+        acknowledgement: `_record_acks`); then `run`'s ``on_batch`` sees its report."""
+        if self._flight is None:
+            return
+        flight, self._flight = self._flight, None
+        t = time.perf_counter()
+        cut, seq = flight.cut, flight.seq
+        batch = cut.updates
+        try:
+            result = self.engine.collect()
         except Exception as e:
             raise EngineFailure(f"batch {seq} ({len(batch)} updates) failed in the engine: "
                                 f"{type(e).__name__}: {e}") from e
         if self.journal is not None:
-            self.journal.ok()
+            self.journal.done(seq)
         if not self.pending:
             self.arrivals.all_applied()
         for err in result.rejected:
@@ -556,8 +611,9 @@ class Service:
         self.batch_seq = seq
         if self.reads is not None and self.reads.view is not None:
             self.reads.view.publish(seq, result, self.engine)
-        self._publish_changes(result.changed_labels, _ranges(cut.records()), times, at)
-        seconds = time.perf_counter() - t
+        self._publish_changes(result.changed_labels, _ranges(cut.records()), flight.times,
+                              flight.at)
+        seconds = flight.seconds + time.perf_counter() - t
         s = self.stats
         s.batches += 1
         s.updates.update(cut.counts())
@@ -566,7 +622,8 @@ class Service:
         s.batch_time.record(seconds * 1000)
         s.busy_s += seconds
         self._last_batch_s = seconds
-        return BatchReport(self.batch_seq, len(batch), result, seconds)
+        if self._on_batch is not None:
+            self._on_batch(BatchReport(seq, len(batch), result, seconds))
 
     def _record_acks(self) -> None:
         """Latencies of the batches whose outputs the broker acknowledged since."""

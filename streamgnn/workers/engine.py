@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Protocol, TypeVar
 
@@ -25,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from streamgnn.allocator import freed_memory_returned
 from streamgnn.datasets import GraphData
-from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
+from streamgnn.errors import InvalidQueryError, InvalidUpdateError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.graph.slotmap import SlotMap
 from streamgnn.models import decompose
@@ -69,20 +70,20 @@ class Engine:
             if recompute:  # RC re-aggregates from scratch: it keeps no states
                 states = [None] * len(self.layers)
             self.placement = None
-            self.workers = LocalWorkers([Shard(self.layers, graph, hs, states, self.device,
+            self._workers = LocalWorkers([Shard(self.layers, graph, hs, states, self.device,
                                                self.dtype)])
         else:
             _check_workers(workers, partitions)
             self.placement = Placement.initial(graph, partitions, placement)
             cut = self._cutter()
             if workers is None:  # each shard computes its own first state, layer by layer
-                self.workers = LocalWorkers(lockstep([
+                self._workers = LocalWorkers(lockstep([
                     Shard.bootstrap(self.layers, cut(p), self.device, self.dtype, recompute,
                                     p, partitions, progress and p == 0)
                     for p in range(partitions)], InProcess()))
             else:  # each worker gets its partition, cut just before it is sent
                 workers.bootstrap(cut, recompute)
-                self.workers = workers
+                self._workers = workers
 
     def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str) -> None:
         self.layers = decompose(model.to(device))
@@ -98,6 +99,7 @@ class Engine:
         self.graph_lock = threading.Lock()
         self.last_diff: GraphDiff | None = None
         self._last_results: list[ApplyResult] = []  # the shards' reports of the last batch
+        self._in_flight: _InFlight | None = None  # a batch `submit` started
 
     def _cutter(self) -> Callable[[int], dict[str, np.ndarray]]:
         """``cut(p)``: shard ``p`` without layer state (`Shard.bootstrap` computes it):
@@ -165,7 +167,7 @@ class Engine:
     def in_host_memory(self) -> bool:
         """Whether all the state lives in this process's host memory (the shards here, on
         the CPU): then a forked child can `write` it as it was at the fork."""
-        return isinstance(self.workers, LocalWorkers) and self.device.type == "cpu"
+        return isinstance(self._workers, LocalWorkers) and self.device.type == "cpu"
 
     @classmethod
     def read(cls, model: torch.nn.Module, folder: Path, device: str = "cpu",
@@ -185,10 +187,10 @@ class Engine:
         placement = under(head, "placement/")
         engine.placement = Placement.from_arrays(placement) if placement else None
         if engine.placement is None:  # one partition: the shard works on this graph
-            engine.workers = LocalWorkers([Shard.from_arrays(
+            engine._workers = LocalWorkers([Shard.from_arrays(
                 engine.layers, shard(0), engine.device, engine.dtype, engine.graph)])
         elif workers is None:
-            engine.workers = LocalWorkers([
+            engine._workers = LocalWorkers([
                 Shard.from_arrays(engine.layers, shard(p), engine.device, engine.dtype)
                 for p in range(engine.num_partitions)])
         else:
@@ -197,7 +199,7 @@ class Engine:
                 workers.read(folder)  # each rank reads its own file
             else:
                 workers.load(shard)
-            engine.workers = workers
+            engine._workers = workers
         return engine
 
     def _head(self) -> dict[str, np.ndarray]:
@@ -293,7 +295,6 @@ class Engine:
         return answer
 
     # ---------------------------------------------------------------- batches
-    @torch.inference_mode()
     def apply(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool = False
               ) -> ApplyResult:
         """Apply one batch (updates, or their columns; in order, atomically) and bring every
@@ -302,27 +303,55 @@ class Engine:
         ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``.
         A batch that drives an embedding to NaN or inf raises `NonFiniteEmbeddingError`
         and leaves the engine unusable (every later call raises it): restore a snapshot."""
+        self.submit(batch, skip_invalid)
+        return self.collect()
+
+    @torch.inference_mode()
+    def submit(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool = False
+               ) -> None:
+        """`apply`'s first half: the batch changes the graph (or raises as `apply` does)
+        and the shards start on it; `collect` waits for them and gives the result. Shards
+        in this process are done before this returns; MPI workers go on while the caller
+        does other work (a service reads its next batch). Until `collect`, nothing else
+        may use the shards (`workers` raises) and no other batch may start."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
+        workers = self.workers
         with self.graph_lock:
             diff = self.last_diff = self.graph.apply(batch, skip_invalid)
         if self.placement is None:
-            results = self.workers.apply_diff(diff)
+            results = workers.submit_diff(diff)
         else:
-            results = self.workers.apply(self.placement.route(self.graph, diff, len(batch)))
-        self._last_results = results
+            results = workers.submit(self.placement.route(self.graph, diff, len(batch)))
+        self._in_flight = _InFlight(results, len(batch), diff.rejected,
+                                    self.graph.ext[diff.removed])
+
+    @torch.inference_mode()
+    def collect(self) -> ApplyResult:
+        """The result of the batch `submit` started, once every shard is done with it."""
+        if self._in_flight is None:
+            raise RuntimeError("no batch in flight: collect() follows submit()")
+        flight, self._in_flight = self._in_flight, None
+        results = self._last_results = flight.results()
         if bad := [r.non_finite for r in results if r.non_finite]:
-            self._poisoned = (f"a batch of {len(batch)} updates drove layer {min(bad)} "
+            self._poisoned = (f"a batch of {flight.size} updates drove layer {min(bad)} "
                               "embeddings to NaN or inf; restore the engine from a snapshot")
             raise NonFiniteEmbeddingError(self._poisoned)
         merged = ApplyResult(ChangedLabels.concat([r.changed_labels for r in results]),
-                             diff.rejected)
+                             flight.rejected)
         for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
                      "combined_messages"):  # per layer, summed over the partitions
             setattr(merged, name, [sum(counts) for counts in zip(
                 *(getattr(r, name) for r in results), strict=True)])
-        merged.removed = self.graph.ext[diff.removed]
+        merged.removed = flight.removed
         return merged
+
+    @property
+    def workers(self) -> Workers:
+        """Where the shards run; refused while a batch is in flight (`submit`)."""
+        if self._in_flight is not None:
+            raise RuntimeError("a batch is in flight: collect() it first")
+        return self._workers
 
     def rewritten(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per layer 0..L (0: the features), the rows the last batch wrote, as (the graph's
@@ -383,6 +412,17 @@ def _options(req: QueryRequest | QueryColumns, options: dict) -> dict:
     return out
 
 
+@dataclass
+class _InFlight:
+    """A batch `Engine.submit` started: what waits for its shards' results, and what the
+    result needs of the graph as the batch left it."""
+
+    results: Callable[[], list[ApplyResult]]
+    size: int
+    rejected: list[InvalidUpdateError]
+    removed: np.ndarray  # ids of the vertices it deleted
+
+
 def _check_workers(workers: Workers | None, partitions: int) -> None:
     if workers is not None and workers.size != partitions:
         raise ValueError(f"{partitions} partitions for {workers.size} workers")
@@ -390,7 +430,7 @@ def _check_workers(workers: Workers | None, partitions: int) -> None:
 
 class Workers(Protocol):
     """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
-    engine builds `LocalWorkers` itself, which need only what it calls on both: `apply`,
+    engine builds `LocalWorkers` itself, which need only what it calls on both: `submit`,
     `rows`, `arrays`, `write`, `summaries`."""
 
     size: int  # how many partitions they hold
@@ -405,8 +445,9 @@ class Workers(Protocol):
         ``cut(p)``, partition p without layer state."""
         ...
 
-    def apply(self, routed: list[Routed]) -> list[ApplyResult]:
-        """Run every shard's part of a batch in lock step; their results."""
+    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
+        """Start every shard's part of a batch, run in lock step; returns what waits for
+        them to finish and gives their results."""
         ...
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
@@ -442,14 +483,17 @@ class LocalWorkers:
         self.shards = shards
         self.exchange = exchange or InProcess()
 
-    def apply_diff(self, diff: GraphDiff) -> list[ApplyResult]:
-        """One shard working on the engine's own graph, which ``diff`` changed."""
-        return lockstep([self.shards[0].run(diff)], self.exchange)
+    def submit_diff(self, diff: GraphDiff) -> Callable[[], list[ApplyResult]]:
+        """One shard working on the engine's own graph, which ``diff`` changed (done
+        before this returns)."""
+        results = lockstep([self.shards[0].run(diff)], self.exchange)
+        return lambda: results
 
-    def apply(self, routed: list[Routed]) -> list[ApplyResult]:
+    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
         n = len(self.shards)
-        return lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
+        results = lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
             zip(self.shards, routed, strict=True))], self.exchange)
+        return lambda: results
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         out = None

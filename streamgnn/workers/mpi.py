@@ -5,7 +5,9 @@ crosses the wire.
 
 Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
 payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each a message
-of plain arrays (`streamgnn.npz.to_bytes`: no pickles). The partitions of a bootstrap or
+of plain arrays (`streamgnn.npz.to_bytes`: no pickles). A batch's replies are gathered
+when the engine collects it (`Engine.collect`), so rank 0 reads its next batch while the
+workers compute. The partitions of a bootstrap or
 a load go one worker at a time instead (``Send``, array by array, each received into an
 allocation of its own that the shard adopts), each built just before it is sent and
 dropped after, so rank 0 never holds more than one (a products-like graph's four add up to
@@ -78,9 +80,9 @@ class MpiWorkers:
         self._call(BOOTSTRAP, ({**cut(p), "recompute": np.array(recompute)}
                                for p in range(self.size)))
 
-    def apply(self, routed: list[Routed]) -> list[ApplyResult]:
-        replies = self._call(APPLY, [_routed_arrays(r) for r in routed])
-        return [_result(r) for r in replies]
+    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
+        self._send(APPLY, [_routed_arrays(r) for r in routed])
+        return lambda: [_result(r) for r in self._replies()]
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         replies = self._call(ROWS, [{"ids": ids[owner == p], "layer": np.array(layer)}
@@ -114,14 +116,20 @@ class MpiWorkers:
 
     def _call(self, command: int, payloads: Iterable[dict[str, np.ndarray]],
               reply: bool = True) -> list[dict[str, np.ndarray]]:
+        self._send(command, payloads)
+        return self._replies() if reply else []
+
+    def _send(self, command: int, payloads: Iterable[dict[str, np.ndarray]]) -> None:
+        """The command and each worker's payload; the workers start on it at once."""
         self.comm.Bcast(np.array([command], np.int64), root=0)
         if command in ONE_AT_A_TIME:
             for rank, payload in enumerate(payloads, start=1):
                 _send(self.comm, payload, rank)
         else:
             _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
-        if not reply:
-            return []
+
+    def _replies(self) -> list[dict[str, np.ndarray]]:
+        """Every worker's reply to the last command, once they are all done with it."""
         return [from_bytes(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
 
 
