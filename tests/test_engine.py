@@ -307,6 +307,35 @@ def test_public_reads():
         engine.lookup([12345])
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_submitted_batch_is_collected_as_apply_gives_it_and_holds_the_shards(partitions):
+    """`submit` then `collect` give what `apply` gives (label changes, rejections,
+    removed ids, the state after); in between the shards are refused to anyone else, and
+    a second batch cannot start; `collect` with nothing submitted names why."""
+    data = start_graph(3)
+    model = randomise(ARCHS["graphconv-add"](2), 3).double()
+    ours, twin = (Engine.from_pyg(model, data, partitions=partitions) for _ in range(2))
+    ref = Reference(data)
+    batch = valid_batch(ref, [sg.DeleteVertex(id=2), sg.AddVertex(id=25, x=[0.5] * F_IN),
+                              sg.AddEdge(src=25, dst=7, weight=1.0),
+                              sg.UpdateFeatures(id=4, x=[1.0] * F_IN)])
+    batch.append(sg.AddEdge(src=123456, dst=1, weight=1.0))  # names no vertex: rejected
+    ours.submit(batch, skip_invalid=True)
+    with pytest.raises(RuntimeError, match="in flight"):
+        ours.lookup([1])
+    with pytest.raises(RuntimeError, match="in flight"):
+        ours.submit(batch, skip_invalid=True)
+    got, want = ours.collect(), twin.apply(batch, skip_invalid=True)
+    assert got.changed_labels.triples() == want.changed_labels.triples()
+    assert [e.index for e in got.rejected] == [e.index for e in want.rejected] != []
+    np.testing.assert_array_equal(got.removed, want.removed)
+    ids = ours.vertex_ids()
+    np.testing.assert_array_equal(ours.lookup(ids), twin.lookup(ids))
+    assert_exact(ours, model, torch.float64, 1e-9)
+    with pytest.raises(RuntimeError, match="no batch in flight"):
+        ours.collect()
+
+
 def test_attention_pulls_when_removing_the_dominant_edge():
     """An edge whose logit dwarfs the others leaves, in float arithmetic, nothing of them
     in the denominator; deleting it must re-aggregate, not subtract."""

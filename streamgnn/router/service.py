@@ -303,25 +303,27 @@ class Service:
         return self.stats
 
     def _loop(self, stop: Callable[[], bool], idle_exit_s: float | None) -> None:
-        """Read, admit and apply updates. A batch started (`_start`) is finished after the
-        next poll, which read what had arrived meanwhile (without waiting): with MPI
-        workers the router's reading and decoding overlap the workers' batch."""
+        """Read, admit and apply updates. A batch still computing (MPI workers) is
+        finished after the next poll, which reads and admits what arrives meanwhile."""
         cfg = self.config
         per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
         while not stop():
             if self._flight is None:
-                self._between_batches()
+                self._serve_reads()
+                self._reap_checkpoint()
             if self.script:
                 self._replay_step()
                 last_input = time.monotonic()
                 continue
+            if self.queries is not None and self._flight is None:
+                self._answer_queries()
             want = cfg.batch_size - len(self.pending)
             wait = cfg.max_wait_s if self.pending else 0.1
             if self.queries is not None or self.reads is not None:
                 wait = min(wait, _ANSWER_POLL_S)  # requests wait on this poll
-            if self._flight is not None:
-                wait = 0.0  # what has arrived; then the batch's outputs
+            if self._flight is not None:  # read while it computes (as long as the last
+                wait = min(wait, self._last_batch_s)  # batch took), then its outputs
             records = self.transport.poll(max(1, int(want / per_record)), wait)
             now = time.monotonic()
             self._record_acks()
@@ -350,6 +352,8 @@ class Service:
             if waited or len(self.pending) >= cfg.batch_size:
                 while len(self.pending) >= cfg.batch_size or (waited and self.pending):
                     self._next_batch(cfg.batch_size)
+                    if self._flight is None:
+                        self._serve_reads()
                 opened = now
                 self._maybe_checkpoint()
             elif (idle_exit_s is not None and not self.pending and not len(self.arrivals)
@@ -569,7 +573,8 @@ class Service:
         """Start ``buffer`` as the next batch (the one before finished first), its outputs
         to carry event time ``at`` (default: the latest event time of its updates, or
         now). The engine changes its graph now, so the next updates are admitted against
-        it; `_finish` publishes what changed."""
+        it; `_finish` publishes what changed, at once where the engine is done already
+        (shards in this process), else after the loop's next poll."""
         self._finish()
         t = time.perf_counter()
         cut = Cut.of(buffer, self.engine.graph.num_features)
@@ -585,6 +590,8 @@ class Service:
             raise EngineFailure(f"batch {seq} ({len(cut.updates)} updates) failed in the "
                                 f"engine: {type(e).__name__}: {e}") from e
         self._flight = _Flight(seq, cut, times, at, time.perf_counter() - t)
+        if not self.engine.computing:  # done already (shards in this process)
+            self._finish()
 
     def _finish(self) -> None:
         """Finish the batch in flight, if any: take its result from the engine, dead-letter

@@ -347,6 +347,12 @@ class Engine:
         return merged
 
     @property
+    def computing(self) -> bool:
+        """Whether a batch `submit` started may still be computing: its shards run
+        elsewhere (MPI workers) and it was not collected yet."""
+        return self._in_flight is not None and not isinstance(self._workers, LocalWorkers)
+
+    @property
     def workers(self) -> Workers:
         """Where the shards run; refused while a batch is in flight (`submit`)."""
         if self._in_flight is not None:
