@@ -636,14 +636,14 @@ class Shard:
                 new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
             moved, old_rows, finite = store_rows_(self.h[hop], region, new, fresh,
                                                   keep_old=not last)
+            after = new
         result.recomputed.append(len(region))
         result.pulled.append(len(pull) + (0 if columns is None else len(columns.dst)))
         result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources, at, v1, edges))
         result.rewritten.append((region, new.cpu().numpy()))
-        return _Step(region, new if activated is None else after, fresh, moved, old_rows,
-                     finite, activated)
+        return _Step(region, after, fresh, moved, old_rows, finite, activated)
 
     def _read_next(self, region: np.ndarray, src: np.ndarray, removed: np.ndarray
                    ) -> np.ndarray:
