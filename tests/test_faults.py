@@ -22,6 +22,7 @@ from streamgnn.stream import DeadLetter, LabelChanges, Topics, encode
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 from streamgnn.stream.schemas import encode_columns
 from streamgnn.updates import UpdateBatch
+from streamgnn.workers import Engine
 from tests.conftest import pyg_layers
 
 TOPICS = Topics()
@@ -184,7 +185,18 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
     assert_whole(service.engine, data, model)
 
 
-def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp_path):
+@pytest.fixture(params=[False, True], ids=["finished-at-once", "kept-in-flight"])
+def in_flight(request, monkeypatch) -> None:
+    """The service as with shards in this process (a batch finished as it starts), or
+    keeping each batch in flight over its next poll as with MPI workers
+    (`Engine.computing` true until the batch is collected)."""
+    if request.param:
+        monkeypatch.setattr(Engine, "computing",
+                            property(lambda engine: engine._in_flight is not None))
+
+
+def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp_path,
+                                                                             in_flight):
     """Limits raised to what float32 holds: features of 3e38 overflow the first layer.
     The engine refuses the batch, the service reopens from its checkpoint, replays, takes
     the suspect record's updates one at a time, and quarantines the one that fails twice;
@@ -216,10 +228,11 @@ def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp
 
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_a_record_the_process_dies_on_is_quarantined_after_two_deaths(tmp_path, monkeypatch,
-                                                                      partitions):
+                                                                      partitions, in_flight):
     """A record whose decoding kills the process (a BaseException stands in for a crash in
-    C code: nothing in the loop catches it). Each restart finds the journal's last entry
-    unfinished; the second death with the record alone in flight quarantines it."""
+    C code: nothing in the loop catches it). Each restart finds the step the journal left
+    open (with a batch kept in flight, that batch too); the second death with the record
+    alone in flight quarantines it."""
     data, model = setup()
     snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
     broker = MemoryBroker()
@@ -292,6 +305,23 @@ def test_journal_names_what_was_in_flight_when_a_batch_overlapped_the_next_admit
     entries = [life, b(3), admit, ok, {"done": 3}, b(4), admit]
     assert Journal.steps(entries, after=2) == [b(3)]
     assert Journal.death([life, b(5), admit, life, b(6), {"done": 6}]) is None
+
+
+def test_an_expiry_journaled_while_a_batch_was_in_flight_replays_once():
+    """An expiry journaled while batch 4 was in flight names batch 4; the process dies
+    before 4 is done. The next replays the expiry before its own batch 4 (journaling it
+    again, as after batch 3) and cuts another batch 4; its own expiry after that 4 must
+    not take the first one's place, and the copy must not make it replay twice (its
+    updates would be missing the second time)."""
+    from streamgnn.router.journal import Journal
+    b = lambda n, o: Journal.batch_entry(n, [[0, o, -1, 1]], float(n))  # noqa: E731
+    e, f = (Journal.expired_entry(4, [(0, o, -1)]) for o in (90, 91))
+    life, ok, admit, done = {"life": 1}, {"ok": 1}, {"admit": [[0, 20, 24]]}, {"done": 4}
+    first = [life, b(4, 4), admit, ok, e]
+    before_4 = {**e, "after": 3}  # batch 4 of the first process never finished
+    assert Journal.steps([*first, life, before_4, b(4, 5)], after=3) == [before_4]
+    second = [life, before_4, b(4, 5), admit, ok, f, done, b(5, 6)]
+    assert Journal.steps(first + second, after=3) == [before_4, b(4, 5), f]
 
 
 def test_a_journal_begun_with_steps_still_to_replay_keeps_them_finished(tmp_path):

@@ -5,9 +5,9 @@ generation in its state directory:
 - ``{"batch": N, "items": runs, "at": t}`` before batch N is applied (fsync'd: its
   outputs go out only after, with event time ``t``), naming every update in it by source
   (partition, offset, index in the record's array or -1), and ``{"done": N}`` once it is
-  (or ``{"ok": 1}`` right after it): a restart replays batch N with exactly these
-  updates, so its label changes are the same messages under the same event ids, and the
-  engine ends bit for bit where it would have;
+  applied (steps kept at a checkpoint are written followed by ``{"ok": 1}`` instead): a
+  restart replays batch N with exactly these updates, so its label changes are the same
+  messages under the same event ids, and the engine ends bit for bit where it would have;
 - ``{"expired": runs, "after": N}`` before updates that waited too long for their vertex
   are dead-lettered, N the last batch started: a replay dead-letters the same ones after
   it;
@@ -174,19 +174,38 @@ class Journal:
     @staticmethod
     def steps(entries: list[dict], after: int) -> list[dict]:
         """The steps to replay after batch ``after``, in order: every batch that finished
-        (its entry followed by ``ok``, or a ``done`` naming it later; a replay journals a
-        batch again, and the last copy counts) and the expiries between them."""
-        done = {e["done"] for e in entries if "done" in e}
-        steps: dict[tuple[int, int], dict] = {}  # (batch, 0), or (batch before, n-th expiry)
-        since = (-1, 0)  # the last batch journaled, and the expiries journaled since
+        (its entry followed by ``ok``, or a ``done`` naming it before the next entry of
+        that number; a replay journals a batch again, and the last copy counts) and the
+        expiries, each after the batch it names. An update expires once, so a copy of an
+        expiry is a replay's and the first counts; one journaled while its batch was in
+        flight, a batch that never finished, goes before the batch cut under that number
+        next (it is given the batch before)."""
+        finished: set[int] = set()  # positions of the batch entries that finished
+        latest: dict[int, int] = {}  # batch number -> position of its latest entry
         for i, e in enumerate(entries):
             if "batch" in e:
-                since = (e["batch"], 0)
-                if e["batch"] in done or (i + 1 < len(entries) and "ok" in entries[i + 1]):
-                    steps[since] = e
+                latest[e["batch"]] = i
+                if i + 1 < len(entries) and "ok" in entries[i + 1]:
+                    finished.add(i)
+            elif "done" in e and e["done"] in latest:
+                finished.add(latest[e["done"]])
+        steps: dict[tuple[int, int], dict] = {}  # (batch, 0), or (batch before, position)
+        expired: set[tuple[tuple[int, ...], ...]] = set()
+        latest = {}
+        for i, e in enumerate(entries):
+            if "batch" in e:
+                latest[e["batch"]] = i
+                if i in finished:
+                    steps[e["batch"], 0] = e
             elif "expired" in e:
-                since = (e["after"], since[1] + 1 if since[0] == e["after"] else 1)
-                steps[since] = e
+                named = tuple(map(tuple, e["expired"]))
+                if named in expired:
+                    continue
+                expired.add(named)
+                n = e["after"]
+                if n in latest and latest[n] not in finished:  # replayed, and kept, as such
+                    n, e = n - 1, {**e, "after": n - 1}
+                steps[n, i + 1] = e
         return [steps[k] for k in sorted(steps) if k[0] > after or (k[0] == after and k[1])]
 
     def batch(self, entry: dict) -> None:

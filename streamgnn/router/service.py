@@ -202,10 +202,10 @@ class Service:
         """Note where the last process died, and line up the batches it journaled since
         checkpoint ``generation`` (updates not yet applied wait in ``held`` for them)."""
         entries = self.journal.entries(generation)
-        self.journal.resume(generation)
         death = Journal.death(entries)
-        if death is not None:
+        if death is not None:  # counted before this process's entries begin
             self.suspects.died(death)
+        self.journal.resume(generation)
         self.script = deque(Journal.steps(entries, self.batch_seq))
         if not self.script:
             return
@@ -542,6 +542,7 @@ class Service:
     def _next_batch(self, size: int) -> None:
         """Cut the next batch from ``pending`` and start it (`_start`). Updates from records
         a process died on go one per batch; quarantined ones are dead-lettered instead."""
+        self._finish()  # before the queue is cut: its arrivals are those of a finished batch
         watched = self.suspects is not None and self.suspects.ranges
         if not watched:
             self._start(self._take(size))
@@ -570,12 +571,11 @@ class Service:
         return entries
 
     def _start(self, buffer: list[Entry], at: float | None = None) -> None:
-        """Start ``buffer`` as the next batch (the one before finished first), its outputs
-        to carry event time ``at`` (default: the latest event time of its updates, or
-        now). The engine changes its graph now, so the next updates are admitted against
-        it; `_finish` publishes what changed, at once where the engine is done already
-        (shards in this process), else after the loop's next poll."""
-        self._finish()
+        """Start ``buffer`` as the next batch (none in flight), its outputs to carry event
+        time ``at`` (default: the latest event time of its updates, or now). The engine
+        changes its graph now, so the next updates are admitted against it; `_finish`
+        publishes what changed, at once where the engine is done already (shards in this
+        process), else after the loop's next poll."""
         t = time.perf_counter()
         cut = Cut.of(buffer, self.engine.graph.num_features)
         seq = self.batch_seq + 1

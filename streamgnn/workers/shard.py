@@ -505,16 +505,20 @@ class Shard:
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
         self._begin(diff, ghosts, subscribed, unsubscribed)
-        for hop in range(1, self.num_layers + 1):
-            if partitions > 1:
-                out = [pack(g) for g in self._outgoing(hop - 1, partitions, me)]
-                self.busy.append(time.perf_counter() - start)
-                received = yield out
-                start = time.perf_counter()
-                self.sent.append(sum(len(b) for b in out))
-                self.received.append(sum(len(b) for b in received))
-                self._incoming(hop - 1, [unpack(b) for b in received])
-            self._step(hop)
+        try:
+            for hop in range(1, self.num_layers + 1):
+                if partitions > 1:
+                    out = [pack(g) for g in self._outgoing(hop - 1, partitions, me)]
+                    self.busy.append(time.perf_counter() - start)
+                    received = yield out
+                    start = time.perf_counter()
+                    self.sent.append(sum(len(b) for b in out))
+                    self.received.append(sum(len(b) for b in received))
+                    self._incoming(hop - 1, [unpack(b) for b in received])
+                self._step(hop)
+        except BaseException:
+            self._batch = None  # an aborted batch hands no rows on (`_activated`)
+            raise
         result = self._finish()
         self.busy.append(time.perf_counter() - start)
         return result
@@ -551,10 +555,10 @@ class Shard:
                                b.edges, b.result)
         if not b.result.non_finite and not step.finite:
             b.result.non_finite = hop  # the other shards go on to the barrier: report at end
+        b.step, b.hop = step, hop  # (the removed vertices' rows come from it)
         if hop < self.num_layers:
             b.changed = step.changed()
             b.removed_rows = self._rows(hop, self._index(b.removed))
-        b.step, b.hop = step, hop
 
     def _finish(self) -> ApplyResult:
         """Close the batch: its label changes and counts."""
