@@ -7,15 +7,14 @@ Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, th
 payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each a message
 of plain arrays (`streamgnn.npz.to_bytes`: no pickles). A batch's replies are gathered
 when the engine collects it (`Engine.collect`), so rank 0 reads its next batch while the
-workers compute. The partitions of a bootstrap or
-a load go one worker at a time instead (``Send``, array by array, each received into an
-allocation of its own that the shard adopts), each built just before it is sent and
-dropped after, so rank 0 never holds more than one (a products-like graph's four add up to
-several GB). Counts and offsets are 64-bit, so mpi4py uses MPI-4's large-count calls
-where a transfer passes 2 GiB. During a batch the workers exchange ghost rows among
-themselves with ``Alltoallv`` of the same packed buffers `Shard.run` builds in one
-process. A worker that fails aborts the whole job
-(``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
+workers compute. The partitions of a bootstrap or a load go one worker at a time instead
+(``Send``, array by array, each received into an allocation of its own that the shard
+adopts), each built just before it is sent and dropped after, so rank 0 never holds more
+than one (a products-like graph's four add up to several GB). Counts and offsets are
+64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB. During a
+batch the workers exchange ghost rows among themselves with ``Alltoallv`` of the same
+packed buffers `Shard.run` builds in one process. A worker that fails aborts the whole
+job (``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
 
 Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in the
 generation folder rank 0 names; rank 0 writes the rest and the manifest.
