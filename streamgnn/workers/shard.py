@@ -1021,9 +1021,9 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
     of the region's changed (all, at the last layer: ``z_old`` None) and the old rows of
     those that did and are not ``fresh``; whether every new row is finite. All are
     activated in one call."""
+    parts = [z] + ([z_ahead] if len(z_ahead) else []) + ([] if z_old is None else [z_old])
+    both = layer.activate(torch.cat(parts) if len(parts) > 1 else z)
     n, m = len(z), len(z) + len(z_ahead)
-    parts = [z, z_ahead] + ([] if z_old is None else [z_old])
-    both = layer.activate(torch.cat(parts) if m > n or z_old is not None else z)
     after, old = both[:m], (None if z_old is None else both[m:])
     moved, finite = compare_rows(old, after[:n], fresh)
     if old is None:
