@@ -1,6 +1,7 @@
 """Run under mpiexec by tests/test_mpi.py: rank 0 drives an engine whose shards live on
 the other ranks through a LinkBench stream of all six update types (raw batches, invalid
-updates left out), for each test model; the answers go to the JSON file named by argv[1]:
+updates left out; some submitted while the one before is still in flight), for each test
+model; the answers go to the JSON file named by argv[1]:
 per model, the max error against PyG's forward pass on the final graph at every layer,
 against the same engine in one process, and after a snapshot restored in one process; and
 a query's answers (exact, against PyG on the graph plus the query; exact and SRPE, against
@@ -32,13 +33,18 @@ def check(model: torch.nn.Module, workers) -> dict:
     alone = Engine.from_pyg(model, data, partitions=workers.size)
     workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=0)
     rejected = 0
+    batches = []
     for size in (1, 10, 100, 1000, 100):
-        batch = [*workload.batch(size), sg.AddEdge(src=10**9, dst=0)]  # one invalid
-        workload.graph.apply(batch, skip_invalid=True)
-        a = engine.apply(batch, skip_invalid=True)
-        b = alone.apply(batch, skip_invalid=True)
-        assert a.changed_labels == b.changed_labels
-        rejected += len(a.rejected)
+        batches.append([*workload.batch(size), sg.AddEdge(src=10**9, dst=0)])  # one invalid
+        workload.graph.apply(batches[-1], skip_invalid=True)
+    for pair in (batches[:1], batches[1:3], batches[3:]):  # two in flight where paired
+        for batch in pair:
+            engine.submit(batch, skip_invalid=True)
+        for batch in pair:
+            a = engine.collect()
+            b = alone.apply(batch, skip_invalid=True)
+            assert a.changed_labels == b.changed_labels
+            rejected += len(a.rejected)
     current = engine.graph.to_data()
     refs = pyg_layers(model, current, torch.float64)
     rng = np.random.default_rng(1)

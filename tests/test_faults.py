@@ -188,11 +188,53 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
 @pytest.fixture(params=[False, True], ids=["finished-at-once", "kept-in-flight"])
 def in_flight(request, monkeypatch) -> None:
     """The service as with shards in this process (a batch finished as it starts), or
-    keeping each batch in flight over its next poll as with MPI workers
-    (`Engine.computing` true until the batch is collected)."""
+    keeping each batch in flight over its next poll, and starting the next before it is
+    finished, as with MPI workers (`Engine.computing` true until the batch is collected)."""
     if request.param:
         monkeypatch.setattr(Engine, "computing",
-                            property(lambda engine: engine._in_flight is not None))
+                            property(lambda engine: bool(engine._in_flight)))
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_batches_started_before_the_one_before_finished_publish_the_same(partitions,
+                                                                          monkeypatch):
+    """With MPI workers the next full batch starts before the one in flight is finished.
+    Kept so here (`Engine.computing` forced), two batches are in flight at times, and the
+    label changes (each message, event ids included; event times are the production
+    times) and dead letters are those of the same stream applied one batch at a time;
+    the state is exact."""
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+
+    def served(overlapping: bool) -> tuple[list[dict], list[str], int]:
+        broker = MemoryBroker()
+        for i, u in enumerate(events):
+            broker.produce(TOPICS.updates, encode(u))
+            if i % 37 == 0:
+                broker.produce(TOPICS.updates, encode(sg.AddEdge(src=-1 - i, dst=0)))
+        deepest = [0]
+        submit = Engine.submit
+
+        def counted(engine, *args, **kwargs):
+            submit(engine, *args, **kwargs)
+            deepest[0] = max(deepest[0], len(engine._in_flight))
+
+        with monkeypatch.context() as patch:
+            patch.setattr(Engine, "submit", counted)
+            if overlapping:
+                patch.setattr(Engine, "computing", property(lambda e: bool(e._in_flight)))
+            config = ServiceConfig(batch_size=25, arrival_wait_s=0.2, topics=TOPICS)
+            service = opener(broker, snapshot, model, config, partitions=partitions)()
+            service.run(idle_exit_s=0.5)
+        assert_whole(service.engine, data, model)
+        return ([LabelChanges.model_validate_json(r.value).model_dump(exclude={"event_time"})
+                 for r in broker.records(TOPICS.labels)],
+                [DeadLetter.model_validate_json(r.value).event_id
+                 for r in broker.records(TOPICS.dead_letters)], deepest[0])
+
+    labels, letters_, deepest = served(overlapping=False)
+    assert deepest == 1 and len(letters_) == len(range(0, len(events), 37))
+    assert served(overlapping=True) == (labels, letters_, 2)
 
 
 def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp_path,
@@ -305,6 +347,30 @@ def test_journal_names_what_was_in_flight_when_a_batch_overlapped_the_next_admit
     entries = [life, b(3), admit, ok, {"done": 3}, b(4), admit]
     assert Journal.steps(entries, after=2) == [b(3)]
     assert Journal.death([life, b(5), admit, life, b(6), {"done": 6}]) is None
+
+
+def test_journal_names_both_batches_when_the_next_started_before_one_was_done():
+    """With MPI workers batch N+1 may start before N is done: a death with both open
+    names both (none alone); N's "done" leaves N+1 open alone; neither open batch is
+    replayed, both done ones are; an expiry journaled while both were in flight replays
+    after the last batch that finished, once."""
+    from streamgnn.router.journal import Journal
+    b = lambda n: Journal.batch_entry(n, [[0, n, -1, 1]], float(n))  # noqa: E731
+    life, ok, admit = {"life": 1}, {"ok": 1}, {"admit": [[0, 20, 24]]}
+    both = Journal.death([life, b(4), admit, ok, b(5)])
+    assert (both.batch, both.alone, both.records) == (5, None, [(0, 4, 5)])
+    assert Journal.steps([life, b(3), {"done": 3}, b(4), b(5)], after=2) == [b(3)]
+    later = Journal.death([life, b(4), admit, ok, b(5), {"done": 4}])
+    assert (later.batch, later.alone, later.records) == (5, (0, 5, -1), [(0, 5, 5)])
+    done = [life, b(4), b(5), {"done": 4}, admit, ok, {"done": 5}]
+    assert Journal.death(done) is None
+    assert Journal.steps(done, after=3) == [b(4), b(5)]
+    # an expiry journaled while both were in flight goes after the last batch finished
+    expiry = Journal.expired_entry(5, [(0, 90, -1)])
+    first = [life, b(3), {"done": 3}, b(4), b(5), expiry]
+    assert Journal.steps(first, after=2) == [b(3), {**expiry, "after": 3}]
+    again = [life, {**expiry, "after": 3}, b(4), {"done": 4}]  # the next process
+    assert Journal.steps(first + again, after=2) == [b(3), {**expiry, "after": 3}, b(4)]
 
 
 def test_an_expiry_journaled_while_a_batch_was_in_flight_replays_once():

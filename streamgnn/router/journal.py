@@ -13,7 +13,8 @@ generation in its state directory:
   it;
 - ``{"admit": [[partition, first, last], ...]}`` before records are decoded and admitted,
   and ``{"ok": 1}`` once they are. While batch N is in flight (MPI workers apply it) the
-  next records may be admitted: their steps fall between N's entry and its "done";
+  next records may be admitted, and batch N+1 started: their entries fall between N's
+  entry and its "done";
 - ``{"life": 1}`` where a process begins writing (a new journal, or one resumed).
 What is still open at the end tells a restart where the previous process died (`Death`):
 admitting those records, applying batch N, or both. `Suspects` counts such deaths per
@@ -66,8 +67,8 @@ def keys(runs_: list[list[int]]) -> list[Key]:
 @dataclass(frozen=True)
 class Death:
     """Where the previous process died: admitting ``records`` ([partition, first, last]
-    ranges), or applying batch ``batch`` (whose updates came from ``records``), or both;
-    ``alone`` is the one record or update in flight, if there was only one."""
+    ranges), or applying batches up to ``batch`` (whose updates came from ``records``), or
+    both; ``alone`` is the one record or update in flight, if there was only one."""
 
     records: list[tuple[int, int, int]]
     batch: int | None = None
@@ -138,38 +139,35 @@ class Journal:
     @staticmethod
     def death(entries: list[dict]) -> Death | None:
         """Where the process that wrote the last of ``entries`` died, if it died
-        mid-step: the admit step and the batch it left open (an "ok" closes the open
-        admit step, else the open batch; "done" closes its batch)."""
-        batch = admit = None
+        mid-step: the admit step and the batches it left open (an "ok" closes the open
+        admit step, else the batch just journaled; "done" closes the batch it names)."""
+        batches: dict[int, dict] = {}  # open, by number
+        admit = last = None
         for e in entries:
             if "life" in e:  # a process began here, with nothing open
-                batch = admit = None
+                batches, admit = {}, None
             elif "batch" in e:
-                batch = e
+                batches[last := e["batch"]] = e
             elif "admit" in e:
                 admit = e
             elif "done" in e:
-                batch = None
+                batches.pop(e["done"], None)
             elif "ok" in e:
                 if admit is not None:
                     admit = None
                 else:
-                    batch = None
-        if batch is None and admit is None:
+                    batches.pop(last, None)
+        if not batches and admit is None:
             return None
-        records: list[tuple[int, int, int]] = []
-        alone = seq = None
-        if admit is not None:
-            records = [tuple(r) for r in admit["admit"]]
-            if batch is None and len(records) == 1 and records[0][1] == records[0][2]:
-                alone = (records[0][0], records[0][1], -1)
-        if batch is not None:
-            items = keys(batch["items"])
-            records += spans((p, o) for p, o, _ in items)
-            seq = batch["batch"]
-            if admit is None and len(items) == 1:
-                alone = items[0]
-        return Death(records, seq, alone)
+        records = [tuple(r) for r in admit["admit"]] if admit is not None else []
+        named = [k for batch in batches.values() for k in keys(batch["items"])]
+        alone = None
+        if admit is None and len(named) == 1:
+            alone = named[0]
+        elif not batches and len(records) == 1 and records[0][1] == records[0][2]:
+            alone = (records[0][0], records[0][1], -1)
+        records += spans((p, o) for p, o, _ in named)
+        return Death(records, max(batches, default=None), alone)
 
     @staticmethod
     def steps(entries: list[dict], after: int) -> list[dict]:
@@ -179,7 +177,7 @@ class Journal:
         expiries, each after the batch it names. An update expires once, so a copy of an
         expiry is a replay's and the first counts; one journaled while its batch was in
         flight, a batch that never finished, goes before the batch cut under that number
-        next (it is given the batch before)."""
+        next (it is given the last batch before it that finished)."""
         finished: set[int] = set()  # positions of the batch entries that finished
         latest: dict[int, int] = {}  # batch number -> position of its latest entry
         for i, e in enumerate(entries):
@@ -203,8 +201,10 @@ class Journal:
                     continue
                 expired.add(named)
                 n = e["after"]
-                if n in latest and latest[n] not in finished:  # replayed, and kept, as such
-                    n, e = n - 1, {**e, "after": n - 1}
+                while n in latest and latest[n] not in finished:
+                    n -= 1
+                if n != e["after"]:  # replayed, and kept, as such
+                    e = {**e, "after": n}
                 steps[n, i + 1] = e
         return [steps[k] for k in sorted(steps) if k[0] > after or (k[0] == after and k[1])]
 

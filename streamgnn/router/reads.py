@@ -53,6 +53,11 @@ class Reads:
     def ready(self) -> bool:
         return self._serving is not None
 
+    @property
+    def waiting(self) -> bool:
+        """Whether reads are queued."""
+        return not self._queue.empty()
+
     def submit(self, read: Callable[[Service], T]) -> Future[T]:
         """Queue ``read``; the future holds what it returns (or raises) once the loop ran
         it. Raises `NotServing` when no loop is running."""

@@ -8,8 +8,10 @@ reason and source offset), and checkpoints state, pending updates and consumed o
 every N batches or seconds. A batch is started (`Engine.submit`: the graph changes, the
 shards start) and finished after the loop's next poll has read and admitted what arrived
 meanwhile (`Engine.collect`, then the outputs): with MPI workers the router's reading
-overlaps the workers' batch (one batch in flight at most; none while records are
-suspect). Between two batches it answers
+overlaps the workers' batch, and when a full batch is ready by then it is started before
+the one in flight is finished, so the workers go on to it at once (two batches in flight
+at most; one alone while records are suspect, reads wait or queries are due). Between two
+batches it answers
 query requests from a second transport (`_answer_queries`): each from the state after the
 last batch, published on ``query-results`` naming that batch; a request that cannot be
 answered gets an error result naming why, and never stops the loop. Reads other threads
@@ -155,7 +157,8 @@ class Service:
         self._last_checkpoint = (0, time.monotonic())
         self._writing: Writing | None = None  # a checkpoint being written in the background
         self._writing_positions: dict[int, int] = {}  # ... and its offsets
-        self._flight: _Flight | None = None  # the batch the engine works on (`_start`)
+        self._flights: deque[_Flight] = deque()  # batches the engine works on (`_start`)
+        self._requests: list[Record] = []  # query requests read, not answered yet
         self._on_batch: Callable[[BatchReport], None] | None = None  # `run`'s
 
     # ---------------------------------------------------------------- start / resume
@@ -229,6 +232,8 @@ class Service:
             self._written()
         paused = time.perf_counter()
         self._finish()  # the state after the last batch started
+        if self._requests:  # read: answered before their offsets are checkpointed
+            self._answer_queries()
         self._settle()  # outputs before offsets: a restart may repeat them, never lose them
         unapplied = self.pending.items() + sorted(self.held.values(), key=lambda item: item[1].key)
         generation = self.checkpoints.begin()
@@ -304,26 +309,28 @@ class Service:
 
     def _loop(self, stop: Callable[[], bool], idle_exit_s: float | None) -> None:
         """Read, admit and apply updates. A batch still computing (MPI workers) is
-        finished after the next poll, which reads and admits what arrives meanwhile."""
+        finished after the next poll, which reads and admits what arrives meanwhile; if
+        that makes a full batch and nothing stands in the way (`_overlaps`), the full
+        batch starts first."""
         cfg = self.config
         per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
         while not stop():
-            if self._flight is None:
+            if not self._flights:
                 self._serve_reads()
                 self._reap_checkpoint()
             if self.script:
                 self._replay_step()
                 last_input = time.monotonic()
                 continue
-            if self.queries is not None and self._flight is None:
+            if self.queries is not None and not self._flights:
                 self._answer_queries()
             want = cfg.batch_size - len(self.pending)
             wait = cfg.max_wait_s if self.pending else 0.1
             if self.queries is not None or self.reads is not None:
                 wait = min(wait, _ANSWER_POLL_S)  # requests wait on this poll
-            if self._flight is not None:  # read while it computes (as long as the last
-                wait = min(wait, self._last_batch_s)  # batch took), then its outputs
+            if self._flights:  # read while it computes (as long as the last batch took),
+                wait = min(wait, self._last_batch_s)  # then its outputs
             records = self.transport.poll(max(1, int(want / per_record)), wait)
             now = time.monotonic()
             self._record_acks()
@@ -341,18 +348,19 @@ class Service:
             if expired:
                 if self.journal is not None:  # replayed after the last batch started
                     self.journal.expired(Journal.expired_entry(
-                        self.batch_seq if self._flight is None else self._flight.seq,
+                        self._flights[-1].seq if self._flights else self.batch_seq,
                         (w.source.key for w in expired)))
                 for w in expired:
                     self._expire(w.update, w.source)
-            if self._flight is not None:
+            full = len(self.pending) >= cfg.batch_size
+            if self._flights and not (full and self._overlaps()):
                 self._finish()
                 self._between_batches()
             waited = bool(self.pending) and now - opened >= cfg.max_wait_s
-            if waited or len(self.pending) >= cfg.batch_size:
+            if waited or full:
                 while len(self.pending) >= cfg.batch_size or (waited and self.pending):
                     self._next_batch(cfg.batch_size)
-                    if self._flight is None:
+                    if not self._flights:
                         self._serve_reads()
                 opened = now
                 self._maybe_checkpoint()
@@ -375,9 +383,19 @@ class Service:
             self.reads.serve(max(self._last_batch_s, _READ_SLICE_S))
 
     # ---------------------------------------------------------------- queries
-    def _answer_queries(self, limit: int = 16) -> None:
-        """Answer up to ``limit`` waiting query requests from the current state."""
-        for record in self.queries.poll(limit, 0):
+    def _queries_waiting(self) -> bool:
+        """Whether query requests wait (read off their topic, up to ``_QUERIES_AT_ONCE``,
+        to be answered next between two batches)."""
+        if self.queries is not None and not self._requests:
+            self._requests = self.queries.poll(_QUERIES_AT_ONCE, 0)
+        return bool(self._requests)
+
+    def _answer_queries(self) -> None:
+        """Answer the waiting query requests (those read already, else up to
+        ``_QUERIES_AT_ONCE``) from the current state."""
+        self._queries_waiting()
+        requests, self._requests = self._requests, []
+        for record in requests:
             self.transport.publish(self.config.topics.results, None,
                                    encode(self._answer(record)))
 
@@ -540,12 +558,17 @@ class Service:
 
     # ---------------------------------------------------------------- batches
     def _next_batch(self, size: int) -> None:
-        """Cut the next batch from ``pending`` and start it (`_start`). Updates from records
-        a process died on go one per batch; quarantined ones are dead-lettered instead."""
-        self._finish()  # before the queue is cut: its arrivals are those of a finished batch
+        """Cut the next batch from ``pending`` and start it (`_start`); then finish the one
+        before, if it was still in flight (`_overlaps`), else it was finished first.
+        Updates from records a process died on go one per batch; quarantined ones are
+        dead-lettered instead."""
+        if not self._overlaps():
+            self._finish()  # before the queue is cut: its arrivals are those of a finished batch
         watched = self.suspects is not None and self.suspects.ranges
         if not watched:
             self._start(self._take(size))
+            while len(self._flights) > 1:
+                self._finish_oldest()
             return
         # while records are suspect, a batch is alone in flight: finished before any
         # other record is admitted, so a death names it alone
@@ -570,15 +593,25 @@ class Service:
         self.arrivals.taken(sum(map(size, entries)))
         return entries
 
+    def _overlaps(self) -> bool:
+        """Whether the next batch may start before the one in flight is finished: it still
+        computes elsewhere (MPI workers), no record is suspect (a death must name one
+        batch alone), no read waits and no query is due (both are answered between two
+        batches), and no read view is kept (it publishes a batch against the graph as
+        that batch left it)."""
+        return (self.engine.computing and not (self.suspects and self.suspects.ranges)
+                and (self.reads is None or (self.reads.view is None and not self.reads.waiting))
+                and not self._queries_waiting())
+
     def _start(self, buffer: list[Entry], at: float | None = None) -> None:
-        """Start ``buffer`` as the next batch (none in flight), its outputs to carry event
-        time ``at`` (default: the latest event time of its updates, or now). The engine
-        changes its graph now, so the next updates are admitted against it; `_finish`
-        publishes what changed, at once where the engine is done already (shards in this
-        process), else after the loop's next poll."""
+        """Start ``buffer`` as the next batch (at most one other in flight), its outputs to
+        carry event time ``at`` (default: the latest event time of its updates, or now).
+        The engine changes its graph now, so the next updates are admitted against it;
+        `_finish` publishes what changed, at once where the engine is done already (shards
+        in this process), else after the loop's next poll or the next batch's start."""
         t = time.perf_counter()
         cut = Cut.of(buffer, self.engine.graph.num_features)
-        seq = self.batch_seq + 1
+        seq = (self._flights[-1].seq if self._flights else self.batch_seq) + 1
         times = cut.times()
         if at is None:
             at = float(times.max()) if len(times) else time.time()
@@ -589,17 +622,20 @@ class Service:
         except Exception as e:
             raise EngineFailure(f"batch {seq} ({len(cut.updates)} updates) failed in the "
                                 f"engine: {type(e).__name__}: {e}") from e
-        self._flight = _Flight(seq, cut, times, at, time.perf_counter() - t)
+        self._flights.append(_Flight(seq, cut, times, at, time.perf_counter() - t))
         if not self.engine.computing:  # done already (shards in this process)
             self._finish()
 
     def _finish(self) -> None:
-        """Finish the batch in flight, if any: take its result from the engine, dead-letter
+        """Finish every batch in flight, oldest first."""
+        while self._flights:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        """Finish the oldest batch in flight: take its result from the engine, dead-letter
         what it rejected and publish what changed (not waiting for the broker's
         acknowledgement: `_record_acks`); then `run`'s ``on_batch`` sees its report."""
-        if self._flight is None:
-            return
-        flight, self._flight = self._flight, None
+        flight = self._flights.popleft()
         t = time.perf_counter()
         cut, seq = flight.cut, flight.seq
         batch = cut.updates
@@ -738,6 +774,7 @@ def _item(raw: dict) -> Item:
 _CHANGES_PER_MESSAGE = 10_000
 _READ_SLICE_S = 0.01
 _ANSWER_POLL_S = 0.002  # the longest a poll blocks while queries or reads may be waiting
+_QUERIES_AT_ONCE = 16  # query requests read and answered at a time
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
 
 

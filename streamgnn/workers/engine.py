@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from streamgnn.allocator import freed_memory_returned
 from streamgnn.datasets import GraphData
-from streamgnn.errors import InvalidQueryError, InvalidUpdateError, NonFiniteEmbeddingError
+from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.graph.slotmap import SlotMap
 from streamgnn.models import decompose
@@ -43,6 +44,7 @@ from streamgnn.workers.shard import ApplyResult, Shard
 from streamgnn.workers.slotsets import SlotSets
 
 T = TypeVar("T")
+MAX_IN_FLIGHT = 2  # batches submitted and not collected, where the shards run elsewhere
 _CHECKED = ValueLimits(float("inf"), float("inf"))  # a shard's input: the engine checked it
 
 
@@ -98,8 +100,9 @@ class Engine:
         # other threads read the graph under it (`ReadView.neighbours`)
         self.graph_lock = threading.Lock()
         self.last_diff: GraphDiff | None = None
-        self._last_results: list[ApplyResult] = []  # the shards' reports of the last batch
-        self._in_flight: _InFlight | None = None  # a batch `submit` started
+        # the last batch collected: its change and the shards' reports
+        self._collected: tuple[GraphDiff | None, list[ApplyResult]] = (None, [])
+        self._in_flight: deque[_InFlight] = deque()  # batches `submit` started, oldest first
 
     def _cutter(self) -> Callable[[int], dict[str, np.ndarray]]:
         """``cut(p)``: shard ``p`` without layer state (`Shard.bootstrap` computes it):
@@ -312,33 +315,40 @@ class Engine:
         """`apply`'s first half: the batch changes the graph (or raises as `apply` does)
         and the shards start on it; `collect` waits for them and gives the result. Shards
         in this process are done before this returns; MPI workers go on while the caller
-        does other work (a service reads its next batch). Until `collect`, nothing else
-        may use the shards (`workers` raises) and no other batch may start."""
+        does other work (a service reads its next batch), and while they do (`computing`)
+        one more batch may be submitted: the workers take it up as soon as they are done,
+        and `collect` gives the results oldest first. Until the last is collected,
+        nothing else may use the shards (`workers` raises)."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
-        workers = self.workers
+        if self._in_flight and not (self.computing and len(self._in_flight) < MAX_IN_FLIGHT):
+            raise RuntimeError(f"{len(self._in_flight)} batches in flight: collect() first")
+        workers = self._workers
         with self.graph_lock:
             diff = self.last_diff = self.graph.apply(batch, skip_invalid)
         if self.placement is None:
             results = workers.submit_diff(diff)
         else:
             results = workers.submit(self.placement.route(self.graph, diff, len(batch)))
-        self._in_flight = _InFlight(results, len(batch), diff.rejected,
-                                    self.graph.ext[diff.removed])
+        self._in_flight.append(_InFlight(results, len(batch), diff, self.graph.ext[diff.removed]))
 
     @torch.inference_mode()
     def collect(self) -> ApplyResult:
-        """The result of the batch `submit` started, once every shard is done with it."""
-        if self._in_flight is None:
+        """The result of the oldest batch `submit` started and nothing collected yet,
+        once every shard is done with it."""
+        if not self._in_flight:
             raise RuntimeError("no batch in flight: collect() follows submit()")
-        flight, self._in_flight = self._in_flight, None
-        results = self._last_results = flight.results()
+        flight = self._in_flight.popleft()
+        results = flight.results()
+        self._collected = flight.diff, results
         if bad := [r.non_finite for r in results if r.non_finite]:
             self._poisoned = (f"a batch of {flight.size} updates drove layer {min(bad)} "
                               "embeddings to NaN or inf; restore the engine from a snapshot")
+            while self._in_flight:  # the workers' replies to a batch after it, let go
+                self._in_flight.popleft().results()
             raise NonFiniteEmbeddingError(self._poisoned)
         merged = ApplyResult(ChangedLabels.concat([r.changed_labels for r in results]),
-                             flight.rejected)
+                             flight.diff.rejected)
         for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
                      "combined_messages"):  # per layer, summed over the partitions
             setattr(merged, name, [sum(counts) for counts in zip(
@@ -350,21 +360,22 @@ class Engine:
     def computing(self) -> bool:
         """Whether a batch `submit` started may still be computing: its shards run
         elsewhere (MPI workers) and it was not collected yet."""
-        return self._in_flight is not None and not isinstance(self._workers, LocalWorkers)
+        return bool(self._in_flight) and not isinstance(self._workers, LocalWorkers)
 
     @property
     def workers(self) -> Workers:
         """Where the shards run; refused while a batch is in flight (`submit`)."""
-        if self._in_flight is not None:
+        if self._in_flight:
             raise RuntimeError("a batch is in flight: collect() it first")
         return self._workers
 
     def rewritten(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per layer 0..L (0: the features), the rows the last batch wrote, as (the graph's
         slots ascending, rows); merged from the shards' reports when asked (the read view
-        asks, before the next batch), empty where the shards run elsewhere."""
-        results, diff = self._last_results, self.last_diff
-        if diff is None or not all(r.rewritten for r in results):
+        asks, before the next batch), empty where the shards run elsewhere or the graph
+        has moved on to a batch still in flight."""
+        diff, results = self._collected
+        if diff is None or diff is not self.last_diff or not all(r.rewritten for r in results):
             return []
         return [self._features(diff), *(
             self._rewritten(layer) for layer in zip(*(r.rewritten for r in results)))]
@@ -425,7 +436,7 @@ class _InFlight:
 
     results: Callable[[], list[ApplyResult]]
     size: int
-    rejected: list[InvalidUpdateError]
+    diff: GraphDiff  # its change of the graph
     removed: np.ndarray  # ids of the vertices it deleted
 
 

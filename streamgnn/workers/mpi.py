@@ -7,9 +7,14 @@ Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, th
 payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each a message
 of plain arrays (`streamgnn.npz.to_bytes`: no pickles). A batch's replies are gathered
 when the engine collects it (`Engine.collect`), so rank 0 reads its next batch while the
-workers compute. The partitions of a bootstrap or a load go one worker at a time instead
-(``Send``, array by array, each received into an allocation of its own that the shard
-adopts), each built just before it is sent and dropped after, so rank 0 never holds more
+workers compute; it may even send that batch before it gathers the replies to the one
+before (two commands outstanding at most), so the workers go from one to the next
+without waiting for rank 0. Commands therefore go out as nonblocking collectives
+(``Ibcast``, ``Iscatterv``: rank 0 does not wait for workers still busy with the command
+before) and replies come back on a communicator of their own. The partitions of a
+bootstrap or a load go one worker at a time instead (``Send``, array by array, each
+received into an allocation of its own that the shard adopts), each built just before it
+is sent and dropped after, so rank 0 never holds more
 than one (a products-like graph's four add up to several GB). Counts and offsets are
 64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB. During a
 batch the workers exchange ghost rows among themselves with ``Alltoallv`` of the same
@@ -69,7 +74,10 @@ class MpiWorkers:
         if self.size < 1:
             raise RuntimeError("no worker ranks: start with mpiexec -n N+1 (N workers)")
         self.comm.Split(MPI.UNDEFINED, 0)  # the workers' own communicator (collective)
+        self.replies = self.comm.Dup()  # replies, apart from the commands (collective)
         self.shards = None  # not in this process
+        self._sending: list[tuple[MPI.Request, object]] = []  # requests, buffers kept alive
+        self._outstanding = 0  # commands sent whose replies were not gathered yet
 
     def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
         self._call(LOAD, (shard(p) for p in range(self.size)))
@@ -111,28 +119,47 @@ class MpiWorkers:
         self._call(READ, [{"folder": _json(str(folder))}] * self.size)
 
     def stop(self) -> None:
-        self._call(STOP, [{}] * self.size, reply=False)
+        self._send(STOP, [{}] * self.size)
+        self._complete()
 
-    def _call(self, command: int, payloads: Iterable[dict[str, np.ndarray]],
-              reply: bool = True) -> list[dict[str, np.ndarray]]:
+    def _call(self, command: int, payloads: Iterable[dict[str, np.ndarray]]
+              ) -> list[dict[str, np.ndarray]]:
         self._send(command, payloads)
-        return self._replies() if reply else []
+        return self._replies()
 
     def _send(self, command: int, payloads: Iterable[dict[str, np.ndarray]]) -> None:
-        """The command and each worker's payload; the workers start on it at once."""
-        self.comm.Bcast(np.array([command], np.int64), root=0)
-        if command in ONE_AT_A_TIME:
+        """The command and each worker's payload: the workers start on it as soon as
+        they are done with the one before, which may still await its `_replies`."""
+        if self._outstanding >= (1 if command in ONE_AT_A_TIME else MAX_OUTSTANDING):
+            raise RuntimeError(f"{self._outstanding} commands await their replies: "
+                               "gather them first")
+        header = np.array([command], np.int64)
+        self._sending.append((self.comm.Ibcast(header, root=0), header))
+        if command in ONE_AT_A_TIME:  # the shards, one worker at a time
+            self._complete()
             for rank, payload in enumerate(payloads, start=1):
                 _send(self.comm, payload, rank)
         else:
-            _scatter(self.comm, [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads])
+            self._sending += _iscatter(self.comm, [np.zeros(0, np.uint8)]
+                                       + [to_bytes(p) for p in payloads])
+        self._outstanding += 1
 
     def _replies(self) -> list[dict[str, np.ndarray]]:
-        """Every worker's reply to the last command, once they are all done with it."""
-        return [from_bytes(b) for b in _gather(self.comm, np.zeros(0, np.uint8))[1:]]
+        """Every worker's reply to the oldest command outstanding, once they are all done
+        with it; then the command after it, if sent, has reached them too."""
+        replies = _gather(self.replies, np.zeros(0, np.uint8))[1:]
+        self._outstanding -= 1
+        self._complete()
+        return [from_bytes(b) for b in replies]
+
+    def _complete(self) -> None:
+        """Wait until the commands sent have reached every worker (their buffers may go)."""
+        MPI.Request.Waitall([request for request, _ in self._sending])
+        self._sending = []
 
 
 ABORT_GRACE_S = 1.0  # seconds a failing rank waits before aborting the job
+MAX_OUTSTANDING = 2  # commands rank 0 may send before it gathers the first one's replies
 
 
 def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
@@ -177,13 +204,14 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
     layers = decompose(model.to(device))
     dtype = next(model.parameters()).dtype
     peers = comm.Split(1, comm.Get_rank())
+    replies = comm.Dup()
     shard: Shard | None = None
     header = np.zeros(1, np.int64)
     while True:
-        comm.Bcast(header, root=0)
+        comm.Ibcast(header, root=0).Wait()
         command = int(header[0])
         if command not in NEW_SHARD:
-            payload = from_bytes(_scatter(comm, None))
+            payload = from_bytes(_scattered(comm))
             if command == STOP:
                 return
             reply = _execute(command, payload, shard, peers)
@@ -191,11 +219,11 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             shard = None  # replaced: never hold the old and the new one at once
             with freed_memory_returned():  # a partition's message and copies: GBs
                 payload = (_receive(comm) if command in ONE_AT_A_TIME
-                           else from_bytes(_scatter(comm, None)))
+                           else from_bytes(_scattered(comm)))
                 shard = _new_shard(command, payload, layers, device, dtype, peers)
                 payload = None
             reply = {}
-        _gather(comm, to_bytes(reply))
+        _gather(replies, to_bytes(reply))
         reply = payload = None  # they may view the shard's tables (ARRAYS): not kept
 
 
@@ -289,18 +317,22 @@ def _receive(comm: MPI.Comm) -> dict[str, np.ndarray]:
     return out
 
 
-def _scatter(comm: MPI.Comm, buffers: list[np.ndarray] | None) -> np.ndarray:
-    """Rank 0 sends ``buffers[r]`` to each rank r; every rank gets its own."""
-    counts = (np.array([len(b) for b in buffers], np.int64) if buffers is not None
-              else None)
+def _iscatter(comm: MPI.Comm, buffers: list[np.ndarray]) -> list[tuple[MPI.Request, object]]:
+    """Rank 0 starts sending ``buffers[r]`` to each rank r (`_scattered` there); the
+    requests, each with the buffer it must keep alive until done."""
+    counts, mine = np.array([len(b) for b in buffers], np.int64), np.zeros(1, np.int64)
+    data, displacements = np.concatenate(buffers), _displacements(counts)
+    return [(comm.Iscatter(counts, mine, root=0), (counts, mine)),
+            (comm.Iscatterv([data, (counts, displacements), MPI.BYTE], data[:0], root=0),
+             (data, displacements))]
+
+
+def _scattered(comm: MPI.Comm) -> np.ndarray:
+    """This rank's buffer of rank 0's `_iscatter`."""
     mine = np.zeros(1, np.int64)
-    comm.Scatter(counts, mine, root=0)
+    comm.Iscatter(None, mine, root=0).Wait()
     out = np.empty(int(mine[0]), np.uint8)
-    if buffers is not None:
-        comm.Scatterv([np.concatenate(buffers), (counts, _displacements(counts)), MPI.BYTE],
-                      out, root=0)
-    else:
-        comm.Scatterv(None, out, root=0)
+    comm.Iscatterv(None, out, root=0).Wait()
     return out
 
 
