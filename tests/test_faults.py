@@ -18,7 +18,7 @@ import streamgnn as sg
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
 from streamgnn.router import service as service_module
-from streamgnn.stream import DeadLetter, LabelChanges, Topics, encode
+from streamgnn.stream import DeadLetter, LabelChanges, QueryResult, Topics, encode
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 from streamgnn.stream.schemas import encode_columns
 from streamgnn.updates import UpdateBatch
@@ -235,6 +235,43 @@ def test_batches_started_before_the_one_before_finished_publish_the_same(partiti
     labels, letters_, deepest = served(overlapping=False)
     assert deepest == 1 and len(letters_) == len(range(0, len(events), 37))
     assert served(overlapping=True) == (labels, letters_, 2)
+
+
+def test_a_query_arriving_while_batches_overlap_is_answered_at_the_next_batch(monkeypatch):
+    """Batches kept two in flight as with MPI workers never leave the state between two
+    batches on their own; a query request that arrives under a backlog makes the loop
+    finish what is in flight and answer it before the next batch starts, and the batches
+    overlap again after."""
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = MemoryBroker()
+    for u in events:
+        broker.produce(TOPICS.updates, encode(u))
+    monkeypatch.setattr(Engine, "computing", property(lambda e: bool(e._in_flight)))
+    depths: list[int] = []
+    submit = Engine.submit
+
+    def counted(engine, *args, **kwargs):
+        submit(engine, *args, **kwargs)
+        depths.append(len(engine._in_flight))
+
+    monkeypatch.setattr(Engine, "submit", counted)
+    config = ServiceConfig(batch_size=10, topics=TOPICS)
+    service = Service.open(lambda: model, lambda m: sg.Engine.from_pyg(m.model(), snapshot),
+                           MemoryTransport(broker, TOPICS.updates), config,
+                           queries=MemoryTransport(broker, TOPICS.queries))
+    request = sg.QueryRequest(vertices=[sg.QueryVertex(id=-1, x=[0.5] * data.num_features)],
+                              edges=[sg.QueryEdge(src=-1, dst=int(snapshot.ids[0]))])
+
+    def on_batch(report) -> None:
+        if report.seq == 10:
+            broker.produce(TOPICS.queries, encode(request))
+
+    service.run(idle_exit_s=0.3, on_batch=on_batch)
+    (result,) = [QueryResult.model_validate_json(r.value)
+                 for r in broker.records(TOPICS.results)]
+    assert result.error is None and 10 <= result.batch <= 12
+    assert 2 in depths[:10] and 2 in depths[13:]
 
 
 def test_an_update_that_drives_embeddings_to_inf_is_isolated_and_quarantined(tmp_path,
