@@ -3,7 +3,8 @@ the other ranks through a LinkBench stream of all six update types (raw batches,
 updates left out; some submitted while the one before is still in flight), for each test
 model; the answers go to the JSON file named by argv[1]:
 per model, the max error against PyG's forward pass on the final graph at every layer,
-against the same engine in one process, and after a snapshot restored in one process; and
+against the same engine in one process, and after a snapshot restored in one process (the
+engine checked is read back from a checkpoint while a batch was left in flight); and
 a query's answers (exact, against PyG on the graph plus the query; exact and SRPE, against
 the same query in one process)."""
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -55,14 +58,17 @@ def check(model: torch.nn.Module, workers) -> dict:
         + [sg.QueryEdge(src=int(v), dst=-1 - i) for i, v in enumerate(current.ids[-6:-3])]
         + [sg.QueryEdge(src=-1, dst=-2)])
     restored = Engine.restore(model, engine.snapshot())
+    out = {"rejected": rejected, "partitions": engine.num_partitions, "stats": engine.stats()}
+    with tempfile.TemporaryDirectory() as folder:
+        engine.write(Path(folder))
+        engine.submit(batches[0], skip_invalid=True)  # left in flight, as a failed engine
+        engine = Engine.read(model, Path(folder), workers=workers)  # ... and its replies go
     query = engine.query(req)
-    out = {"rejected": rejected, "partitions": engine.num_partitions,
-           "stats": engine.stats(),
-           "query_pyg": float(np.abs(query.embeddings - pyg_layers(
-               model, with_query(current, req), torch.float64)[-1][-3:].numpy()).max()),
-           "query_alone": max(float(np.abs(engine.query(req, budget=b).embeddings
-                                           - alone.query(req, budget=b).embeddings).max())
-                              for b in (None, 0.0, 0.5))}
+    out["query_pyg"] = float(np.abs(query.embeddings - pyg_layers(
+        model, with_query(current, req), torch.float64)[-1][-3:].numpy()).max())
+    out["query_alone"] = max(float(np.abs(engine.query(req, budget=b).embeddings
+                                          - alone.query(req, budget=b).embeddings).max())
+                             for b in (None, 0.0, 0.5))
     for name, other in (("pyg", None), ("alone", alone), ("restored", restored)):
         out[name] = max(float(np.abs(engine.lookup(current.ids, layer) - (
             ref.numpy() if other is None else other.lookup(current.ids, layer))).max())

@@ -16,6 +16,7 @@ import streamgnn as sg
 from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
+from streamgnn.updates import ValueLimits
 from streamgnn.workers import Engine
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from tests.archs import ARCHS, F_IN, randomise
@@ -334,6 +335,43 @@ def test_a_submitted_batch_is_collected_as_apply_gives_it_and_holds_the_shards(p
     assert_exact(ours, model, torch.float64, 1e-9)
     with pytest.raises(RuntimeError, match="no batch in flight"):
         ours.collect()
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_second_batch_submitted_while_the_first_computes_elsewhere(partitions, monkeypatch):
+    """Where the shards compute elsewhere (`Engine.computing`, forced here) a second batch
+    may be submitted before the first is collected, not a third; `collect` gives the
+    results oldest first, as `apply` would have one after the other, and `apply` itself
+    is refused meanwhile. A batch that drives an embedding to inf lets the one after it go
+    (its workers' replies are taken, so the next command's replies are its own)."""
+    monkeypatch.setattr(Engine, "computing", property(lambda e: bool(e._in_flight)))
+    data = start_graph(4)
+    model = randomise(ARCHS["graphconv-add"](2), 4).double()
+    ours, twin = (Engine.from_pyg(model, data, partitions=partitions) for _ in range(2))
+    ref = Reference(data)
+    first = valid_batch(ref, [sg.DeleteVertex(id=2), sg.AddVertex(id=25, x=[0.5] * F_IN),
+                              sg.AddEdge(src=25, dst=7, weight=1.0)])
+    second = valid_batch(ref, [sg.UpdateFeatures(id=4, x=[1.0] * F_IN),
+                               sg.AddEdge(src=25, dst=1, weight=1.0)])
+    ours.submit(first)
+    ours.submit(second)
+    with pytest.raises(RuntimeError, match="2 batches in flight"):
+        ours.submit(second)
+    with pytest.raises(RuntimeError, match="in flight"):
+        ours.apply(second)
+    for batch in (first, second):
+        assert (ours.collect().changed_labels.triples()
+                == twin.apply(batch).changed_labels.triples())
+    assert_exact(ours, model, torch.float64, 1e-9)
+
+    poisoned = Engine.from_pyg(randomise(ARCHS["graphconv-add"](2), 4), data,
+                               partitions=partitions)  # float32: 3e38 features overflow
+    poisoned.graph.limits = ValueLimits(1e39, 1e39)
+    poisoned.submit([sg.UpdateFeatures(id=4, x=[3e38] * F_IN)])
+    poisoned.submit([sg.UpdateFeatures(id=5, x=[1.0] * F_IN)])
+    with pytest.raises(sg.NonFiniteEmbeddingError):
+        poisoned.collect()
+    assert not poisoned._in_flight
 
 
 def test_attention_pulls_when_removing_the_dominant_edge():

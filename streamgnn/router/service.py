@@ -360,8 +360,9 @@ class Service:
             if waited or full:
                 while len(self.pending) >= cfg.batch_size or (waited and self.pending):
                     self._next_batch(cfg.batch_size)
-                    if not self._flights:
-                        self._serve_reads()
+                    if not self._flights or self._asked():
+                        self._finish()
+                        self._between_batches()
                 opened = now
                 self._maybe_checkpoint()
             elif (idle_exit_s is not None and not self.pending and not len(self.arrivals)
@@ -596,12 +597,15 @@ class Service:
     def _overlaps(self) -> bool:
         """Whether the next batch may start before the one in flight is finished: it still
         computes elsewhere (MPI workers), no record is suspect (a death must name one
-        batch alone), no read waits and no query is due (both are answered between two
-        batches), and no read view is kept (it publishes a batch against the graph as
+        batch alone), no read or query request waits (`_asked`: they are answered between
+        two batches), and no read view is kept (it publishes a batch against the graph as
         that batch left it)."""
         return (self.engine.computing and not (self.suspects and self.suspects.ranges)
-                and (self.reads is None or (self.reads.view is None and not self.reads.waiting))
-                and not self._queries_waiting())
+                and (self.reads is None or self.reads.view is None) and not self._asked())
+
+    def _asked(self) -> bool:
+        """Whether reads or query requests wait to be answered (between two batches)."""
+        return (self.reads is not None and self.reads.waiting) or self._queries_waiting()
 
     def _start(self, buffer: list[Entry], at: float | None = None) -> None:
         """Start ``buffer`` as the next batch (at most one other in flight), its outputs to

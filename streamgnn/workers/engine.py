@@ -305,7 +305,10 @@ class Engine:
         A bad update raises its `InvalidUpdateError` and nothing is applied; with
         ``skip_invalid`` it is left out and listed in ``ApplyResult.rejected``.
         A batch that drives an embedding to NaN or inf raises `NonFiniteEmbeddingError`
-        and leaves the engine unusable (every later call raises it): restore a snapshot."""
+        and leaves the engine unusable (every later call raises it): restore a snapshot.
+        Refused while batches `submit` started are not collected."""
+        if self._in_flight:
+            raise RuntimeError("a batch is in flight: collect() it first")
         self.submit(batch, skip_invalid)
         return self.collect()
 

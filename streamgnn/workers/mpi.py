@@ -4,8 +4,8 @@ builds the same model itself (SPMD: from the same model file), so nothing but ar
 crosses the wire.
 
 Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
-payload per worker (``Scatterv``) and one reply per worker (``Gatherv``), each a message
-of plain arrays (`streamgnn.npz.to_bytes`: no pickles). A batch's replies are gathered
+payload per worker (scattered) and one reply per worker (gathered), each a message of
+plain arrays (`streamgnn.npz.to_bytes`: no pickles). A batch's replies are gathered
 when the engine collects it (`Engine.collect`), so rank 0 reads its next batch while the
 workers compute; it may even send that batch before it gathers the replies to the one
 before (two commands outstanding at most), so the workers go from one to the next
@@ -119,6 +119,7 @@ class MpiWorkers:
         self._call(READ, [{"folder": _json(str(folder))}] * self.size)
 
     def stop(self) -> None:
+        self._let_go()
         self._send(STOP, [{}] * self.size)
         self._complete()
 
@@ -130,18 +131,20 @@ class MpiWorkers:
     def _send(self, command: int, payloads: Iterable[dict[str, np.ndarray]]) -> None:
         """The command and each worker's payload: the workers start on it as soon as
         they are done with the one before, which may still await its `_replies`."""
-        if self._outstanding >= (1 if command in ONE_AT_A_TIME else MAX_OUTSTANDING):
+        if command in NEW_SHARD:
+            self._let_go()
+        elif self._outstanding >= (MAX_OUTSTANDING if command == APPLY else 1):
             raise RuntimeError(f"{self._outstanding} commands await their replies: "
                                "gather them first")
         header = np.array([command], np.int64)
-        self._sending.append((self.comm.Ibcast(header, root=0), header))
-        if command in ONE_AT_A_TIME:  # the shards, one worker at a time
-            self._complete()
+        if command in ONE_AT_A_TIME:  # the shards, one worker at a time, built as sent
+            self.comm.Ibcast(header, root=0).Wait()
             for rank, payload in enumerate(payloads, start=1):
                 _send(self.comm, payload, rank)
         else:
-            self._sending += _iscatter(self.comm, [np.zeros(0, np.uint8)]
-                                       + [to_bytes(p) for p in payloads])
+            buffers = [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads]
+            self._sending += [(self.comm.Ibcast(header, root=0), header),
+                              *_iscatter(self.comm, buffers)]
         self._outstanding += 1
 
     def _replies(self) -> list[dict[str, np.ndarray]]:
@@ -156,6 +159,13 @@ class MpiWorkers:
         """Wait until the commands sent have reached every worker (their buffers may go)."""
         MPI.Request.Waitall([request for request, _ in self._sending])
         self._sending = []
+
+    def _let_go(self) -> None:
+        """Gather and drop the replies still outstanding (batches a failed engine left in
+        flight), so the next command's replies are its own: before the shards are
+        replaced (a recovery reads them from a checkpoint) or the workers stop."""
+        while self._outstanding:
+            self._replies()
 
 
 ABORT_GRACE_S = 1.0  # seconds a failing rank waits before aborting the job
