@@ -970,10 +970,9 @@ class Shard:
         if taken.all():
             return after.index_select(0, self._index(at))
         rows = after.new_empty((len(index), after.shape[1]))
-        mask = torch.from_numpy(taken).to(rows.device)
-        rows[mask] = after.index_select(0, self._index(at[taken]))
-        rows[~mask] = activate(z.index_select(0, index[~mask]))
-        return rows
+        kept, missing = self._index(np.flatnonzero(taken)), self._index(np.flatnonzero(~taken))
+        rows.index_copy_(0, kept, after.index_select(0, self._index(at[taken])))
+        return rows.index_copy_(0, missing, activate(z.index_select(0, index[missing])))
 
     def _index(self, slots: np.ndarray) -> Tensor:
         index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
