@@ -10,8 +10,8 @@ shards start) and finished after the loop's next poll has read and admitted what
 meanwhile (`Engine.collect`, then the outputs): with MPI workers the router's reading
 overlaps the workers' batch, and when a full batch is ready by then it is started before
 the one in flight is finished, so the workers go on to it at once (two batches in flight
-at most; one alone while records are suspect, reads wait or queries are due). Between two
-batches it answers
+at most; one alone while records are suspect or reads or query requests wait). Between
+two batches it answers
 query requests from a second transport (`_answer_queries`): each from the state after the
 last batch, published on ``query-results`` naming that batch; a request that cannot be
 answered gets an error result naming why, and never stops the loop. Reads other threads

@@ -325,7 +325,9 @@ class Engine:
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         if self._in_flight and not (self.computing and len(self._in_flight) < MAX_IN_FLIGHT):
-            raise RuntimeError(f"{len(self._in_flight)} batches in flight: collect() first")
+            raise RuntimeError("a batch is in flight: collect() it first"
+                               if len(self._in_flight) == 1 else
+                               f"{len(self._in_flight)} batches in flight: collect() first")
         workers = self._workers
         with self.graph_lock:
             diff = self.last_diff = self.graph.apply(batch, skip_invalid)

@@ -14,8 +14,8 @@ without waiting for rank 0. Commands therefore go out as nonblocking collectives
 before) and replies come back on a communicator of their own. The partitions of a
 bootstrap or a load go one worker at a time instead (``Send``, array by array, each
 received into an allocation of its own that the shard adopts), each built just before it
-is sent and dropped after, so rank 0 never holds more
-than one (a products-like graph's four add up to several GB). Counts and offsets are
+is sent and dropped after, so rank 0 never holds more than one (a products-like graph's
+four add up to several GB). Counts and offsets are
 64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB. During a
 batch the workers exchange ghost rows among themselves with ``Alltoallv`` of the same
 packed buffers `Shard.run` builds in one process. A worker that fails aborts the whole
