@@ -1,0 +1,75 @@
+"""Run under mpiexec by tests/test_mpi.py: rank 0 serves a backlog of LinkBench updates
+(all six types, some invalid) with the other ranks as its workers, starting each full
+batch before the one in flight is finished; the same backlog is then served in one
+process, one batch at a time. The JSON file named by argv[1] gets how deep the batches in
+flight went and whether the label changes (every message; event times are the
+production times), the dead letters and every layer's embeddings were the same."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import streamgnn as sg
+from streamgnn.router import Service, ServiceConfig
+from streamgnn.stream import DeadLetter, LabelChanges, Topics, encode
+from streamgnn.stream.memory import MemoryBroker, MemoryTransport
+from streamgnn.workers import Engine
+from streamgnn.workers.mpi import spmd
+from tests.test_stream import linkbench_stream, tiny_setup
+
+TOPICS = Topics()
+
+
+def served(snapshot, updates, checkpoint, workers=None) -> tuple[dict, Engine, int]:
+    broker = MemoryBroker()
+    for u in updates:
+        broker.produce(TOPICS.updates, encode(u))
+    engine = Engine(checkpoint.model(), sg.DynamicGraph.from_data(snapshot), partitions=2,
+                    workers=workers)
+    deepest = [0]
+    submit = engine.submit
+
+    def counted(*args, **kwargs):
+        submit(*args, **kwargs)
+        deepest[0] = max(deepest[0], len(engine._in_flight))
+
+    engine.submit = counted
+    service = Service(engine, checkpoint, MemoryTransport(broker, TOPICS.updates),
+                      ServiceConfig(batch_size=50, topics=TOPICS))
+    service.run(idle_exit_s=0.5)
+    out = {"labels": [LabelChanges.model_validate_json(r.value).model_dump(
+                          exclude={"event_time"}) for r in broker.records(TOPICS.labels)],
+           "letters": [DeadLetter.model_validate_json(r.value).event_id
+                       for r in broker.records(TOPICS.dead_letters)]}
+    return out, engine, deepest[0]
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    _, snapshot, held_out, checkpoint = tiny_setup()
+    updates = linkbench_stream(snapshot, held_out, 30)
+    updates[::97] = [sg.AddEdge(src=10**9 + i, dst=0) for i in range(len(updates[::97]))]
+
+    def router(workers) -> dict:
+        ranks, engine, deepest = served(snapshot, updates, checkpoint, workers)
+        alone, twin, _ = served(snapshot, updates, checkpoint)
+        ids = twin.vertex_ids()
+        return {"deepest": deepest, "letters": len(ranks["letters"]),
+                "same_outputs": ranks == alone,
+                "rows": max(float(np.abs(engine.lookup(ids, layer)
+                                         - twin.lookup(ids, layer)).max())
+                            for layer in range(engine.num_layers + 1))}
+
+    result = spmd(checkpoint.model(), router)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
