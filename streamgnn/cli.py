@@ -655,7 +655,8 @@ def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = [("events consumed / applied", f"{stats.events:,} / {stats.applied:,}"),
-            ("batches", f"{stats.batches:,}"),
+            ("batches (started before the one before finished)",
+             f"{stats.batches:,} ({stats.started_early:,})"),
             ("events/s (while busy)", f"{stats.applied / max(stats.busy_s, 1e-9):,.0f}"),
             ("events/s (first input -> last output)", f"{stats.throughput():,.0f}"),
             ("events/s (wall clock)", f"{stats.applied / max(wall, 1e-9):,.0f}"),

@@ -1,9 +1,10 @@
 """Run under mpiexec by tests/test_mpi.py: rank 0 serves a backlog of LinkBench updates
 (all six types, some invalid) with the other ranks as its workers, starting each full
 batch before the one in flight is finished; the same backlog is then served in one
-process, one batch at a time. The JSON file named by argv[1] gets how deep the batches in
-flight went and whether the label changes (every message; event times are the
-production times), the dead letters and every layer's embeddings were the same."""
+process, one batch at a time. The JSON file named by argv[1] gets how many batches
+started before the one before was finished (`Stats.started_early`) and whether the label
+changes (every message; event times are the production times), the dead letters and
+every layer's embeddings were the same."""
 
 from __future__ import annotations
 
@@ -31,14 +32,6 @@ def served(snapshot, updates, checkpoint, workers=None) -> tuple[dict, Engine, i
         broker.produce(TOPICS.updates, encode(u))
     engine = Engine(checkpoint.model(), sg.DynamicGraph.from_data(snapshot), partitions=2,
                     workers=workers)
-    deepest = [0]
-    submit = engine.submit
-
-    def counted(*args, **kwargs):
-        submit(*args, **kwargs)
-        deepest[0] = max(deepest[0], len(engine._in_flight))
-
-    engine.submit = counted
     service = Service(engine, checkpoint, MemoryTransport(broker, TOPICS.updates),
                       ServiceConfig(batch_size=50, topics=TOPICS))
     service.run(idle_exit_s=0.5)
@@ -46,7 +39,7 @@ def served(snapshot, updates, checkpoint, workers=None) -> tuple[dict, Engine, i
                           exclude={"event_time"}) for r in broker.records(TOPICS.labels)],
            "letters": [DeadLetter.model_validate_json(r.value).event_id
                        for r in broker.records(TOPICS.dead_letters)]}
-    return out, engine, deepest[0]
+    return out, engine, service.stats.started_early
 
 
 def main() -> None:
@@ -56,10 +49,10 @@ def main() -> None:
     updates[::97] = [sg.AddEdge(src=10**9 + i, dst=0) for i in range(len(updates[::97]))]
 
     def router(workers) -> dict:
-        ranks, engine, deepest = served(snapshot, updates, checkpoint, workers)
-        alone, twin, _ = served(snapshot, updates, checkpoint)
+        ranks, engine, early = served(snapshot, updates, checkpoint, workers)
+        alone, twin, early_alone = served(snapshot, updates, checkpoint)
         ids = twin.vertex_ids()
-        return {"deepest": deepest, "letters": len(ranks["letters"]),
+        return {"early": early, "early_alone": early_alone, "letters": len(ranks["letters"]),
                 "same_outputs": ranks == alone,
                 "rows": max(float(np.abs(engine.lookup(ids, layer)
                                          - twin.lookup(ids, layer)).max())

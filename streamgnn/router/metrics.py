@@ -92,6 +92,7 @@ class Stats:
 
     events: int = 0
     batches: int = 0
+    started_early: int = 0  # batches started before the one before them was finished
     label_changes: int = 0
     updates: Counter = field(default_factory=Counter)       # applied, by op
     dead_letters: Counter = field(default_factory=Counter)  # by reason
@@ -136,6 +137,9 @@ class Stats:
         yield _counter("streamgnn_updates_applied", "Updates applied, by op.",
                        dict.copy(self.updates), "op")
         yield _counter("streamgnn_batches", "Batches applied.", self.batches)
+        yield _counter("streamgnn_batches_started_early", "Batches started before the one "
+                       "before them was finished (MPI workers go on to them at once).",
+                       self.started_early)
         yield _counter("streamgnn_label_changes", "Label changes published.",
                        self.label_changes)
         yield _counter("streamgnn_dead_letters", "Dead letters published, by reason.",

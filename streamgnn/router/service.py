@@ -626,6 +626,7 @@ class Service:
         except Exception as e:
             raise EngineFailure(f"batch {seq} ({len(cut.updates)} updates) failed in the "
                                 f"engine: {type(e).__name__}: {e}") from e
+        self.stats.started_early += bool(self._flights)
         self._flights.append(_Flight(seq, cut, times, at, time.perf_counter() - t))
         if not self.engine.computing:  # done already (shards in this process)
             self._finish()
