@@ -17,13 +17,12 @@ from mpi4py import MPI
 
 import streamgnn as sg
 from streamgnn.router import Service, ServiceConfig
-from streamgnn.stream import DeadLetter, LabelChanges, Topics, encode
+from streamgnn.stream import encode
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 from streamgnn.workers import Engine
 from streamgnn.workers.mpi import spmd
+from tests.test_faults import TOPICS, outputs
 from tests.test_stream import linkbench_stream, tiny_setup
-
-TOPICS = Topics()
 
 
 def served(snapshot, updates, checkpoint, workers=None) -> tuple[dict, Engine, int]:
@@ -35,11 +34,8 @@ def served(snapshot, updates, checkpoint, workers=None) -> tuple[dict, Engine, i
     service = Service(engine, checkpoint, MemoryTransport(broker, TOPICS.updates),
                       ServiceConfig(batch_size=50, topics=TOPICS))
     service.run(idle_exit_s=0.5)
-    out = {"labels": [LabelChanges.model_validate_json(r.value).model_dump(
-                          exclude={"event_time"}) for r in broker.records(TOPICS.labels)],
-           "letters": [DeadLetter.model_validate_json(r.value).event_id
-                       for r in broker.records(TOPICS.dead_letters)]}
-    return out, engine, service.stats.started_early
+    labels, letters = outputs(broker)
+    return {"labels": labels, "letters": letters}, engine, service.stats.started_early
 
 
 def main() -> None:

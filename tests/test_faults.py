@@ -44,6 +44,15 @@ def opener(broker, data, model, config, state=None, partitions=1):
     return open_service
 
 
+def outputs(broker) -> tuple[list[dict], list[str]]:
+    """The label-change messages (but their event times: the production times) and the
+    dead letters' event ids the service published, in order."""
+    return ([LabelChanges.model_validate_json(r.value).model_dump(exclude={"event_time"})
+             for r in broker.records(TOPICS.labels)],
+            [DeadLetter.model_validate_json(r.value).event_id
+             for r in broker.records(TOPICS.dead_letters)])
+
+
 def letters(broker) -> list[DeadLetter]:
     return [DeadLetter.model_validate_json(r.value)
             for r in broker.records(TOPICS.dead_letters)]
@@ -220,10 +229,7 @@ def test_batches_started_before_the_one_before_finished_publish_the_same(partiti
             service = opener(broker, snapshot, model, config, partitions=partitions)()
             service.run(idle_exit_s=0.5)
         assert_whole(service.engine, data, model)
-        return ([LabelChanges.model_validate_json(r.value).model_dump(exclude={"event_time"})
-                 for r in broker.records(TOPICS.labels)],
-                [DeadLetter.model_validate_json(r.value).event_id
-                 for r in broker.records(TOPICS.dead_letters)], service.stats.started_early)
+        return (*outputs(broker), service.stats.started_early)
 
     labels, letters_, early = served(overlapping=False)
     assert early == 0 and len(letters_) == len(range(0, len(events), 37))

@@ -348,7 +348,7 @@ class Service:
             if expired:
                 if self.journal is not None:  # replayed after the last batch started
                     self.journal.expired(Journal.expired_entry(
-                        self._flights[-1].seq if self._flights else self.batch_seq,
+                        self._last_started,
                         (w.source.key for w in expired)))
                 for w in expired:
                     self._expire(w.update, w.source)
@@ -594,6 +594,11 @@ class Service:
         self.arrivals.taken(sum(map(size, entries)))
         return entries
 
+    @property
+    def _last_started(self) -> int:
+        """The number of the last batch started (in flight, or finished)."""
+        return self._flights[-1].seq if self._flights else self.batch_seq
+
     def _overlaps(self) -> bool:
         """Whether the next batch may start before the one in flight is finished: it still
         computes elsewhere (MPI workers), no record is suspect (a death must name one
@@ -615,7 +620,7 @@ class Service:
         in this process), else after the loop's next poll or the next batch's start."""
         t = time.perf_counter()
         cut = Cut.of(buffer, self.engine.graph.num_features)
-        seq = (self._flights[-1].seq if self._flights else self.batch_seq) + 1
+        seq = self._last_started + 1
         times = cut.times()
         if at is None:
             at = float(times.max()) if len(times) else time.time()
