@@ -157,13 +157,15 @@ def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("partitions", [1, 2])
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_cuda_engine_stays_exact(arch):
-    """The device path (torch twins of the CPU kernels, device index tensors): float64 on
-    the GPU against PyG's forward on the CPU."""
+def test_cuda_engine_stays_exact(arch, partitions):
+    """The device path (torch twins of the CPU kernels, device index tensors; with two
+    partitions, the ghost exchange's buffers too): float64 on the GPU against PyG's
+    forward on the CPU."""
     data = random_graph(np.random.default_rng(7), n=300, m=1500, d=F_IN, hubs=3)
     model = randomise(ARCHS[arch](2), 7).double()
-    engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda")
+    engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda", partitions=partitions)
     workload = LinkBenchWorkload(engine.graph, seed=7)
     for size in (1, 10, 100, 1000):
         engine.apply(workload.batch(size))
