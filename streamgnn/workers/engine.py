@@ -308,7 +308,7 @@ class Engine:
         and leaves the engine unusable (every later call raises it): restore a snapshot.
         Refused while batches `submit` started are not collected."""
         if self._in_flight:
-            raise RuntimeError("a batch is in flight: collect() it first")
+            raise self._refusal()
         self.submit(batch, skip_invalid)
         return self.collect()
 
@@ -325,9 +325,7 @@ class Engine:
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         if self._in_flight and not (self.computing and len(self._in_flight) < MAX_IN_FLIGHT):
-            raise RuntimeError("a batch is in flight: collect() it first"
-                               if len(self._in_flight) == 1 else
-                               f"{len(self._in_flight)} batches in flight: collect() first")
+            raise self._refusal()
         workers = self._workers
         with self.graph_lock:
             diff = self.last_diff = self.graph.apply(batch, skip_invalid)
@@ -371,8 +369,14 @@ class Engine:
     def workers(self) -> Workers:
         """Where the shards run; refused while a batch is in flight (`submit`)."""
         if self._in_flight:
-            raise RuntimeError("a batch is in flight: collect() it first")
+            raise self._refusal()
         return self._workers
+
+    def _refusal(self) -> RuntimeError:
+        """What refuses the shards to a caller while batches are in flight."""
+        if len(self._in_flight) == 1:
+            return RuntimeError("a batch is in flight: collect() it first")
+        return RuntimeError(f"{len(self._in_flight)} batches in flight: collect() first")
 
     def rewritten(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per layer 0..L (0: the features), the rows the last batch wrote, as (the graph's
