@@ -243,7 +243,7 @@ class _LinearRootLayer(Layer):
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in parts)
         if self._stacked is None or self._stacked[0] != key:  # the weights as they are now
             self._stacked = key, torch.cat(parts).detach()
-        return F.linear(h, self._stacked[1]).view(2 * len(h), self.out_dim)
+        return F.linear(h, self._stacked[1]).view(2 * h.shape[0], self.out_dim)
 
     def combine(self, h, agg, t, in_weight):
         return self.combine_root(agg, None if self.lin_root is None else self.root(h))

@@ -207,7 +207,7 @@ def _compare_loop(old, new, fresh, moved):
 
 def compare_rows_numba(old: Tensor | None, new: Tensor, fresh: np.ndarray
                        ) -> tuple[np.ndarray, bool]:
-    moved = np.ones(len(new), np.bool_)
+    moved = np.ones(new.shape[0], np.bool_)
     rows = new.numpy()
     before = rows[:0] if old is None else old.numpy()
     return moved, bool(_compare_loop(before, rows, fresh, moved))

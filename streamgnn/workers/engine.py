@@ -350,6 +350,11 @@ class Engine:
             while self._in_flight:  # the workers' replies to a batch after it, let go
                 self._in_flight.popleft().results()
             raise NonFiniteEmbeddingError(self._poisoned)
+        if len(results) == 1:  # one shard: its counts as they are
+            (r,) = results
+            return ApplyResult(r.changed_labels, flight.diff.rejected, r.recomputed, r.pulled,
+                               r.remote_reads, r.combined_messages,
+                               pulled_columns=r.pulled_columns, removed=flight.removed)
         merged = ApplyResult(ChangedLabels.concat([r.changed_labels for r in results]),
                              flight.diff.rejected)
         for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",

@@ -959,7 +959,7 @@ class Shard:
         layer, `_Step.activated`), which are taken as they are (an activation with
         products, GIN's, would otherwise run again on a few rows)."""
         activate, z = self.layers[layer - 1].activate, self.state[layer - 1]
-        if not len(index):
+        if not index.shape[0]:
             return z.new_empty((0, self.layers[layer - 1].out_dim))
         b = self._batch
         if b is None or b.hop != layer or b.step.activated is None:
@@ -969,7 +969,7 @@ class Shard:
         taken = at >= 0
         if taken.all():
             return after.index_select(0, self._index(at))
-        rows = after.new_empty((len(index), after.shape[1]))
+        rows = after.new_empty((index.shape[0], after.shape[1]))
         kept, missing = self._index(np.flatnonzero(taken)), self._index(np.flatnonzero(~taken))
         rows.index_copy_(0, kept, after.index_select(0, self._index(at[taken])))
         return rows.index_copy_(0, missing, activate(z.index_select(0, index[missing])))
@@ -1020,9 +1020,9 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
     of the region's changed (all, at the last layer: ``z_old`` None) and the old rows of
     those that did and are not ``fresh``; whether every new row is finite. All are
     activated in one call."""
-    parts = [z] + ([z_ahead] if len(z_ahead) else []) + ([] if z_old is None else [z_old])
+    n, m = z.shape[0], z.shape[0] + z_ahead.shape[0]  # (len() of a tensor: 5 calls)
+    parts = [z] + ([z_ahead] if m > n else []) + ([] if z_old is None else [z_old])
     both = layer.activate(torch.cat(parts) if len(parts) > 1 else z)
-    n, m = len(z), len(z) + len(z_ahead)
     after, old = both[:m], (None if z_old is None else both[m:])
     moved, finite = compare_rows(old, after[:n], fresh)
     if old is None:
