@@ -1020,7 +1020,7 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
     of the region's changed (all, at the last layer: ``z_old`` None) and the old rows of
     those that did and are not ``fresh``; whether every new row is finite. All are
     activated in one call."""
-    n, m = z.shape[0], z.shape[0] + z_ahead.shape[0]  # (len() of a tensor: 5 calls)
+    n, m = z.shape[0], z.shape[0] + z_ahead.shape[0]  # (a tensor's len() is 5 Python calls)
     parts = [z] + ([z_ahead] if m > n else []) + ([] if z_old is None else [z_old])
     both = layer.activate(torch.cat(parts) if len(parts) > 1 else z)
     after, old = both[:m], (None if z_old is None else both[m:])
