@@ -8,10 +8,11 @@ third beside them, the torch twin compiled by ``torch.compile`` (inductor: C++ o
 Triton on cuda), and measures all three on the same LinkBench batches of an arxiv-like
 GraphConv-sum engine, 2 layers, hidden 128:
 
-- per call: each kernel on the folds the engine made (recorded, replayed on copies of
-  the tables), median microseconds;
+- per call: each kernel on the folds the engine made (recorded, then replayed, each
+  kernel on fresh copies of the tables as the engine left them), median microseconds;
 - in the engine: one engine per kernel, the same batches applied in turn in blocks of
-  10, median ms a batch; the engines' embeddings compared at the end.
+  10 (the order rotating), median ms a batch; the engines' embeddings compared at the
+  end.
 
 Ratios are to the kernel the engine runs there (numba on cpu, torch on cuda).
 
@@ -107,10 +108,9 @@ def per_call(engines: dict[str, Engine], trace: Trace, size: int, batches: int,
             aggr.fold_rows_ = recording
     finally:
         aggr.fold_rows_ = own
-    copies = {}  # the engine's tables stay as they are
     medians = {}
-    for name in kernels:
-        kernel, times = KERNELS[name], []
+    for name in kernels:  # each on fresh copies of the tables as the engine left them
+        kernel, times, copies = KERNELS[name], [], {}
         for _ in range(repeats):
             for state, drift, *args in calls:
                 key = (state.data_ptr(), drift.data_ptr())
@@ -128,13 +128,15 @@ def per_call(engines: dict[str, Engine], trace: Trace, size: int, batches: int,
 def in_engine(engines: dict[str, Engine], trace: Trace, size: int, batches: int
               ) -> dict[str, float]:
     """Median ms a batch of each engine, each folding with its own kernel, on the same
-    batches (blocks of `BLOCK` in turn)."""
+    batches (blocks of `BLOCK` in turn, the order rotating from block to block)."""
     times = {name: [] for name in engines}
     own = aggr.fold_rows_
+    order = list(engines)
     try:
-        for _ in range(max(1, batches // BLOCK)):
+        for k in range(max(1, batches // BLOCK)):
             block = [trace.batch(size) for _ in range(BLOCK)]
-            for name, engine in engines.items():
+            for name in order[k % len(order):] + order[:k % len(order)]:
+                engine = engines[name]
                 aggr.fold_rows_ = KERNELS[name]
                 for batch in block:
                     start = time.perf_counter()

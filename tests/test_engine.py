@@ -161,8 +161,8 @@ def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_cuda_engine_stays_exact(arch, partitions):
     """The device path (torch twins of the CPU kernels, device index tensors; with two
-    partitions, the ghost exchange's buffers too): float64 on the GPU against PyG's
-    forward on the CPU."""
+    partitions, ghost rows received from the host written into device tables too):
+    float64 on the GPU against PyG's forward on the CPU."""
     data = random_graph(np.random.default_rng(7), n=300, m=1500, d=F_IN, hubs=3)
     model = randomise(ARCHS[arch](2), 7).double()
     engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda", partitions=partitions)
