@@ -7,9 +7,8 @@ acknowledged), next to the in-process engine on the same batches in the same run
 
 ``--workers N`` (N > 0) serves as `streamgnn serve --workers N` does: an MPI job of N + 1
 ranks, rank 0 the router (consume, decode, validate, route, publish; its reading of the
-next batch overlaps the workers' batch) on one torch thread and ranks 1..N one partition
-each, on the host's cores over the workers (`streamgnn.threads`); 0 serves in this
-process.
+next batch overlaps the workers' batch) and ranks 1..N one partition each, one torch
+thread per rank; 0 serves in this process.
 
 Throughput: a backlog of N LinkBench writes (adds replay the held-out 20 %) is produced
 first, once per encoding on the wire (``json``: arrays of updates; ``columns``: `Columns`
@@ -50,7 +49,6 @@ from streamgnn.stream.broker import EmbeddedBroker
 from streamgnn.stream.kafka import KafkaTransport
 from streamgnn.stream.kafka_config import KafkaConfig
 from streamgnn.stream.kafka_tools import UpdateSender, ensure_topics
-from streamgnn.threads import JOB_ENV, set_torch_threads
 
 console = Console(width=160)
 
@@ -139,18 +137,16 @@ def served(run: Run, args, workers: int, checkpoint=None, snapshot=None) -> dict
         subprocess.run([mpiexec, "-n", str(workers + 1), sys.executable, __file__,
                         "--preset", args.preset, "--model", args.model,
                         "--job", json.dumps({**asdict(run), "out": str(out)})],
-                       env={**JOB_ENV, **os.environ}, check=True)
+                       env={**os.environ, "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}, check=True)
         return json.loads(out.read_text())
 
 
 def job(args) -> None:
     """A rank of `served`'s MPI job: rank 0 serves the run ``args.job`` names (a `Run`,
     and where to write its figures) with the other ranks as its workers."""
-    from mpi4py import MPI
-
     from streamgnn.workers.mpi import spmd
 
-    set_torch_threads(None, MPI.COMM_WORLD)  # as `streamgnn serve` runs each rank
+    torch.set_num_threads(1)  # as `streamgnn serve` runs each rank
     keep_freed_memory()
     spec = json.loads(args.job)
     out = Path(spec.pop("out"))

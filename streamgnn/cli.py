@@ -17,8 +17,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from streamgnn.threads import JOB_ENV, set_torch_threads
-
 if TYPE_CHECKING:
     from streamgnn.stream.kafka_config import KafkaConfig
 
@@ -364,8 +362,7 @@ def serve(
         "work on, in each process. Default: OMP_NUM_THREADS if set, else 1: a batch's "
         "hundreds of small operations each wait for every thread, and on cores shared "
         "with the REST server, the Kafka client or other processes more threads run "
-        "slower (see README, Threads); with --workers, each worker rank gets its host's "
-        "cores over the workers there. 0: torch's default, one per core.")] = None,
+        "slower (see README, Threads). 0: torch's default, one per core.")] = None,
 ) -> None:
     """Serve a model on the update stream: consume graph-updates, keep every embedding
     exact, publish label-changes and dead-letters, checkpoint state and offsets; answer
@@ -390,8 +387,8 @@ def serve(
         raise typer.BadParameter(str(e), param_hint="--http") from None
     if workers and os.environ.get(_MPI_JOB) != "1":
         raise typer.Exit(_supervise(workers, max_restarts, _rank_files(state_dir)))
+    _set_torch_threads(torch_threads)
     comm = _mpi_world()
-    set_torch_threads(torch_threads, comm)
     mpi_workers = None
     if comm is not None:
         ranks = _rank_files(state_dir)
@@ -424,6 +421,16 @@ def serve(
         mpi_workers.stop()
 
 
+def _set_torch_threads(threads: int | None) -> None:
+    """`serve --torch-threads`: None takes OMP_NUM_THREADS, else 1; 0 keeps torch's own."""
+    if threads is None:
+        threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 _MPI_JOB = "STREAMGNN_MPI_JOB"
 _NO_RETRY = 3  # the job's exit code for a configuration error: restarting cannot help
 
@@ -448,7 +455,7 @@ def _supervise(workers: int, max_restarts: int, ranks: Path) -> int:
         return 2
     command = [mpiexec, "-n", str(workers + 1), sys.executable, "-m", "streamgnn.cli",
                *sys.argv[1:]]
-    env = {**JOB_ENV, **os.environ, _MPI_JOB: "1"}
+    env = {**os.environ, _MPI_JOB: "1", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
     stopping: list[int] = []
     job: list[subprocess.Popen] = []
 

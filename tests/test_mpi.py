@@ -104,33 +104,6 @@ def test_the_exchange_delivers_every_buffer_of_every_size_to_its_rank(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
 
 
-def test_worker_ranks_run_torch_on_their_share_of_the_cores_and_rank_0_on_one(tmp_path):
-    """`streamgnn.threads.set_torch_threads` in jobs of rank 0 + 1 and + 2 workers on
-    this host: rank 0 one thread, each worker this host's cores over the workers (at least
-    1), idle OpenMP threads set to sleep; OMP_NUM_THREADS, where the user sets it, wins."""
-    script, out = tmp_path / "threads.py", tmp_path / "threads.json"
-    script.write_text(
-        "import json, os, sys\n"
-        "from mpi4py import MPI\n"
-        "from streamgnn.threads import set_torch_threads\n"
-        "os.environ.pop('OMP_WAIT_POLICY', None)\n"
-        "if sys.argv[2] == 'default':\n"
-        "    os.environ.pop('OMP_NUM_THREADS', None)\n"
-        "else:\n"
-        "    os.environ['OMP_NUM_THREADS'] = sys.argv[2]\n"
-        "set_torch_threads(None, MPI.COMM_WORLD)\n"
-        "import torch\n"
-        "got = MPI.COMM_WORLD.gather([torch.get_num_threads(), os.environ['OMP_WAIT_POLICY']])\n"
-        "if got:\n"
-        "    open(sys.argv[1], 'w').write(json.dumps(got))\n")
-    cores = len(os.sched_getaffinity(0))
-    for setting, want in (("default", [1, cores]), ("default", [1] + [max(1, cores // 2)] * 2),
-                          ("3", [3, 3, 3])):
-        run = mpiexec(len(want), str(script), str(out), setting, timeout=120)
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert json.loads(out.read_text()) == [[n, "PASSIVE"] for n in want], setting
-
-
 # ---------------------------------------------------------------- serve --workers
 def serve_command(tmp_path, broker, topics, state, *extra) -> list[str]:
     return [sys.executable, "-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"),
