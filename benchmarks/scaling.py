@@ -3,7 +3,8 @@ scaling from 4 to 16 workers).
 
     python benchmarks/scaling.py [--preset arxiv-like] [--batch 1000] [--batches 30]
 
-1. mpich's cost here: ``Alltoallv`` between 2 ranks at sizes 8 B to 4 MB; a least-squares
+1. mpich's cost here: the workers' exchange (`mpi.alltoallv`: a count exchange, then
+   a nonblocking send per peer) between 2 ranks at sizes 8 B to 4 MB; a least-squares
    fit of time = latency + bytes / bandwidth.
 2. Per-shard work: the engine split into P = 1, 2, 4, 8, 16 shards in one process (each
    shard's compute timed alone, as if it had its own core), the same LinkBench batches:
@@ -161,7 +162,7 @@ def main() -> None:
     sizes, seconds = np.array(points).T
     slope, latency = np.polyfit(sizes, seconds, 1)
     bandwidth = 1 / slope
-    console.print(f"mpich Alltoallv, 2 ranks: latency {latency * 1e6:.1f} us, bandwidth "
+    console.print(f"the exchange on mpich, 2 ranks: latency {latency * 1e6:.1f} us, bandwidth "
                   f"{bandwidth / 1e9:.2f} GB/s")
     split = stream_split(args.preset, weighted=False)
     work = per_shard_work(split, [1, 2, 4, 8, 16], args.batch, args.batches)

@@ -1,5 +1,5 @@
 """The engine with its shards on MPI ranks (mpiexec from the mpich wheel): rank 0 holds the
-whole graph and routes, each other rank runs one shard, ghost rows go over Alltoallv. The
+whole graph and routes, each other rank runs one shard, ghost rows go point to point. The
 answers must equal PyG's forward pass and, bit for bit, the same partitions in one
 process; a failing worker must stop the whole job, never hang it."""
 

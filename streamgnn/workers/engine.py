@@ -4,7 +4,7 @@ view: a batch is checked and applied to it atomically, exactly as with one parti
 routes the batch's net change to the partitions (`Placement`) and runs the `Shard`
 supersteps in lock step: before superstep l each shard sends the rows of h^(l-1) that
 changed to the shards holding them as ghosts, as packed buffers through an `Exchange`
-(a transpose in one process; ``Alltoallv`` between MPI ranks). Bootstrap cuts the graph
+(a transpose in one process; point to point between MPI ranks). Bootstrap cuts the graph
 into partitions and each shard computes its own first state the same way. With one
 partition the shard works on the engine's own graph and nothing is exchanged.
 

@@ -1,7 +1,7 @@
 """The halo exchange between supersteps: each partition's `Ghosts` for every other one,
 packed into one flat byte buffer per destination (a header, the ids, the rows, the
 in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers over in
-one process; an MPI exchange sends the same buffers with ``Alltoallv``. No pickling, no
+one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
 per-message objects.
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only

@@ -17,9 +17,10 @@ received into an allocation of its own that the shard adopts), each built just b
 is sent and dropped after, so rank 0 never holds more than one (a products-like graph's
 four add up to several GB). Counts and offsets are
 64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB. During a
-batch the workers exchange ghost rows among themselves with ``Alltoallv`` of the same
-packed buffers `Shard.run` builds in one process. A worker that fails aborts the whole
-job (``MPI_Abort``), so nothing hangs; `serve` restarts it from its last checkpoint.
+batch the workers exchange ghost rows among themselves (`alltoallv`: a nonblocking send
+per peer) of the same packed buffers `Shard.run` builds in one process. A worker that
+fails aborts the whole job (``MPI_Abort``), so nothing hangs; `serve` restarts it from
+its last checkpoint.
 
 Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in the
 generation folder rank 0 names; rank 0 writes the rest and the manifest.
