@@ -39,40 +39,17 @@ from streamgnn.workers import Engine
 BLOCK = 10
 
 
-def _fold_tensors(state, drift, t, rows, coef, local, region, divisor, scale, bias,
-                  limit: float):
-    """`rowops.fold_rows_torch` on tensors alone (what torch.compile sees whole)."""
-    msg = t.index_select(0, rows).double() * coef.unsqueeze(-1)
-    delta = msg.new_zeros((region.shape[0], t.shape[1])).index_add_(0, local, msg)
-    kept = state.index_select(0, region)
-    summed = kept.double() * scale[:, None] + (1.0 - scale[:, None]) * bias + delta
-    stored = summed.to(state.dtype)
-    state.index_copy_(0, region, stored)
-    unit = torch.finfo(state.dtype).eps / 2
-    top = stored.abs().amax(dim=1).double()
-    g = scale.clamp(min=1.0)
-    grown = (g * drift.index_select(0, region).double()
-             + unit * torch.maximum(top, g * kept.abs().amax(dim=1).double())).to(drift.dtype)
-    drift.index_copy_(0, region, grown)
-    stale = grown > limit * unit * top.clamp(min=1.0)
-    return (stored / divisor[:, None]).to(t.dtype), stale
+_EAGER = rowops.fold_rows_tensors
+_COMPILED = torch.compile(_EAGER, dynamic=True)
 
 
-_compiled = torch.compile(_fold_tensors, dynamic=True)
-
-
-def fold_rows_compiled(state, drift, t, rows, coef, local, region, divisor, limit, scale,
-                       bias):
-    """`rowops.fold_rows_`'s contract, run by the compiled `_fold_tensors`."""
-    if not len(region):
-        return t.new_zeros((0, t.shape[1])), np.zeros(0, bool)
-
-    def dev(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(state.device)
-
-    out, stale = _compiled(state, drift, t, dev(rows), dev(coef), dev(local), dev(region),
-                           dev(divisor), dev(scale), dev(bias), float(limit))
-    return out, stale.cpu().numpy()
+def fold_rows_compiled(*args):
+    """`rowops.fold_rows_torch` with its `rowops.fold_rows_tensors` compiled."""
+    rowops.fold_rows_tensors = _COMPILED
+    try:
+        return rowops.fold_rows_torch(*args)
+    finally:
+        rowops.fold_rows_tensors = _EAGER
 
 
 KERNELS = {"numba": rowops.fold_rows_numba, "torch": rowops.fold_rows_torch,

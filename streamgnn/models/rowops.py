@@ -99,26 +99,41 @@ def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
     return torch.from_numpy(out), stale
 
 
+def fold_rows_tensors(state: Tensor, drift: Tensor, t: Tensor, rows: Tensor, coef: Tensor,
+                      local: Tensor, region: Tensor, divisor: Tensor, scale: Tensor,
+                      bias: Tensor, limit: float) -> tuple[Tensor, Tensor]:
+    """`fold_rows_` on tensors alone, all on the tables' device and ``region`` not empty
+    (what `torch.compile` can take whole: `benchmarks/kernels.py`); the stale flags as a
+    tensor."""
+    msg = t.index_select(0, rows).double() * coef.unsqueeze(-1)
+    delta = msg.new_zeros((region.shape[0], t.shape[1])).index_add_(0, local, msg)
+    kept = state.index_select(0, region)
+    summed = kept.double() * scale[:, None] + (1.0 - scale[:, None]) * bias + delta
+    stored = summed.to(state.dtype)
+    state.index_copy_(0, region, stored)
+    unit = torch.finfo(state.dtype).eps / 2
+    top = stored.abs().amax(dim=1).double()
+    g = scale.clamp(min=1.0)
+    grown = (g * drift.index_select(0, region).double()
+             + unit * torch.maximum(top, g * kept.abs().amax(dim=1).double())).to(drift.dtype)
+    drift.index_copy_(0, region, grown)
+    stale = grown > limit * unit * top.clamp(min=1.0)
+    return (stored / divisor[:, None]).to(t.dtype), stale
+
+
 def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
                     divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray
                     ) -> tuple[Tensor, np.ndarray]:
-    index = torch.from_numpy(region).to(state.device)
-    a = torch.from_numpy(scale).to(state.device)
-    kept = state.index_select(0, index)
-    summed = (kept.double() * a[:, None] + (1.0 - a[:, None]) * torch.from_numpy(bias).to(
-        state.device) + combine_rows_torch(t, rows, coef, local, len(region)))
-    stored = summed.to(state.dtype)
-    state[index] = stored
-    unit = torch.finfo(state.dtype).eps / 2
-    top, before = ((r.abs().amax(dim=1).double() if len(region) else summed.new_zeros(0))
-                   for r in (stored, kept))
-    g = a.clamp(min=1.0)
-    drift[index] = (g * drift.index_select(0, index).double()
-                    + unit * torch.maximum(top, g * before)).to(drift.dtype)
-    stale = drift[index] > limit * unit * top.clamp(min=1.0)
-    out = state.index_select(0, index) / torch.from_numpy(divisor).to(state.device)[:, None]
-    return out.to(t.dtype), stale.cpu().numpy()
+    if not len(region):
+        return t.new_zeros((0, state.shape[1])), np.zeros(0, np.bool_)
+
+    def device(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(a).to(state.device)
+
+    out, stale = fold_rows_tensors(state, drift, t, *map(device, (
+        rows, coef, local, region, divisor, scale, bias)), limit)
+    return out, stale.cpu().numpy()
 
 
 def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
