@@ -18,6 +18,7 @@ from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.updates import ValueLimits
 from streamgnn.workers import Engine
+from streamgnn.workers.engine import LocalWorkers
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
@@ -341,12 +342,13 @@ def test_a_submitted_batch_is_collected_as_apply_gives_it_and_holds_the_shards(p
 
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_a_second_batch_submitted_while_the_first_computes_elsewhere(partitions, monkeypatch):
-    """Where the shards compute elsewhere (`Engine.computing`, forced here) a second batch
-    may be submitted before the first is collected, not a third; `collect` gives the
-    results oldest first, as `apply` would have one after the other, and `apply` itself
-    is refused meanwhile. A batch that drives an embedding to inf lets the one after it go
-    (its workers' replies are taken, so the next command's replies are its own)."""
-    monkeypatch.setattr(Engine, "computing", property(lambda e: bool(e._in_flight)))
+    """Where the workers take two batches in flight (`Workers.max_in_flight`, as MPI
+    workers do; forced here on the shards in this process) a second batch may be
+    submitted before the first is collected, not a third; `collect` gives the results
+    oldest first, as `apply` would have one after the other, and `apply` itself is refused
+    meanwhile. A batch that drives an embedding to inf lets the one after it go (its
+    workers' replies are taken, so the next command's replies are its own)."""
+    monkeypatch.setattr(LocalWorkers, "max_in_flight", 2)
     data = start_graph(4)
     model = randomise(ARCHS["graphconv-add"](2), 4).double()
     ours, twin = (Engine.from_pyg(model, data, partitions=partitions) for _ in range(2))

@@ -44,7 +44,6 @@ from streamgnn.workers.shard import ApplyResult, Shard
 from streamgnn.workers.slotsets import SlotSets
 
 T = TypeVar("T")
-MAX_IN_FLIGHT = 2  # batches submitted and not collected, where the shards run elsewhere
 _CHECKED = ValueLimits(float("inf"), float("inf"))  # a shard's input: the engine checked it
 
 
@@ -319,12 +318,13 @@ class Engine:
         and the shards start on it; `collect` waits for them and gives the result. Shards
         in this process are done before this returns; MPI workers go on while the caller
         does other work (a service reads its next batch), and while they do (`computing`)
-        one more batch may be submitted: the workers take it up as soon as they are done,
-        and `collect` gives the results oldest first. Until the last is collected,
+        more batches may be submitted, up to `Workers.max_in_flight` in all: the workers
+        take each up as soon as they are done, and `collect` gives the results oldest
+        first. Until the last is collected,
         nothing else may use the shards (`workers` raises)."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
-        if self._in_flight and not (self.computing and len(self._in_flight) < MAX_IN_FLIGHT):
+        if len(self._in_flight) >= self._workers.max_in_flight:
             raise self._refusal()
         workers = self._workers
         with self.graph_lock:
@@ -465,6 +465,7 @@ class Workers(Protocol):
     `rows`, `arrays`, `write`, `summaries`."""
 
     size: int  # how many partitions they hold
+    max_in_flight: int  # batches they take submitted and not yet collected
 
     def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
         """Take the shards' state: ``shard(p)``, partition p's (`Shard.arrays`)."""
@@ -509,6 +510,8 @@ class Workers(Protocol):
 
 class LocalWorkers:
     """The shards in this process, exchanging through ``exchange`` (a transpose)."""
+
+    max_in_flight = 1  # `submit` returns with the batch done
 
     def __init__(self, shards: list[Shard], exchange: Exchange | None = None) -> None:
         self.shards = shards

@@ -67,6 +67,8 @@ def _unjson(array: np.ndarray):
 class MpiWorkers:
     """Rank 0's handle on the worker ranks (`Workers`)."""
 
+    max_in_flight = 2  # batches rank 0 may send before it gathers the first one's replies
+
     def __init__(self, comm: MPI.Comm | None = None) -> None:
         self.comm = comm or MPI.COMM_WORLD
         if self.comm.Get_rank() != 0:
@@ -134,7 +136,7 @@ class MpiWorkers:
         they are done with the one before, which may still await its `_replies`."""
         if command in NEW_SHARD:
             self._let_go()
-        elif self._outstanding >= (MAX_OUTSTANDING if command == APPLY else 1):
+        elif self._outstanding >= (self.max_in_flight if command == APPLY else 1):
             raise RuntimeError(f"{self._outstanding} commands await their replies: "
                                "gather them first")
         header = np.array([command], np.int64)
@@ -170,7 +172,6 @@ class MpiWorkers:
 
 
 ABORT_GRACE_S = 1.0  # seconds a failing rank waits before aborting the job
-MAX_OUTSTANDING = 2  # commands rank 0 may send before it gathers the first one's replies
 
 
 def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
