@@ -208,9 +208,9 @@ def _member(sorted_values, x) -> bool:
 
 @njit(cache=True)
 def net_kernel(log, alive):
-    """The net effect of a logged batch, as log positions and slots:
-    ``edge_first``/``edge_last``: the first and last entry of each pair whose weight or
-    presence differs before vs after (pairs in key order); ``touched``: sorted destinations
+    """The net effect of a logged batch, as slots and weights: ``src``/``dst`` (int32)
+    of each pair whose weight or presence differs before vs after (pairs in key order),
+    ``before``/``after`` its weights (NaN: absent); ``touched``: sorted destinations
     of all edge entries; ``added``: slots added and alive; ``gone``: slots deleted that
     existed before (``gone_save``: the xsave row of their features before the batch, -1
     where they were not updated); ``changed``: slots alive throughout whose features were
@@ -245,5 +245,7 @@ def net_kernel(log, alive):
     stayed = np.empty(len(feat_slot), np.bool_)
     for k in range(len(feat_slot)):
         stayed[k] = alive[feat_slot[k]] and not _member(vadd, feat_slot[k])
-    return (edge[first[keep]], edge[last[keep]], touched, added, gone[:n], gone_save[:n],
-            feat_slot[stayed], feat_save[stayed])
+    first, last = edge[first[keep]], edge[last[keep]]
+    return (ints[first, 0].astype(np.int32), ints[first, 1].astype(np.int32),
+            floats[first, 0], floats[last, 1], touched, added.astype(np.int32),
+            gone[:n].astype(np.int32), gone_save[:n], feat_slot[stayed], feat_save[stayed])

@@ -278,8 +278,9 @@ class DynamicGraph:
         checked before it changes anything) and its error listed in ``GraphDiff.rejected``."""
         enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
                else UpdateBatch.from_updates(batch, self.num_features))
-        self._reserve(enc)
-        log, xsave = self._new_log(enc)
+        counts = enc.counts()
+        self._reserve(int(counts[ADD_VERTEX]))
+        log, xsave = self._new_log(enc, counts)
         args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
         limits = np.array([self.limits.features, self.limits.weights], np.float64)
         status, index = OK, 0
@@ -305,19 +306,21 @@ class DynamicGraph:
         self._release()
         return diff
 
-    def _reserve(self, enc: UpdateBatch) -> None:
-        adds = int(enc.counts()[ADD_VERTEX])
+    def _reserve(self, adds: int) -> None:
+        """Room for ``adds`` more vertices."""
         self._ids.reserve(adds)
         if self.num_slots + adds > len(self.ext):
             self._grow(max(len(self.ext) * 5 // 4, self.num_slots + adds))
 
-    def _new_log(self, enc: UpdateBatch):
-        """Log arrays big enough for the batch: every edge op, every feature change, every
-        vertex op, and every edge a vertex deletion can cascade to."""
-        targets = self._ids.get(enc.a[enc.op == DELETE_VERTEX])
-        targets = targets[targets >= 0]
-        cascade = int(self.out.deg[targets].sum() + self.inn.deg[targets].sum())
-        counts = enc.counts()
+    def _new_log(self, enc: UpdateBatch, counts: np.ndarray):
+        """Log arrays big enough for the batch (``counts``: its updates per op code): every
+        edge op, every feature change, every vertex op, and every edge a vertex deletion
+        can cascade to."""
+        cascade = 0
+        if counts[DELETE_VERTEX]:
+            targets = self._ids.get(enc.a[enc.op == DELETE_VERTEX])
+            targets = targets[targets >= 0]
+            cascade = int(self.out.deg[targets].sum() + self.inn.deg[targets].sum())
         size = len(enc.op) + int(counts[ADD_EDGE]) + cascade + 1
         log = (np.zeros(size, np.int8), np.zeros((size, 2), np.int64),
                np.zeros((size, 2), np.float32), np.zeros(1, np.int64))
@@ -352,18 +355,15 @@ class DynamicGraph:
     def _net(self, log, xsave, rejected: list[InvalidUpdateError]) -> GraphDiff:
         """Net effect of the batch from its log; refreshes the weighted in-degree of every
         destination an edge entry touched."""
-        (first, last, touched, added, gone, gone_save, changed,
+        (src, dst, before, after, touched, added, gone, gone_save, changed,
          changed_save) = net_kernel(log, self.alive)
-        _, ints, floats, _ = log
         self.in_weight[touched] = self.inn.weight_sums(touched)
-        edges = EdgeLog(ints[first, 0].astype(np.int32), ints[first, 1].astype(np.int32),
-                        floats[first, 0], floats[last, 1])
         gone_x = self.x[gone]
         updated = gone_save >= 0  # features from before the batch
         gone_x[updated] = xsave[gone_save[updated]]
         changed_x = xsave[changed_save]
         differs = (changed_x != self.x[changed]).any(axis=1)  # rewritten to the same values
-        return GraphDiff(edges, added.astype(np.int32), gone.astype(np.int32), gone_x,
+        return GraphDiff(EdgeLog(src, dst, before, after), added, gone, gone_x,
                          changed[differs].astype(np.int32), changed_x[differs], rejected)
 
 

@@ -11,6 +11,9 @@ kept as the pre-activation: 1 / its in-degree). A layer that keeps its pre-activ
 also adds, to each source whose input changed, its new root term and subtracts its old
 one (one message of the difference's root term where the table has it).
 
+The in-degrees a batch's net edge changes leave behind (`edge_changes`) are worked out
+here too, in one pass, for the mean's rescale and degree-normalised layers.
+
 Owns this index arithmetic only; must not import torch, kafka or mpi4py.
 """
 
@@ -138,3 +141,26 @@ def difference_rows(prior, at1, at2, has, had, extra, own):
     for k in range(len(moved)):
         delta_row[moved[k]] = len(fresh) + len(taken) + k
     return new_row, old_row, delta_row, fresh, taken, moved
+
+
+@njit(cache=True)
+def edge_changes(dst, before, after, alive, members, in_degree, scratch):
+    """For net edge changes into ``dst`` (weights ``before``/``after``, NaN where the edge
+    is absent): whether each existed before and exists after, its weights with 0 for
+    absent, and, for ``members`` (distinct slots: the live destinations among ``dst``),
+    their in-degree before the batch (``in_degree``: after it). ``scratch``: an int64
+    array as long as the slots. Returns (had, has, before, after, count_before)."""
+    n = len(dst)
+    had, has = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    before0, after0 = np.empty(n, before.dtype), np.empty(n, after.dtype)
+    count = np.empty(len(members), np.int64)
+    for i in range(len(members)):
+        scratch[members[i]] = i
+        count[i] = in_degree[members[i]]
+    for k in range(n):
+        had[k], has[k] = not np.isnan(before[k]), not np.isnan(after[k])
+        before0[k] = before[k] if had[k] else 0
+        after0[k] = after[k] if has[k] else 0
+        if alive[dst[k]] and had[k] != has[k]:  # one more (lost) or one fewer (gained)
+            count[scratch[dst[k]]] += 1 if had[k] else -1
+    return had, has, before0, after0, count

@@ -48,7 +48,7 @@ from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, compare_rows, store_rows_
 from streamgnn.npz import prefixed, under
-from streamgnn.workers.deltas import difference_rows, linear_delta_messages
+from streamgnn.workers.deltas import difference_rows, edge_changes, linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from streamgnn.workers.placement import Routed, bit, held_by
@@ -906,18 +906,12 @@ class Shard:
     def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
         g, e = self.graph, diff.edges
         src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
-        had, has = ~np.isnan(e.before), ~np.isnan(e.after)
         degree_changed = self.sets.union(dst, alive=g.alive)
-        live = g.alive[dst]
-        gained = np.bincount(self.sets.positions(degree_changed, dst[has & ~had]),
-                             minlength=len(degree_changed))
-        lost = np.bincount(self.sets.positions(degree_changed, dst[had & ~has & live]),
-                           minlength=len(degree_changed))
-        old_degree = g.in_degree[degree_changed] - gained + lost
-        recounted = gained != lost
-        return _BatchEdges(src, dst, np.where(had, e.before, 0), np.where(has, e.after, 0),
-                           had, has, np.sort(pair_keys(src, dst)), degree_changed,
-                           degree_changed[recounted], old_degree[recounted],
+        had, has, before, after, old_degree = edge_changes(
+            dst, e.before, e.after, g.alive, degree_changed, g.in_degree, self.sets.scratch)
+        recounted = old_degree != g.in_degree[degree_changed]
+        return _BatchEdges(src, dst, before, after, had, has, np.sort(pair_keys(src, dst)),
+                           degree_changed, degree_changed[recounted], old_degree[recounted],
                            degree_changed[old_degree == 0])
 
     def _label_changes(self, last: _Step) -> ChangedLabels:
