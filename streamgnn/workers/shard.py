@@ -487,7 +487,8 @@ class Shard:
         unknown = self.sets.find(c.slots, slots) < 0  # not a source yet (fresh ghosts are)
         replaced = moved & ~fresh  # the rows ``old`` holds, in order
         if not unknown[replaced].all():
-            old = old[torch.from_numpy(unknown[replaced]).to(old.device)]
+            old = old.index_select(0, torch.from_numpy(np.flatnonzero(unknown[replaced])
+                                                       ).to(old.device))
         b.changed = _Changed(np.concatenate([c.slots, slots[moved & unknown]]),
                              np.concatenate([c.old_slots, slots[replaced & unknown]]),
                              [*c.old_rows, old.to(self.device, self.dtype)])
@@ -1021,7 +1022,8 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
     moved, finite = compare_rows(old, after[:n], fresh)
     if old is None:
         return after, moved, after[:0], finite
-    return after, moved, old[torch.from_numpy(moved & ~fresh).to(old.device)], finite
+    kept = torch.from_numpy(np.flatnonzero(moved & ~fresh)).to(old.device)
+    return after, moved, old.index_select(0, kept), finite  # (a mask: ~4x the time)
 
 
 def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
