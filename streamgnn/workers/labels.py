@@ -4,6 +4,7 @@ old label, new label) and read as a mapping id -> (old, new).
 A batch of 1,000 updates changes ~1,600 labels on arxiv-like: columns cost a few numpy
 calls where a dict of tuples cost ~0.6 ms per batch to build, and shards' columns merge
 and travel between ranks as they are. The mapping view (a dict) is built on first lookup.
+`relabel_` finds which of a shard's stored labels a batch changed, in one numba pass.
 
 Owns this type only; must not import torch, kafka or mpi4py.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
+from numba import njit
 
 NO_LABEL = -1  # ``old`` of a vertex the batch added
 
@@ -67,3 +69,22 @@ class ChangedLabels(Mapping[int, tuple[int | None, int]]):
 
     def __repr__(self) -> str:
         return f"ChangedLabels({self._mapping()!r})"
+
+
+@njit(cache=True)
+def relabel_(labels: np.ndarray, slots: np.ndarray, new: np.ndarray, fresh: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Store the labels ``new`` of ``slots`` (distinct) into ``labels``; returns the
+    positions whose label changed or that are ``fresh`` (added by the batch), and their
+    old labels (`NO_LABEL` where fresh)."""
+    at = np.empty(len(slots), np.int64)
+    old = np.empty(len(slots), np.int64)
+    k = 0
+    for i in range(len(slots)):
+        before = labels[slots[i]]
+        if fresh[i] or new[i] != before:
+            at[k] = i
+            old[k] = NO_LABEL if fresh[i] else before
+            k += 1
+        labels[slots[i]] = new[i]
+    return at[:k], old[:k]

@@ -50,7 +50,7 @@ from streamgnn.models.rowops import argmax_rows, compare_rows, store_rows_
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import difference_rows, edge_changes, linear_delta_messages
 from streamgnn.workers.exchange import Ghosts, pack, unpack
-from streamgnn.workers.labels import NO_LABEL, ChangedLabels
+from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed, bit, held_by
 from streamgnn.workers.slotsets import SlotSets, marked
 
@@ -917,11 +917,8 @@ class Shard:
 
     def _label_changes(self, last: _Step) -> ChangedLabels:
         new = argmax_rows(last.after[:len(last.region)])
-        old = self._labels[last.region]
-        self._labels[last.region] = new
-        differs = (new != old) | last.fresh
-        old = np.where(last.fresh, NO_LABEL, old)  # added by the batch: no old label
-        return ChangedLabels(self.graph.ext[last.region[differs]], old[differs], new[differs])
+        at, old = relabel_(self._labels, last.region, new, last.fresh)
+        return ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
 
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
