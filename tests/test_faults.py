@@ -23,6 +23,7 @@ from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 from streamgnn.stream.schemas import encode_columns
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers import Engine
+from streamgnn.workers.engine import LocalWorkers
 from tests.conftest import pyg_layers
 
 TOPICS = Topics()
@@ -198,17 +199,17 @@ def test_every_bad_message_is_dead_lettered_and_the_good_ones_around_it_applied(
 def in_flight(request, monkeypatch) -> None:
     """The service as with shards in this process (a batch finished as it starts), or
     keeping each batch in flight over its next poll, and starting the next before it is
-    finished, as with MPI workers (`Engine.computing` true until the batch is collected)."""
+    finished, as with MPI workers (the shards here take two batches in flight:
+    `Workers.max_in_flight`, and `Engine.computing` is true until a batch is collected)."""
     if request.param:
-        monkeypatch.setattr(Engine, "computing",
-                            property(lambda engine: bool(engine._in_flight)))
+        monkeypatch.setattr(LocalWorkers, "max_in_flight", 2)
 
 
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_batches_started_before_the_one_before_finished_publish_the_same(partitions,
                                                                           monkeypatch):
     """With MPI workers the next full batch starts before the one in flight is finished.
-    Kept so here (`Engine.computing` forced), batches start early (`Stats.started_early`),
+    Kept so here (`Workers.max_in_flight` raised), batches start early (`Stats.started_early`),
     and the label changes (each message, event ids included; event times are the production
     times) and dead letters are those of the same stream applied one batch at a time;
     the state is exact."""
@@ -224,7 +225,7 @@ def test_batches_started_before_the_one_before_finished_publish_the_same(partiti
                 broker.produce(TOPICS.updates, encode(sg.AddEdge(src=-1 - i, dst=0)))
         with monkeypatch.context() as patch:
             if overlapping:
-                patch.setattr(Engine, "computing", property(lambda e: bool(e._in_flight)))
+                patch.setattr(LocalWorkers, "max_in_flight", 2)
             config = ServiceConfig(batch_size=25, arrival_wait_s=0.2, topics=TOPICS)
             service = opener(broker, snapshot, model, config, partitions=partitions)()
             service.run(idle_exit_s=0.5)
@@ -247,7 +248,7 @@ def test_a_query_arriving_while_batches_overlap_is_answered_at_the_next_batch(mo
     broker = MemoryBroker()
     for u in events:
         broker.produce(TOPICS.updates, encode(u))
-    monkeypatch.setattr(Engine, "computing", property(lambda e: bool(e._in_flight)))
+    monkeypatch.setattr(LocalWorkers, "max_in_flight", 2)
     depths: list[int] = []
     submit = Engine.submit
 

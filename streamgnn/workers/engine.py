@@ -366,9 +366,9 @@ class Engine:
 
     @property
     def computing(self) -> bool:
-        """Whether a batch `submit` started may still be computing: its shards run
-        elsewhere (MPI workers) and it was not collected yet."""
-        return bool(self._in_flight) and not isinstance(self._workers, LocalWorkers)
+        """Whether a batch `submit` started may still be computing: it was not collected
+        yet and its workers take another meanwhile (they run elsewhere: MPI workers)."""
+        return bool(self._in_flight) and self._workers.max_in_flight > 1
 
     @property
     def workers(self) -> Workers:
