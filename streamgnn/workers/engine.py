@@ -320,8 +320,8 @@ class Engine:
         does other work (a service reads its next batch), and while they do (`computing`)
         more batches may be submitted, up to `Workers.max_in_flight` in all: the workers
         take each up as soon as they are done, and `collect` gives the results oldest
-        first. Until the last is collected,
-        nothing else may use the shards (`workers` raises)."""
+        first. Until the last is collected, nothing else may use the shards (`workers`
+        raises)."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         if len(self._in_flight) >= self._workers.max_in_flight:
@@ -462,7 +462,7 @@ def _check_workers(workers: Workers | None, partitions: int) -> None:
 class Workers(Protocol):
     """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
     engine builds `LocalWorkers` itself, which need only what it calls on both: `submit`,
-    `rows`, `arrays`, `write`, `summaries`."""
+    `rows`, `arrays`, `write`, `summaries`, `max_in_flight`."""
 
     size: int  # how many partitions they hold
     max_in_flight: int  # batches they take submitted and not yet collected
