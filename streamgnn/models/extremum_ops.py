@@ -142,12 +142,28 @@ def fold_max_(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
     return kernel(state, ties, t, region, new, old, sign, tol)
 
 
+@njit(cache=True, inline="always")
+def _next_edge(begin, end, i, k):
+    """The in-edge after in-edge ``k`` of destination ``i``, across destinations (``i``
+    past the last: none)."""
+    k += 1
+    while i < len(begin) and k >= end[i]:
+        i += 1
+        if i < len(begin):
+            k = begin[i]
+    return i, k
+
+
 @njit(cache=True)
 def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weighted, sign):
     d = state.shape[1]
     at = np.empty(d, np.int64)
     best = np.empty(d, state.dtype)
     count = np.empty(d, np.int64)
+    # the row read AHEAD in-edges on, across destinations (most have fewer in-edges)
+    ahead_i, ahead_k = 0, (begin[0] - 1 if len(begin) else 0)
+    for _ in range(AHEAD + 1):
+        ahead_i, ahead_k = _next_edge(begin, end, ahead_i, ahead_k)
     for i in range(len(dst)):
         n = 0
         for j in range(d):
@@ -157,8 +173,9 @@ def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weight
         best[:n] = -np.inf if end[i] > begin[i] else 0.0  # no in-edge: 0, as in PyG
         count[:n] = 0
         for k in range(begin[i], end[i]):
-            if k + AHEAD < end[i]:
-                prefetch_row(table, src[k + AHEAD])
+            if ahead_i < len(begin):
+                prefetch_row(table, src[ahead_k])
+                ahead_i, ahead_k = _next_edge(begin, end, ahead_i, ahead_k)
             row = table[src[k]]
             f = table.dtype.type(sign * factor[k] if weighted else sign)
             for c in range(n):  # a new max is rare after the first few: branches pay
