@@ -211,8 +211,8 @@ def net_kernel(log, alive):
     """The net effect of a logged batch, as slots and weights: ``src``/``dst`` (int32)
     of each pair whose weight or presence differs before vs after (pairs in key order),
     ``before``/``after`` its weights (NaN: absent); ``touched``: sorted destinations
-    of all edge entries; ``added``: slots added and alive; ``gone``: slots deleted that
-    existed before (``gone_save``: the xsave row of their features before the batch, -1
+    of all edge entries; ``added`` (int32): slots added and alive; ``gone`` (int32): slots
+    deleted that existed before (``gone_save``: the xsave row of their features before the batch, -1
     where they were not updated); ``changed``: slots alive throughout whose features were
     updated (sorted), ``changed_save`` their xsave rows."""
     kinds, ints, floats, count = log

@@ -11,8 +11,9 @@ kept as the pre-activation: 1 / its in-degree). A layer that keeps its pre-activ
 also adds, to each source whose input changed, its new root term and subtracts its old
 one (one message of the difference's root term where the table has it).
 
-The in-degrees a batch's net edge changes leave behind (`edge_changes`) are worked out
-here too, in one pass, for the mean's rescale and degree-normalised layers.
+The in-degrees before a batch, from its net edge changes and the in-degrees after it
+(`edge_changes`), are worked out here too, in one pass, for the mean's rescale and
+degree-normalised layers.
 
 Owns this index arithmetic only; must not import torch, kafka or mpi4py.
 """
