@@ -350,19 +350,14 @@ class Engine:
             while self._in_flight:  # the workers' replies to a batch after it, let go
                 self._in_flight.popleft().results()
             raise NonFiniteEmbeddingError(self._poisoned)
-        if len(results) == 1:  # one shard: its counts as they are
-            (r,) = results
-            return ApplyResult(r.changed_labels, flight.diff.rejected, r.recomputed, r.pulled,
-                               r.remote_reads, r.combined_messages,
-                               pulled_columns=r.pulled_columns, removed=flight.removed)
-        merged = ApplyResult(ChangedLabels.concat([r.changed_labels for r in results]),
-                             flight.diff.rejected)
-        for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
-                     "combined_messages"):  # per layer, summed over the partitions
-            setattr(merged, name, [sum(counts) for counts in zip(
-                *(getattr(r, name) for r in results), strict=True)])
-        merged.removed = flight.removed
-        return merged
+        one = len(results) == 1  # one shard: its labels and counts as they are
+        labels = (results[0].changed_labels if one else
+                  ChangedLabels.concat([r.changed_labels for r in results]))
+        counts = {name: getattr(results[0], name) if one else [  # per layer, summed
+                      sum(c) for c in zip(*(getattr(r, name) for r in results), strict=True)]
+                  for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
+                               "combined_messages")}
+        return ApplyResult(labels, flight.diff.rejected, removed=flight.removed, **counts)
 
     @property
     def computing(self) -> bool:
