@@ -24,6 +24,8 @@ from streamgnn.models.rowops import (
     combine_rows_torch,
     compare_rows_numba,
     compare_rows_torch,
+    difference_table_numba,
+    difference_table_torch,
     fold_rows_numba,
     fold_rows_torch,
     store_rows_numba,
@@ -35,7 +37,7 @@ from streamgnn.models.softmax_ops import (
     fold_softmax_numba,
     fold_softmax_torch,
 )
-from streamgnn.workers.deltas import difference_rows, linear_delta_messages
+from streamgnn.workers.deltas import difference_rows, linear_delta_messages, message_sources
 from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
 
@@ -157,6 +159,60 @@ def test_compare_rows_numba_and_torch_report_changed_rows_and_finiteness(
                              torch.from_numpy(new), fresh)
         np.testing.assert_array_equal(got, moved)
         assert finite == (poison is None or not count)
+
+
+@given(seed=seeds, fresh=st.integers(0, 6), taken=st.integers(0, 6), moved=st.integers(0, 6))
+def test_difference_table_numba_and_torch_stack_new_old_and_difference_rows(
+        seed, fresh, taken, moved):
+    rng = np.random.default_rng(seed)
+    rows = rng.normal(size=(fresh + moved, 5)).astype(np.float32)
+    old = rng.normal(size=(8, 5)).astype(np.float32)
+    at_taken, at_moved = rng.integers(0, 8, taken), rng.integers(0, 8, moved)
+    expected = np.concatenate([rows[:fresh], old[at_taken], rows[fresh:] - old[at_moved]])
+    for kernel in (difference_table_numba, difference_table_torch):
+        got = kernel(torch.from_numpy(rows), torch.from_numpy(old), at_taken, at_moved)
+        np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@given(seed=seeds, differences=st.booleans())
+def test_message_sources_find_the_sources_and_their_rows_as_the_set_operations_do(
+        seed, differences):
+    """`message_sources` in one pass against the slot-set operations and `difference_rows`
+    it stands for, and the scratch arrays it borrows are left clean."""
+    rng = np.random.default_rng(seed)
+    size = 60
+    sets = SlotSets(size)
+    alive = rng.random(size) < 0.8
+
+    def some(count):
+        return rng.choice(size, int(rng.integers(0, count + 1)), replace=False)
+
+    sources, removed, extra = np.sort(some(8)), some(3), some(3)
+    src, dst = rng.integers(0, size, 12), rng.integers(0, size, 12)
+    has, had = rng.random(12) < 0.6, rng.random(12) < 0.6
+    at = rng.integers(0, len(sources), 10 if len(sources) else 0)
+    old_slots = sources[rng.random(len(sources)) < 0.7]
+    own_slots = sources[rng.random(len(sources)) < 0.5]
+    got = message_sources(sources, at, src, dst, has, had, alive, old_slots, removed, extra,
+                          own_slots, differences, sets.mark, sets.scratch)
+    slots = np.unique(np.concatenate([sources, src, removed, extra]))
+    prior = np.full(len(slots), -1)
+    prior[np.searchsorted(slots, np.concatenate([old_slots, removed]))] = np.arange(
+        len(old_slots) + len(removed))
+    at1, at2 = np.searchsorted(slots, sources[at]), np.searchsorted(slots, src)
+    own, extra_at = np.searchsorted(slots, own_slots), np.searchsorted(slots, extra)
+    live_has, live_had = has & alive[dst], had & alive[dst]
+    if differences:
+        table = difference_rows(prior, at1, at2, live_has, live_had, extra_at, own)
+    else:
+        n, none = len(slots), np.zeros(0, np.int64)
+        table = (np.arange(n), np.where(prior >= 0, n + prior, np.arange(n)),
+                 np.full(n, -1), none, none, none)
+    expected = (slots, at1, at2, live_has, live_had, own, extra_at, prior, *table)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(sets.union(slots[::-1]), slots)  # marks left clean
 
 
 def _extremum(msgs: np.ndarray, sign: float, d: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,8 @@
 """Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
 (``fold_rows_``), the store of a superstep's new rows that reports which changed
-(``store_rows_``), and each row's largest column (``argmax_rows``: the labels).
+(``store_rows_``), the rows a linear layer's delta transforms (``difference_table``) and
+each row's largest column (``argmax_rows``: the labels).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 The loops read and write rows of large tables at random, so each asks for the row it will
@@ -243,6 +244,43 @@ def compare_rows(old: Tensor | None, new: Tensor, fresh: np.ndarray
     `store_rows_` reports, for rows stored already."""
     kernel = compare_rows_numba if new.device.type == "cpu" else compare_rows_torch
     return kernel(old, new, fresh)
+
+
+@njit(cache=True)
+def _difference_loop(rows, old, taken, moved, out):
+    fresh = rows.shape[0] - len(moved)
+    out[:fresh] = rows[:fresh]
+    for k in range(len(taken)):
+        out[fresh + k] = old[taken[k]]
+    at = fresh + len(taken)
+    for k in range(len(moved)):
+        r, o = fresh + k, moved[k]
+        for j in range(rows.shape[1]):
+            out[at + k, j] = rows[r, j] - old[o, j]
+
+
+def difference_table_numba(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.ndarray
+                           ) -> Tensor:
+    out = np.empty((rows.shape[0] + len(taken), rows.shape[1]), rows.numpy().dtype)
+    _difference_loop(rows.numpy(), old.numpy(), taken, moved, out)
+    return torch.from_numpy(out)
+
+
+def difference_table_torch(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.ndarray
+                           ) -> Tensor:
+    fresh = rows.shape[0] - len(moved)
+    return torch.cat([rows[:fresh], old[torch.from_numpy(taken).to(old.device)],
+                      rows[fresh:] - old[torch.from_numpy(moved).to(old.device)]])
+
+
+def difference_table(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.ndarray
+                     ) -> Tensor:
+    """The rows a linear layer's messages read, to be transformed in one product: the
+    ``rows`` (after the batch) but for the last ``len(moved)``, the rows ``taken`` of
+    ``old`` (before the batch), then the last rows of ``rows`` minus the rows ``moved`` of
+    ``old`` (t of the difference is the difference of t)."""
+    kernel = difference_table_numba if rows.device.type == "cpu" else difference_table_torch
+    return kernel(rows, old, taken, moved)
 
 
 @njit(cache=True)

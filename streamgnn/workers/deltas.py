@@ -1,15 +1,23 @@
-"""The message list of a linear aggregation's delta, built in one numba pass: for each
-message, the row of the sources' t it carries, its coefficient and its destination's
-position in the region. With s the per-source factor (degree-normalised layers), unchanged
-edges out of changed sources send ``+w s_new t_new - w s_old t_old``: one message of
-``w s (t_new - t_old)`` where the table has that difference (t is linear, so it is t of
-h_new - h_old: one row of the product instead of two, one message instead of two), one of
-``w (s_new - s_old) t`` when only the factor changed, two otherwise; changed edges send
-``+after s_new t_new`` where they exist after the batch and ``-before s_old t_old`` where
-they existed before it; each message is then scaled by its destination's factor (a mean
-kept as the pre-activation: 1 / its in-degree). A layer that keeps its pre-activation
-also adds, to each source whose input changed, its new root term and subtracts its old
-one (one message of the difference's root term where the table has it).
+"""A superstep's message sources and the message list of a linear aggregation's delta,
+each found in one numba pass.
+
+The sources (`message_sources`): the vertices whose input changed, the sources of changed
+edges, deleted vertices and any extra rows a rescale reads, with each edge's source
+position, each source's row before the batch and the layout of the table of t the messages
+read (`difference_rows`).
+
+The message list (`linear_delta_messages`): for each message, the row of the sources' t it
+carries, its coefficient and its destination's position in the region. With s the
+per-source factor (degree-normalised layers), unchanged edges out of changed sources send
+``+w s_new t_new - w s_old t_old``: one message of ``w s (t_new - t_old)`` where the table
+has that difference (t is linear, so it is t of h_new - h_old: one row of the product
+instead of two, one message instead of two), one of ``w (s_new - s_old) t`` when only the
+factor changed, two otherwise; changed edges send ``+after s_new t_new`` where they exist
+after the batch and ``-before s_old t_old`` where they existed before it; each message is
+then scaled by its destination's factor (a mean kept as the pre-activation: 1 / its
+in-degree). A layer that keeps its pre-activation also adds, to each source whose input
+changed, its new root term and subtracts its old one (one message of the difference's root
+term where the table has it).
 
 The in-degrees before a batch, from its net edge changes and the in-degrees after it
 (`edge_changes`), are worked out here too, in one pass, for the mean's rescale and
@@ -22,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from streamgnn.workers.slotsets import union_marked
 
 
 @njit(cache=True)
@@ -87,6 +97,59 @@ def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, bef
                 rows[k], coef[k], local[k] = 2 * old_row[a] + 1, -1.0, d
                 k += 1
     return rows[:k], coef[:k], local[:k]
+
+
+@njit(cache=True)
+def message_sources(sources, at, src, dst, has, had, alive, old_slots, removed, extra,
+                    own_slots, differences, mark, scratch):
+    """A superstep's message sources and where each message reads them, in one pass: the
+    sources are the sorted union of ``sources`` (vertices whose input changed, with
+    unchanged out-edges ``sources[at]``), the sources ``src`` of the changed edges (into
+    ``dst``; ``has``/``had``: they exist after/before the batch), the ``removed`` vertices
+    and the ``extra`` slots. Rows of h before the batch are those of ``old_slots`` then
+    ``removed``. ``mark``/``scratch``: a bool array (all false) and an int64 array as long
+    as the slots. Returns (slots, at1, at2, has, had, own, extra_at, prior, new_row,
+    old_row, delta_row, fresh, taken, moved): the positions in ``slots`` of the unchanged
+    edges' sources, the changed edges' sources, ``own_slots`` and ``extra``; ``has``/``had``
+    left true only into ``alive`` vertices (messages to deleted ones are moot); each
+    source's row before the batch (-1: none); and the table layout, with ``differences``
+    `difference_rows`' (t computed from the rows after, before and their differences),
+    else rows after the batch in source order followed by the rows before (``fresh``,
+    ``taken``, ``moved`` then empty)."""
+    slots = union_marked(np.concatenate((sources, src, removed, extra)), mark, mark, False)
+    n = len(slots)
+    for i in range(n):
+        scratch[slots[i]] = i
+    at1 = np.empty(len(at), np.int64)
+    for k in range(len(at)):
+        at1[k] = scratch[sources[at[k]]]
+    at2 = np.empty(len(src), np.int64)
+    has_live, had_live = has.copy(), had.copy()
+    for k in range(len(src)):
+        at2[k] = scratch[src[k]]
+        if not alive[dst[k]]:
+            has_live[k] = had_live[k] = False
+    own = np.empty(len(own_slots), np.int64)
+    for k in range(len(own_slots)):
+        own[k] = scratch[own_slots[k]]
+    extra_at = np.empty(len(extra), np.int64)
+    for k in range(len(extra)):
+        extra_at[k] = scratch[extra[k]]
+    prior = np.full(n, -1)
+    for k in range(len(old_slots)):
+        prior[scratch[old_slots[k]]] = k
+    for k in range(len(removed)):
+        prior[scratch[removed[k]]] = len(old_slots) + k
+    if differences:
+        new, old, delta, fresh, taken, moved = difference_rows(
+            prior, at1, at2, has_live, had_live, extra_at, own)
+    else:
+        new = np.arange(n)
+        old = np.where(prior >= 0, n + prior, new)
+        delta = np.full(n, -1)
+        fresh = taken = moved = np.zeros(0, np.int64)
+    return (slots, at1, at2, has_live, had_live, own, extra_at, prior, new, old, delta, fresh,
+            taken, moved)
 
 
 @njit(cache=True)

@@ -46,9 +46,9 @@ from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
-from streamgnn.models.rowops import argmax_rows, compare_rows, store_rows_
+from streamgnn.models.rowops import argmax_rows, compare_rows, difference_table, store_rows_
 from streamgnn.npz import prefixed, under
-from streamgnn.workers.deltas import difference_rows, edge_changes, linear_delta_messages
+from streamgnn.workers.deltas import edge_changes, linear_delta_messages, message_sources
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed, bit, held_by
@@ -144,7 +144,8 @@ class _Sources:
     (-1: none; only for linear aggregations); -1 where no message reads it. Also the
     changed edges that exist after (``has``) and before (``had``) the batch into live
     vertices; the source positions of the unchanged edges (``at1``), changed ones
-    (``at2``) and sources whose root terms fold into their own z (``own``)."""
+    (``at2``), sources whose root terms fold into their own z (``own``) and the extra
+    slots (``extra``)."""
 
     slots: np.ndarray
     t: Tensor
@@ -155,7 +156,8 @@ class _Sources:
     had: np.ndarray
     at1: np.ndarray
     at2: np.ndarray
-    own: np.ndarray | None = None  # positions of the sources at ``own_slots``
+    own: np.ndarray | None
+    extra: np.ndarray
 
 
 @dataclass
@@ -689,7 +691,7 @@ class Shard:
         if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
             scale = np.ones(len(region))
             scale[at_region] = a
-            roots = 2 * m.old[self.sets.positions(m.slots, rescaled)] + 1
+            roots = 2 * m.old[m.extra] + 1
             rows, coef, local = (np.concatenate(pair) for pair in zip(
                 (rows, coef, local), (roots, 1.0 - a, at_region), strict=True))
             bias = layer.empty_preactivation().double().cpu().numpy()
@@ -755,43 +757,28 @@ class Shard:
         rescaled vertices) and the root terms of the sources at ``own_slots``. Where the
         shard keeps the pre-activation, the table is `Layer.rel_root` of those rows (two
         rows of t each). Where t is kept it is read, not computed (`_kept_rows`)."""
-        sets = self.sets
-        # sources, a row for every old row, and the extra rows
-        slots = sets.union(sources, edges.src, removed, *(() if extra is None else (extra,)))
-        live = self.graph.alive[edges.dst]  # messages to deleted vertices are moot
-        has, had = edges.has & live, edges.had & live
-        at1, at2 = sets.positions(slots, sources)[at], sets.positions(slots, edges.src)
-        own = None if own_slots is None else sets.positions(slots, own_slots)
-        olds = np.concatenate([changed.old_slots, removed])
-        old_rows = torch.cat([*changed.old_rows, removed_rows])  # h before, as ``olds``
-        prior = np.full(len(slots), -1)  # each source's row of ``old_rows`` (-1: none)
-        prior[sets.positions(slots, olds)] = np.arange(len(olds))
-        n = len(slots)
+        none = removed[:0]
+        differences = (self.t[hop - 1] is None and layer.aggr.linear
+                       and not layer.degree_normalised)
+        (slots, at1, at2, has, had, own, extra_at, prior, new, old, delta, fresh, taken,
+         moved) = message_sources(
+            sources, at, edges.src, edges.dst, edges.has, edges.had, self.graph.alive,
+            changed.old_slots, removed, none if extra is None else extra,
+            none if own_slots is None else own_slots, differences, self.sets.mark,
+            self.sets.scratch)
+        old_rows = _joined([*changed.old_rows, removed_rows])  # h before, by ``prior``
         transform = layer.rel_root if self._z[hop - 1] else layer.transform
-        if self.t[hop - 1] is None and layer.aggr.linear and not layer.degree_normalised:
-            # t of the rows messages read, and of h_new - h_old (`difference_rows`)
-            new, old, delta, fresh, taken, moved = difference_rows(
-                prior, at1, at2, has, had,
-                sets.positions(slots, extra) if extra is not None else at1[:0],
-                own if own is not None else at1[:0])
+        if differences:  # t of the rows messages read, and of h_new - h_old
             rows = self._rows(hop - 1, self._index(np.concatenate([slots[fresh],
                                                                    slots[moved]])))
-            parts = [rows[:len(fresh)]]
-            if len(taken):
-                parts.append(old_rows.index_select(0, self._index(prior[taken])))
-            if len(moved):
-                parts.append(rows[len(fresh):]
-                             - old_rows.index_select(0, self._index(prior[moved])))
-            t = transform(torch.cat(parts) if len(parts) > 1 else parts[0])
+            t = transform(difference_table(rows, old_rows, prior[taken], prior[moved]))
+        elif self.t[hop - 1] is not None:
+            olds = np.concatenate([changed.old_slots, removed])
+            t = self._kept_rows(hop, layer, slots, olds, changed)
         else:
-            new = np.arange(n)
-            old = np.where(prior >= 0, n + prior, new)
-            delta = np.full(n, -1)
-            if self.t[hop - 1] is not None:
-                t = self._kept_rows(hop, layer, slots, olds, changed)
-            else:
-                t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
-        return _Sources(slots, t, new, old, delta, has, had, at1, at2, own)
+            t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
+        return _Sources(slots, t, new, old, delta, has, had, at1, at2,
+                        None if own_slots is None else own, extra_at)
 
     def _kept_rows(self, hop: int, layer: Layer, slots: np.ndarray, olds: np.ndarray,
                    changed: _Changed) -> Tensor:
@@ -1021,6 +1008,12 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
         return after, moved, after[:0], finite
     kept = torch.from_numpy(np.flatnonzero(moved & ~fresh)).to(old.device)
     return after, moved, old.index_select(0, kept), finite  # (a mask: ~4x the time)
+
+
+def _joined(parts: list[Tensor]) -> Tensor:
+    """The rows of ``parts`` in one tensor: the only part with rows as it is."""
+    full = [p for p in parts if p.shape[0]]
+    return full[0] if len(full) == 1 else torch.cat(parts)
 
 
 def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:

@@ -12,7 +12,9 @@ from numba import njit
 
 
 @njit(cache=True)
-def _union(values, mark, alive, live_only):
+def union_marked(values, mark, alive, live_only):
+    """The distinct ``values`` sorted (those ``alive`` only, with ``live_only``), found with
+    ``mark`` (all false before and after; a length that is a multiple of 8)."""
     out = np.empty(len(values), np.int64)
     n = 0
     for x in values:
@@ -89,26 +91,27 @@ def marked(size: int, slots: np.ndarray) -> np.ndarray:
 
 class SlotSets:
     """Set operations on slots below ``size`` (grown with `fit`). ``scratch`` (int64, one
-    per slot, contents meaningless between calls) may be borrowed by other kernels."""
+    per slot, contents meaningless between calls) and ``mark`` (bool, one per slot, all
+    false between calls) may be borrowed by other kernels."""
 
     def __init__(self, size: int) -> None:
-        self._mark = np.zeros(0, bool)
+        self.mark = np.zeros(0, bool)
         self.scratch = np.zeros(0, np.int64)
         self.fit(size)
 
     def fit(self, size: int) -> None:
         """Make room for slots below ``size`` (the scratch arrays hold nothing between calls,
         so new ones do)."""
-        if size > len(self._mark):
+        if size > len(self.mark):
             size += -size % 8  # marks are scanned 8 at a time
-            self._mark = np.zeros(size, bool)
+            self.mark = np.zeros(size, bool)
             self.scratch = np.zeros(size, np.int64)
 
     def union(self, *sets: np.ndarray, alive: np.ndarray | None = None) -> np.ndarray:
         """Sorted union of ``sets`` (int64); with ``alive``, only slots where it is True."""
         values = np.concatenate(sets, dtype=np.int64)
-        return _union(values, self._mark, self._mark if alive is None else alive,
-                      alive is not None)
+        return union_marked(values, self.mark, self.mark if alive is None else alive,
+                            alive is not None)
 
     def positions(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, all of which must be
@@ -127,4 +130,4 @@ class SlotSets:
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
         return _find(np.asarray(members, np.int64), np.asarray(queries, np.int64),
-                     self.scratch, self._mark)
+                     self.scratch, self.mark)
