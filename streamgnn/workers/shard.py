@@ -52,7 +52,7 @@ from streamgnn.workers.deltas import edge_changes, linear_delta_messages, messag
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed, bit, held_by
-from streamgnn.workers.slotsets import SlotSets, marked
+from streamgnn.workers.slotsets import SlotSets
 
 
 @dataclass
@@ -182,7 +182,6 @@ class _Batch:
     added: np.ndarray
     removed: np.ndarray
     removed_rows: Tensor
-    is_added: np.ndarray
     changed: _Changed
     result: ApplyResult
     subscribed: dict[int, np.ndarray]  # partition -> slots it now holds as ghosts
@@ -424,12 +423,11 @@ class Shard:
             for rows in (*self.drift, *self.ties):
                 if rows is not None:
                     rows[index] = 0
-        is_added = marked(self.graph.num_slots, added)
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                            diff.changed.astype(np.int64),
                            [self._tensor(diff.changed_x_before).to(self.dtype)])
         self._batch = _Batch(self._batch_edges(diff), added, removed,
-                             self._tensor(diff.removed_x).to(self.dtype), is_added, changed,
+                             self._tensor(diff.removed_x).to(self.dtype), changed,
                              ApplyResult(ChangedLabels.empty(), diff.rejected),
                              subscribed or {})
 
@@ -477,7 +475,7 @@ class Shard:
                 degree = slots[self.graph.in_weight[slots] != w]
                 self.graph.in_weight[slots] = w
                 b.edges.degree_changed = self.sets.union(b.edges.degree_changed, degree)
-        fresh = b.is_added[slots]
+        fresh = self._added(slots)
         if hop == 0:
             table, new = torch.from_numpy(self.graph.x), torch.from_numpy(rows)
         else:
@@ -554,7 +552,7 @@ class Shard:
         """Superstep ``hop`` (1..L) of the open batch."""
         b = self._batch
         layer = self.layers[hop - 1]
-        step = self._superstep(hop, layer, b.changed, b.removed, b.removed_rows, b.is_added,
+        step = self._superstep(hop, layer, b.changed, b.removed, b.removed_rows,
                                b.edges, b.result)
         if not b.result.non_finite and not step.finite:
             b.result.non_finite = hop  # the other shards go on to the barrier: report at end
@@ -572,7 +570,7 @@ class Shard:
         return b.result
 
     def _superstep(self, hop: int, layer: Layer, changed: _Changed, removed: np.ndarray,
-                   removed_rows: Tensor, is_added: np.ndarray, edges: _BatchEdges,
+                   removed_rows: Tensor, edges: _BatchEdges,
                    result: ApplyResult) -> _Step:
         g = self.graph
         sources = changed.slots
@@ -590,7 +588,7 @@ class Shard:
             result.combined_messages.append(0)
             nothing = self._rows(hop, self._index(region))
             result.rewritten.append((region, nothing.cpu().numpy()))
-            return _Step(region, nothing, is_added[region], np.zeros(0, bool), nothing)
+            return _Step(region, nothing, self._added(region), np.zeros(0, bool), nothing)
 
         index = self._index(region)
         count = g.in_degree[region]
@@ -622,7 +620,7 @@ class Shard:
                 remote += self._pull_columns(hop, layer, columns)
             agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
         agg = agg.to(self.dtype)
-        fresh = is_added[region]
+        fresh = self._added(region)
         activated = None
         if keeps_z:  # agg is z, stored already; h activated here, with rows read next
             ahead = region[:0] if last else self._read_next(region, edges.src, removed)
@@ -706,7 +704,7 @@ class Shard:
         changed, they are not new and had an in-edge: z is r + b already otherwise),
         their positions in the region and their ``a``."""
         at = self.sets.find(region, edges.recounted)
-        kept = (at >= 0) & (edges.count_before > 0) & ~self._batch.is_added[edges.recounted]
+        kept = (at >= 0) & (edges.count_before > 0) & ~self._added(edges.recounted)
         before = edges.count_before[kept].astype(np.float64)
         at = at[kept]
         now = count[at].astype(np.float64)
@@ -724,12 +722,10 @@ class Shard:
         none is sent to it)."""
         m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
                                   edges)
-        pulled = (marked(self.graph.num_slots, changed.slots)
-                  if layer.aggr.destination_dependent else None)
 
         def messages(rows: np.ndarray, w: np.ndarray, dst: np.ndarray) -> RowMessages:
-            if pulled is not None:
-                kept = ~pulled[dst]
+            if layer.aggr.destination_dependent:  # destinations whose input changed: pulled
+                kept = self.sets.find(changed.slots, dst) < 0
                 rows, w, dst = rows[kept], w[kept], dst[kept]
             factor = w if layer.edge_weighted else np.ones(len(w), np.float32)
             return RowMessages(rows, factor, self.sets.positions(region, dst))
@@ -906,6 +902,11 @@ class Shard:
         new = argmax_rows(last.after[:len(last.region)])
         at, old = relabel_(self._labels, last.region, new, last.fresh)
         return ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
+
+    def _added(self, slots: np.ndarray) -> np.ndarray:
+        """Which of ``slots`` the open batch added (a lookup costing what the batch does,
+        not a mask over every slot)."""
+        return self.sets.find(self._batch.added, slots) >= 0
 
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
