@@ -32,7 +32,6 @@ from streamgnn.updates import (
     UPDATE_FEATURES,
     UpdateBatch,
 )
-from streamgnn.workers.slotsets import marked
 
 Strategy = Literal["metis", "hash"]
 STRATEGIES = ("metis", "hash")
@@ -166,8 +165,7 @@ class Placement:
         self._load += np.bincount(self.part[added], minlength=self.num_partitions)
 
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        gone_now = marked(graph.num_slots, removed)
-        src_lives, dst_lives = ~gone_now[src], ~gone_now[dst]
+        src_lives, dst_lives = ~np.isin(src, removed), ~np.isin(dst, removed)
         deleted = had & ~has & src_lives & dst_lives  # the rest: cascades
         kept, new = had & has, has & ~had
         new_src, new_dst = src[new], dst[new]
@@ -240,7 +238,7 @@ class Placement:
         if self.strategy == "hash" or not len(added):
             return graph.ext[added] % self.num_partitions
         e = diff.edges
-        first = _first_neighbours(e.src, e.dst, e.after, added, marked(graph.num_slots, added))
+        first = _first_neighbours(e.src, e.dst, e.after, added)
         out = np.full(len(added), -1, np.int64)
         high = (first >= 0) & (graph.in_degree[np.maximum(first, 0)] > self.high_cut)
         out[high] = self.part[first[high]]
@@ -302,10 +300,10 @@ def _release(src, lost_at, part, holders, start, deg, nbr):
 
 
 @njit(cache=True)
-def _first_neighbours(src, dst, after, added, new):
-    """For each of the vertices ``added`` (``new`` marks them by slot), the first
-    neighbour, in the order of the net edge changes ``src -> dst`` that exist after the
-    batch (``after`` not NaN), that the batch did not add; -1 where there is none."""
+def _first_neighbours(src, dst, after, added):
+    """For each of the vertices ``added``, the first neighbour, in the order of the net
+    edge changes ``src -> dst`` that exist after the batch (``after`` not NaN), that the
+    batch did not add; -1 where there is none."""
     first = np.full(len(added), -1, np.int64)
     at = {}
     for i in range(len(added)):
@@ -314,9 +312,10 @@ def _first_neighbours(src, dst, after, added, new):
         if np.isnan(after[k]):
             continue
         a, b = np.int64(src[k]), np.int64(dst[k])
-        if new[a] and not new[b] and first[at[a]] < 0:
+        new_a, new_b = a in at, b in at
+        if new_a and not new_b and first[at[a]] < 0:
             first[at[a]] = b
-        if new[b] and not new[a] and first[at[b]] < 0:
+        if new_b and not new_a and first[at[b]] < 0:
             first[at[b]] = a
     return first
 
