@@ -73,10 +73,11 @@ class GraphDiff:
     """The net effect of one batch, in internal slots.
 
     ``edges`` holds each ordered pair whose weight or presence differs before vs after the
-    batch. ``added``/``removed`` are vertices alive only after/only before it (``removed_x``
-    their features from before it); ``changed`` are vertices alive throughout whose
-    features differ after the batch, with ``changed_x_before``. ``rejected``: the errors of the
-    updates a ``skip_invalid`` batch left out (``index`` = position in the batch)."""
+    batch. ``added`` (sorted) and ``removed`` are vertices alive only after / only before
+    it (``removed_x`` their features from before it); ``changed`` (sorted) are vertices
+    alive throughout whose features differ after the batch, with ``changed_x_before``.
+    ``rejected``: the errors of the updates a ``skip_invalid`` batch left out (``index`` =
+    position in the batch)."""
 
     edges: EdgeLog
     added: np.ndarray

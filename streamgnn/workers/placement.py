@@ -165,7 +165,8 @@ class Placement:
         self._load += np.bincount(self.part[added], minlength=self.num_partitions)
 
         had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        src_lives, dst_lives = ~np.isin(src, removed), ~np.isin(dst, removed)
+        gone = np.sort(removed)
+        src_lives, dst_lives = _outside(src, gone), _outside(dst, gone)
         deleted = had & ~has & src_lives & dst_lives  # the rest: cascades
         kept, new = had & has, has & ~had
         new_src, new_dst = src[new], dst[new]
@@ -233,7 +234,7 @@ class Placement:
         return routed
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
-        """Owners for the vertices ``diff`` added."""
+        """Owners for the vertices ``diff`` added (sorted: `GraphDiff`)."""
         added = diff.added.astype(np.int64)
         if self.strategy == "hash" or not len(added):
             return graph.ext[added] % self.num_partitions
@@ -301,23 +302,37 @@ def _release(src, lost_at, part, holders, start, deg, nbr):
 
 @njit(cache=True)
 def _first_neighbours(src, dst, after, added):
-    """For each of the vertices ``added``, the first neighbour, in the order of the net
-    edge changes ``src -> dst`` that exist after the batch (``after`` not NaN), that the
-    batch did not add; -1 where there is none."""
+    """For each of the vertices ``added`` (sorted), the first neighbour, in the order of
+    the net edge changes ``src -> dst`` that exist after the batch (``after`` not NaN),
+    that the batch did not add; -1 where there is none."""
     first = np.full(len(added), -1, np.int64)
-    at = {}
-    for i in range(len(added)):
-        at[added[i]] = i
     for k in range(len(src)):
         if np.isnan(after[k]):
             continue
         a, b = np.int64(src[k]), np.int64(dst[k])
-        new_a, new_b = a in at, b in at
-        if new_a and not new_b and first[at[a]] < 0:
-            first[at[a]] = b
-        if new_b and not new_a and first[at[b]] < 0:
-            first[at[b]] = a
+        i, j = _position(added, a), _position(added, b)
+        if i >= 0 and j < 0 and first[i] < 0:
+            first[i] = b
+        if j >= 0 and i < 0 and first[j] < 0:
+            first[j] = a
     return first
+
+
+@njit(cache=True)
+def _position(members, value):
+    """Where ``value`` is in the sorted ``members``; -1 where it is not."""
+    i = np.searchsorted(members, value)
+    return i if i < len(members) and members[i] == value else -1
+
+
+@njit(cache=True)
+def _outside(values, members):
+    """Per value, whether it is not among the sorted ``members`` (the batch's few: a
+    search each, not a mask over every slot)."""
+    out = np.empty(len(values), np.bool_)
+    for k in range(len(values)):
+        out[k] = _position(members, values[k]) < 0
+    return out
 
 
 @njit(cache=True)
