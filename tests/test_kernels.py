@@ -28,6 +28,8 @@ from streamgnn.models.rowops import (
     difference_table_torch,
     fold_rows_numba,
     fold_rows_torch,
+    merge_rows_numba,
+    merge_rows_torch,
     store_rows_numba,
     store_rows_torch,
 )
@@ -171,6 +173,21 @@ def test_difference_table_numba_and_torch_stack_new_old_and_difference_rows(
     expected = np.concatenate([rows[:fresh], old[at_taken], rows[fresh:] - old[at_moved]])
     for kernel in (difference_table_numba, difference_table_torch):
         got = kernel(torch.from_numpy(rows), torch.from_numpy(old), at_taken, at_moved)
+        np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@given(seed=seeds, count=st.integers(0, 12), dtype=st.sampled_from([np.float32, np.float64]))
+def test_merge_rows_numba_and_torch_take_rows_from_the_first_table_or_else_the_second(
+        seed, count, dtype):
+    rng = np.random.default_rng(seed)
+    first = rng.normal(size=(6, 3)).astype(dtype)
+    at = np.where(rng.random(count) < 0.5, rng.integers(0, 6, count), -1)
+    second = rng.normal(size=(int((at < 0).sum()), 3)).astype(dtype)
+    expected = np.empty((count, 3), dtype)
+    expected[at >= 0] = first[at[at >= 0]]
+    expected[at < 0] = second
+    for kernel in (merge_rows_numba, merge_rows_torch):
+        got = kernel(torch.from_numpy(first), at, torch.from_numpy(second))
         np.testing.assert_array_equal(got.numpy(), expected)
 
 

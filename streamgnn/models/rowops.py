@@ -1,11 +1,12 @@
 """Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
 (``fold_rows_``), the store of a superstep's new rows that reports which changed
-(``store_rows_``), the rows a linear layer's delta transforms (``difference_table``) and
-each row's largest column (``argmax_rows``: the labels).
+(``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), rows
+taken from two tables (``merge_rows``) and each row's largest column (``argmax_rows``: the
+labels).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
-The loops read and write rows of large tables at random, so each asks for the row it will
+The loops that read and write rows of large tables at random ask for the row they will
 need a few iterations ahead (`prefetch_row`).
 
 Owns these kernels only; must not import kafka, mpi4py or the graph store.
@@ -281,6 +282,40 @@ def difference_table(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.nda
     ``old`` (t of the difference is the difference of t)."""
     kernel = difference_table_numba if rows.device.type == "cpu" else difference_table_torch
     return kernel(rows, old, taken, moved)
+
+
+@njit(cache=True)
+def _merge_loop(first, at, second, out):
+    k = 0
+    for i in range(len(at)):
+        if at[i] >= 0:
+            out[i] = first[at[i]]
+        else:
+            out[i] = second[k]
+            k += 1
+
+
+def merge_rows_numba(first: Tensor, at: np.ndarray, second: Tensor) -> Tensor:
+    out = np.empty((len(at), first.shape[1]), first.numpy().dtype)
+    _merge_loop(first.numpy(), at, second.numpy(), out)
+    return torch.from_numpy(out)
+
+
+def merge_rows_torch(first: Tensor, at: np.ndarray, second: Tensor) -> Tensor:
+    taken = at >= 0
+    rows = first.new_empty((len(at), first.shape[1]))
+    kept, rest = (torch.from_numpy(np.flatnonzero(mask)).to(first.device)
+                  for mask in (taken, ~taken))
+    rows.index_copy_(0, kept, first.index_select(0, torch.from_numpy(at[taken]).to(
+        first.device)))
+    return rows.index_copy_(0, rest, second)
+
+
+def merge_rows(first: Tensor, at: np.ndarray, second: Tensor) -> Tensor:
+    """Row i is row ``at[i]`` of ``first`` where that is not negative, else the next row of
+    ``second`` (which has one for each negative ``at``, in order)."""
+    kernel = merge_rows_numba if first.device.type == "cpu" else merge_rows_torch
+    return kernel(first, at, second)
 
 
 @njit(cache=True)

@@ -107,15 +107,15 @@ def message_sources(sources, at, src, dst, has, had, alive, old_slots, removed, 
     unchanged out-edges ``sources[at]``), the sources ``src`` of the changed edges (into
     ``dst``; ``has``/``had``: they exist after/before the batch), the ``removed`` vertices
     and the ``extra`` slots. Rows of h before the batch are those of ``old_slots`` then
-    ``removed``. ``mark``/``scratch``: a bool array (all false) and an int64 array as long
-    as the slots. Returns (slots, at1, at2, has, had, own, extra_at, prior, new_row,
-    old_row, delta_row, fresh, taken, moved): the positions in ``slots`` of the unchanged
-    edges' sources, the changed edges' sources, ``own_slots`` and ``extra``; ``has``/``had``
-    left true only into ``alive`` vertices (messages to deleted ones are moot); each
-    source's row before the batch (-1: none); and the table layout, with ``differences``
-    `difference_rows`' (t computed from the rows after, before and their differences),
-    else rows after the batch in source order followed by the rows before (``fresh``,
-    ``taken``, ``moved`` then empty)."""
+    ``removed``. ``mark``/``scratch``: a bool array (all false; a multiple of 8 long) and an
+    int64 array, at least as long as the slots (`SlotSets`' own). Returns (slots, at1, at2,
+    has, had, own, extra_at, prior, new_row, old_row, delta_row, fresh, taken, moved): the
+    positions in ``slots`` of the unchanged edges' sources, the changed edges' sources,
+    ``own_slots`` and ``extra``; ``has``/``had`` left true only into ``alive`` vertices
+    (messages to deleted ones are moot); each source's row before the batch (-1: none); and
+    the table layout, with ``differences`` `difference_rows`' (t computed from the rows
+    after, before and their differences), else rows after the batch in source order followed
+    by the rows before (``fresh``, ``taken``, ``moved`` then empty)."""
     slots = union_marked(np.concatenate((sources, src, removed, extra)), mark, mark, False)
     n = len(slots)
     for i in range(n):

@@ -46,7 +46,13 @@ from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
 from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
-from streamgnn.models.rowops import argmax_rows, compare_rows, difference_table, store_rows_
+from streamgnn.models.rowops import (
+    argmax_rows,
+    compare_rows,
+    difference_table,
+    merge_rows,
+    store_rows_,
+)
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import edge_changes, linear_delta_messages, message_sources
 from streamgnn.workers.exchange import Ghosts, pack, unpack
@@ -946,13 +952,11 @@ class Shard:
             return activate(z.index_select(0, index))
         after = b.step.after
         at = self.sets.find(b.step.activated, index.cpu().numpy())
-        taken = at >= 0
-        if taken.all():
+        missing = np.flatnonzero(at < 0)
+        if not len(missing):
             return after.index_select(0, self._index(at))
-        rows = after.new_empty((index.shape[0], after.shape[1]))
-        kept, missing = self._index(np.flatnonzero(taken)), self._index(np.flatnonzero(~taken))
-        rows.index_copy_(0, kept, after.index_select(0, self._index(at[taken])))
-        return rows.index_copy_(0, missing, activate(z.index_select(0, index[missing])))
+        rest = activate(z.index_select(0, index[self._index(missing)]))
+        return merge_rows(after, at, rest)
 
     def _index(self, slots: np.ndarray) -> Tensor:
         index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
