@@ -123,14 +123,13 @@ def _gather_except(adj, vertices, skip):
 
 
 @njit(cache=True)
-def _weight_sums(adj, vertices, out):
+def weight_sum1(adj, v) -> float:
+    """Sum of ``v``'s block weights, accumulated in float64."""
     start, deg, _, _, w, _ = adj
-    for i in range(len(vertices)):
-        s = start[vertices[i]]
-        acc = 0.0
-        for k in range(s, s + deg[vertices[i]]):
-            acc += w[k]
-        out[i] = acc
+    acc = 0.0
+    for k in range(start[v], start[v] + deg[v]):
+        acc += w[k]
+    return acc
 
 
 @njit(cache=True)
@@ -227,12 +226,6 @@ class Adjacency:
         COO-style: (position of the owner in ``vertices``, neighbour, weight)."""
         return _gather_except(self.arrays, np.ascontiguousarray(vertices, np.int64),
                               np.ascontiguousarray(skip, np.int64))
-
-    def weight_sums(self, vertices: np.ndarray) -> np.ndarray:
-        """Sum of block weights per vertex, accumulated in float64."""
-        out = np.empty(len(vertices), np.float64)
-        _weight_sums(self.arrays, np.ascontiguousarray(vertices, np.int64), out)
-        return out
 
     def make_room(self, pending: int) -> None:
         """Compact into arrays with a quarter more space than the blocks need, plus room

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamgnn.graph.adjacency import find1, has_room1, insert1, remove1
+from streamgnn.graph.adjacency import find1, has_room1, insert1, remove1, weight_sum1
 from streamgnn.graph.idmap import del1, get1, put1
 from streamgnn.updates import (
     ADD_EDGE,
@@ -207,14 +207,16 @@ def _member(sorted_values, x) -> bool:
 
 
 @njit(cache=True)
-def net_kernel(log, alive):
+def net_kernel(log, alive, x, xsave, inn, in_weight):
     """The net effect of a logged batch, as slots and weights: ``src``/``dst`` (int32)
     of each pair whose weight or presence differs before vs after (pairs in key order),
-    ``before``/``after`` its weights (NaN: absent); ``touched``: sorted destinations
-    of all edge entries; ``added`` (int32): slots added and alive; ``gone`` (int32): slots
-    deleted that existed before (``gone_save``: the xsave row of their features before the batch, -1
-    where they were not updated); ``changed``: slots alive throughout whose features were
-    updated (sorted), ``changed_save`` their xsave rows."""
+    ``before``/``after`` its weights (NaN: absent); ``added`` (int32): slots added and
+    alive, sorted; ``gone`` (int32): slots deleted that existed before, with ``gone_x``
+    their features before the batch (from ``xsave`` where the batch updated them, else
+    still in ``x``); ``changed`` (int32): slots alive throughout whose features differ
+    after the batch (sorted), with ``changed_x`` those before it (features rewritten to
+    the same values are left out). Refreshes ``in_weight`` (the weighted in-degree, from
+    the in-adjacency ``inn``) of every destination an edge entry touched."""
     kinds, ints, floats, count = log
     m = count[0]
     edge = np.flatnonzero(kinds[:m] == EDGE)
@@ -224,7 +226,8 @@ def net_kernel(log, alive):
     for k in range(len(first)):
         b, a = floats[edge[first[k]], 0], floats[edge[last[k]], 1]
         keep[k] = not (b == a or (np.isnan(b) and np.isnan(a)))
-    touched = np.unique(ints[edge, 1])
+    for v in np.unique(ints[edge, 1]):
+        in_weight[v] = weight_sum1(inn, v)
 
     vadd = np.sort(ints[np.flatnonzero(kinds[:m] == VADD), 0])
     added = vadd[alive[vadd]]
@@ -233,19 +236,25 @@ def net_kernel(log, alive):
     feat_slot = ints[feat[feat_first], 0]
     feat_save = ints[feat[feat_first], 1]
     vdel = ints[np.flatnonzero(kinds[:m] == VDEL), 0]
-    gone = np.empty(len(vdel), np.int64)
-    gone_save = np.empty(len(vdel), np.int64)
+    gone = np.empty(len(vdel), np.int32)
+    gone_x = np.empty((len(vdel), x.shape[1]), x.dtype)
     n = 0
     for s in vdel:
         if not _member(vadd, s):  # born in the batch: no net effect
             j = np.searchsorted(feat_slot, s)
+            updated = j < len(feat_slot) and feat_slot[j] == s
             gone[n] = s
-            gone_save[n] = feat_save[j] if j < len(feat_slot) and feat_slot[j] == s else -1
+            gone_x[n] = xsave[feat_save[j]] if updated else x[s]
             n += 1
-    stayed = np.empty(len(feat_slot), np.bool_)
+    differs = np.zeros(len(feat_slot), np.bool_)
     for k in range(len(feat_slot)):
-        stayed[k] = alive[feat_slot[k]] and not _member(vadd, feat_slot[k])
+        v = feat_slot[k]
+        if alive[v] and not _member(vadd, v):
+            for c in range(x.shape[1]):  # rewritten to the same values: no change
+                if xsave[feat_save[k], c] != x[v, c]:
+                    differs[k] = True
+                    break
     first, last = edge[first[keep]], edge[last[keep]]
     return (ints[first, 0].astype(np.int32), ints[first, 1].astype(np.int32),
-            floats[first, 0], floats[last, 1], touched, added.astype(np.int32),
-            gone[:n].astype(np.int32), gone_save[:n], feat_slot[stayed], feat_save[stayed])
+            floats[first, 0], floats[last, 1], added.astype(np.int32), gone[:n],
+            gone_x[:n], feat_slot[differs].astype(np.int32), xsave[feat_save[differs]])

@@ -356,16 +356,10 @@ class DynamicGraph:
     def _net(self, log, xsave, rejected: list[InvalidUpdateError]) -> GraphDiff:
         """Net effect of the batch from its log; refreshes the weighted in-degree of every
         destination an edge entry touched."""
-        (src, dst, before, after, touched, added, gone, gone_save, changed,
-         changed_save) = net_kernel(log, self.alive)
-        self.in_weight[touched] = self.inn.weight_sums(touched)
-        gone_x = self.x[gone]
-        updated = gone_save >= 0  # features from before the batch
-        gone_x[updated] = xsave[gone_save[updated]]
-        changed_x = xsave[changed_save]
-        differs = (changed_x != self.x[changed]).any(axis=1)  # rewritten to the same values
-        return GraphDiff(EdgeLog(src, dst, before, after), added, gone, gone_x,
-                         changed[differs].astype(np.int32), changed_x[differs], rejected)
+        src, dst, before, after, added, gone, gone_x, changed, changed_x = net_kernel(
+            log, self.alive, self.x, xsave, self.inn.arrays, self.in_weight)
+        return GraphDiff(EdgeLog(src, dst, before, after), added, gone, gone_x, changed,
+                         changed_x, rejected)
 
 
 def _error(status: int, i: int, enc: UpdateBatch, num_features: int, limits: ValueLimits
