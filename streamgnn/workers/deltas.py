@@ -19,9 +19,9 @@ in-degree). A layer that keeps its pre-activation also adds, to each source whos
 changed, its new root term and subtracts its old one (one message of the difference's root
 term where the table has it).
 
-The in-degrees before a batch, from its net edge changes and the in-degrees after it
-(`edge_changes`), are worked out here too, in one pass, for the mean's rescale and
-degree-normalised layers.
+A batch's edge changes as every superstep reads them, with the in-degrees before the batch
+from its net edge changes and the in-degrees after it (`edge_changes`, for the mean's
+rescale and degree-normalised layers), are worked out here too, in one pass.
 
 Owns this index arithmetic only; must not import torch, kafka or mpi4py.
 """
@@ -208,13 +208,19 @@ def difference_rows(prior, at1, at2, has, had, extra, own):
 
 
 @njit(cache=True)
-def edge_changes(dst, before, after, alive, members, in_degree, scratch):
-    """For net edge changes into ``dst`` (weights ``before``/``after``, NaN where the edge
-    is absent): whether each existed before and exists after, its weights with 0 for
-    absent, and, for ``members`` (distinct slots: the live destinations among ``dst``),
-    their in-degree before the batch (``in_degree``: after it). ``scratch``: an int64
-    array as long as the slots. Returns (had, has, before, after, count_before)."""
+def edge_changes(src, dst, before, after, alive, in_degree, mark, scratch):
+    """A batch's net edge changes ``src -> dst`` (weights ``before``/``after``, NaN where
+    the edge is absent), in one pass. ``in_degree``: after the batch; ``mark``/``scratch``:
+    a bool array (all false; a multiple of 8 long) and an int64 array, at least as long as
+    the slots. Returns (src, dst, before, after, had, has, keys, members, recounted,
+    count_before, empty_before) (`_BatchEdges`' order): the edges' slots in int64; their
+    weights with 0 for absent; whether each existed before and exists after; the sorted
+    `pair_keys` of the changed pairs; ``members``, the live destinations (sorted),
+    ``recounted`` those whose number of in-edges changed with ``count_before``, that
+    number before the batch, and ``empty_before`` those that had no in-edge before it."""
     n = len(dst)
+    src64, dst64 = src.astype(np.int64), dst.astype(np.int64)
+    members = union_marked(dst64, mark, alive, True)
     had, has = np.empty(n, np.bool_), np.empty(n, np.bool_)
     before0, after0 = np.empty(n, before.dtype), np.empty(n, after.dtype)
     count = np.empty(len(members), np.int64)
@@ -225,6 +231,11 @@ def edge_changes(dst, before, after, alive, members, in_degree, scratch):
         had[k], has[k] = not np.isnan(before[k]), not np.isnan(after[k])
         before0[k] = before[k] if had[k] else 0
         after0[k] = after[k] if has[k] else 0
-        if alive[dst[k]] and had[k] != has[k]:  # one more (lost) or one fewer (gained)
-            count[scratch[dst[k]]] += 1 if had[k] else -1
-    return had, has, before0, after0, count
+        if alive[dst64[k]] and had[k] != has[k]:  # one more (lost) or one fewer (gained)
+            count[scratch[dst64[k]]] += 1 if had[k] else -1
+    recounted = np.zeros(len(members), np.bool_)
+    for i in range(len(members)):
+        recounted[i] = count[i] != in_degree[members[i]]
+    keys = np.sort((src64 << 32) | dst64)
+    return (src64, dst64, before0, after0, had, has, keys, members, members[recounted],
+            count[recounted], members[count == 0])

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from streamgnn.allocator import huge_pages, huge_zeros
 from streamgnn.errors import InvalidUpdateError
-from streamgnn.graph import DynamicGraph, GraphDiff, pair_keys
+from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
@@ -895,14 +895,8 @@ class Shard:
 
     def _batch_edges(self, diff: GraphDiff) -> _BatchEdges:
         g, e = self.graph, diff.edges
-        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
-        degree_changed = self.sets.union(dst, alive=g.alive)
-        had, has, before, after, old_degree = edge_changes(
-            dst, e.before, e.after, g.alive, degree_changed, g.in_degree, self.sets.scratch)
-        recounted = old_degree != g.in_degree[degree_changed]
-        return _BatchEdges(src, dst, before, after, had, has, np.sort(pair_keys(src, dst)),
-                           degree_changed, degree_changed[recounted], old_degree[recounted],
-                           degree_changed[old_degree == 0])
+        return _BatchEdges(*edge_changes(e.src, e.dst, e.before, e.after, g.alive,
+                                         g.in_degree, self.sets.mark, self.sets.scratch))
 
     def _label_changes(self, last: _Step) -> ChangedLabels:
         new = argmax_rows(last.after[:len(last.region)])
