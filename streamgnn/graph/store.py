@@ -60,7 +60,8 @@ from streamgnn.updates import (
 
 @dataclass
 class EdgeLog:
-    """Edge changes in slots: weight ``before``/``after``, NaN where the edge is absent."""
+    """Edge changes in slots: weight ``before``/``after``, NaN where the edge is absent;
+    pairs in key order (by ``src``, then ``dst``: `pair_keys` ascending)."""
 
     src: np.ndarray
     dst: np.ndarray

@@ -209,15 +209,16 @@ def difference_rows(prior, at1, at2, has, had, extra, own):
 
 @njit(cache=True)
 def edge_changes(src, dst, before, after, alive, in_degree, mark, scratch):
-    """A batch's net edge changes ``src -> dst`` (weights ``before``/``after``, NaN where
-    the edge is absent), in one pass. ``in_degree``: after the batch; ``mark``/``scratch``:
-    a bool array (all false; a multiple of 8 long) and an int64 array, at least as long as
-    the slots. Returns (src, dst, before, after, had, has, keys, members, recounted,
-    count_before, empty_before) (`_BatchEdges`' order): the edges' slots in int64; their
-    weights with 0 for absent; whether each existed before and exists after; the sorted
-    `pair_keys` of the changed pairs; ``members``, the live destinations (sorted),
-    ``recounted`` those whose number of in-edges changed with ``count_before``, that
-    number before the batch, and ``empty_before`` those that had no in-edge before it."""
+    """A batch's net edge changes ``src -> dst`` (weights ``before``/``after``, NaN where the
+    edge is absent; pairs in key order, as `EdgeLog` holds them), in one pass.
+    ``in_degree``: after the batch; ``mark``/``scratch``: a bool array (all false; a
+    multiple of 8 long) and an int64 array, at least as long as the slots. Returns (src,
+    dst, before, after, had, has, keys, members, recounted, count_before, empty_before)
+    (`_BatchEdges`' order): the edges' slots in int64; their weights with 0 for absent;
+    whether each existed before and exists after; the sorted `pair_keys` of the changed
+    pairs; ``members``, the live destinations (sorted), ``recounted`` those whose number of
+    in-edges changed with ``count_before``, that number before the batch, and
+    ``empty_before`` those that had no in-edge before it."""
     n = len(dst)
     src64, dst64 = src.astype(np.int64), dst.astype(np.int64)
     members = union_marked(dst64, mark, alive, True)
@@ -236,6 +237,6 @@ def edge_changes(src, dst, before, after, alive, in_degree, mark, scratch):
     recounted = np.zeros(len(members), np.bool_)
     for i in range(len(members)):
         recounted[i] = count[i] != in_degree[members[i]]
-    keys = np.sort((src64 << 32) | dst64)
+    keys = (src64 << 32) | dst64  # sorted: `EdgeLog` holds the pairs in key order
     return (src64, dst64, before0, after0, had, has, keys, members, members[recounted],
             count[recounted], members[count == 0])
