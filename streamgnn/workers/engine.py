@@ -350,13 +350,10 @@ class Engine:
             while self._in_flight:  # the workers' replies to a batch after it, let go
                 self._in_flight.popleft().results()
             raise NonFiniteEmbeddingError(self._poisoned)
-        one = len(results) == 1  # one shard: its labels and counts as they are
-        labels = (results[0].changed_labels if one else
-                  ChangedLabels.concat([r.changed_labels for r in results]))
-        counts = {name: getattr(results[0], name) if one else [  # per layer, summed
-                      sum(c) for c in zip(*(getattr(r, name) for r in results), strict=True)]
+        labels = ChangedLabels.concat([r.changed_labels for r in results])
+        counts = {name: [sum(c) for c in zip(*(getattr(r, name) for r in results), strict=True)]
                   for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
-                               "combined_messages")}
+                               "combined_messages")}  # per layer, summed over the shards
         return ApplyResult(labels, flight.diff.rejected, removed=flight.removed, **counts)
 
     @property

@@ -39,9 +39,12 @@ class ChangedLabels(Mapping[int, tuple[int | None, int]]):
 
     @classmethod
     def concat(cls, parts: Sequence[ChangedLabels]) -> ChangedLabels:
-        """The changes of vertices in disjoint ``parts`` (shards), together."""
+        """The changes of vertices in disjoint ``parts`` (shards), together (one part as it
+        is)."""
         if not parts:
             return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
         return cls(*(np.concatenate([getattr(p, name) for p in parts])
                      for name in ("ids", "old", "new")))
 
