@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic, overload
 from torch import Tensor
 
 from streamgnn.prefetch import AHEAD, prefetch_row
@@ -56,38 +57,94 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
 
 
 @njit(cache=True)
-def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale, scale,
-               bias):
-    delta = _combine_loop(t, rows, coef, local, len(region))
+def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale,
+               scale, bias):
+    bits = _bits(state)
+    # each destination's messages summed in one row (no table of the region's deltas:
+    # 1 KB a row written, then read, on top of the state's)
+    first, order = _grouped(local, len(region))
+    delta = np.empty(state.shape[1], np.float64)
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
     for i in range(len(region)):
         if i + AHEAD < len(region):
             prefetch_row(state, region[i + AHEAD])
             prefetch_row(drift, region[i + AHEAD])  # a miss of its own: 8-15 % of the loop
+        delta[:] = 0.0
+        for q in range(first[i], first[i + 1]):
+            k = order[q]
+            c, m = coef[k], rows[k]
+            for j in range(t.shape[1]):
+                delta[j] += c * t[m, j]
         r, s, a = region[i], divisor[i], scale[i]
-        before = float(_largest(state[r]))
+        before = _largest(bits, r)
         if a == 1.0:
             for j in range(state.shape[1]):
-                state[r, j] += delta[i, j]
-                out[i, j] = state[r, j] / s
+                state[r, j] += delta[j]
         else:
             for j in range(state.shape[1]):
-                state[r, j] = a * state[r, j] + (1.0 - a) * bias[j] + delta[i, j]
+                state[r, j] = a * state[r, j] + (1.0 - a) * bias[j] + delta[j]
+        if s == 1.0:  # (a sum's: x / 1 is x)
+            for j in range(state.shape[1]):
+                out[i, j] = state[r, j]
+        else:
+            for j in range(state.shape[1]):
                 out[i, j] = state[r, j] / s
-        top = float(_largest(state[r]))
+        top = _largest(bits, r)
         g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
         drift[r] = g * drift[r] + unit * max(top, g * before)
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
-@njit(cache=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
-def _largest(row):
-    """max |row| in the row's dtype, vectorised (fast-math: a row holding NaN or inf gives
-    an unspecified answer; such rows fail the store's finiteness check anyway)."""
-    top = row.dtype.type(0)
-    for j in range(len(row)):
-        top = max(top, abs(row[j]))
-    return top
+@njit(cache=True)
+def _grouped(key, n):
+    """Positions of ``key`` (values in 0..n) grouped by value, each group in order:
+    group v is ``order[first[v]:first[v + 1]]`` (a counting sort)."""
+    first = np.zeros(n + 1, np.int64)
+    for k in range(len(key)):
+        first[key[k] + 1] += 1
+    for v in range(n):
+        first[v + 1] += first[v]
+    order = np.empty(len(key), np.int64)
+    fill = first[:-1].copy()
+    for k in range(len(key)):
+        order[fill[key[k]]] = k
+        fill[key[k]] += 1
+    return first, order
+
+
+@njit(cache=True, inline="always")
+def _largest(bits, r):
+    """max |x| over row ``r`` of a float table, read as its IEEE bits ``bits`` (the table
+    viewed as unsigned integers of its width): without the sign bit, larger magnitudes
+    have larger bits, and an integer maximum vectorises where numba's float one does not
+    (a row holding NaN gives NaN; such rows fail the store's finiteness check anyway)."""
+    word = bits.dtype.type
+    magnitude = word(~(word(1) << word(8 * bits.itemsize - 1)))
+    top = word(0)
+    for j in range(bits.shape[1]):
+        top = word(max(top, word(bits[r, j] & magnitude)))
+    return float(_float_of_bits(top))
+
+
+def _bits(table):
+    """``table`` (float32 or float64) viewed as unsigned integers of its width."""
+
+
+@overload(_bits, jit_options={"cache": True})
+def _bits_overload(table):
+    word = np.uint32 if table.dtype.bitwidth == 32 else np.uint64
+    return lambda table: table.view(word)
+
+
+@intrinsic
+def _float_of_bits(typingctx, bits):
+    """The float whose IEEE bits are the unsigned integer ``bits`` (32 bits: float32,
+    64: float64)."""
+    result = types.float32 if bits.bitwidth == 32 else types.float64
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(result))
+    return result(bits), codegen
 
 
 def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
