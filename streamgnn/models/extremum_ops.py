@@ -25,33 +25,18 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from streamgnn.models.rowops import by_destination
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 MAX_TIES = 255  # uint8: more carriers are counted as this many (a lower bound)
 
 
 @njit(cache=True)
-def _by_destination(at, num):
-    """Message indices grouped by destination position ``at`` in ``0..num``: CSR."""
-    ptr = np.zeros(num + 1, np.int64)
-    for k in range(len(at)):
-        ptr[at[k] + 1] += 1
-    for g in range(num):
-        ptr[g + 1] += ptr[g]
-    order = np.empty(len(at), np.int64)
-    fill = ptr[:-1].copy()
-    for k in range(len(at)):
-        order[fill[at[k]]] = k
-        fill[at[k]] += 1
-    return ptr, order
-
-
-@njit(cache=True)
 def _fold_loop(state, ties, t, region, new_rows, new_factor, new_at, old_rows, old_factor,
                old_at, sign, tol):
     d, num = state.shape[1], len(region)
-    new_ptr, new_order = _by_destination(new_at, num)
-    old_ptr, old_order = _by_destination(old_at, num)
+    new_ptr, new_order = by_destination(new_at, num)
+    old_ptr, old_order = by_destination(old_at, num)
     lost_at = np.empty(num, np.int64)
     cols = np.zeros((min(num, len(old_at)), d), np.bool_)
     n = 0

@@ -3,7 +3,7 @@ gather-scale-scatter (``combine_rows``), the same folded into stored states and 
 (``fold_rows_``), the store of a superstep's new rows that reports which changed
 (``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), rows
 taken from two tables (``merge_rows``) and each row's largest column (``argmax_rows``: the
-labels).
+labels); and the grouping of messages by destination (``by_destination``) the folds share.
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 The loops that read and write rows of large tables at random ask for the row they will
@@ -57,12 +57,29 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
 
 
 @njit(cache=True)
+def by_destination(at, num):
+    """Message indices grouped by destination position ``at`` in ``0..num``, each group in
+    order (a counting sort): destination g's are ``order[ptr[g]:ptr[g + 1]]``."""
+    ptr = np.zeros(num + 1, np.int64)
+    for k in range(len(at)):
+        ptr[at[k] + 1] += 1
+    for g in range(num):
+        ptr[g + 1] += ptr[g]
+    order = np.empty(len(at), np.int64)
+    fill = ptr[:-1].copy()
+    for k in range(len(at)):
+        order[fill[at[k]]] = k
+        fill[at[k]] += 1
+    return ptr, order
+
+
+@njit(cache=True)
 def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale,
                scale, bias):
     bits = _bits(state)
     # each destination's messages summed in one row (no table of the region's deltas:
     # 1 KB a row written, then read, on top of the state's)
-    first, order = _grouped(local, len(region))
+    first, order = by_destination(local, len(region))
     delta = np.empty(state.shape[1], np.float64)
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
     for i in range(len(region)):
@@ -93,23 +110,6 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
         g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
         drift[r] = g * drift[r] + unit * max(top, g * before)
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
-
-
-@njit(cache=True)
-def _grouped(key, n):
-    """Positions of ``key`` (values in 0..n) grouped by value, each group in order:
-    group v is ``order[first[v]:first[v + 1]]`` (a counting sort)."""
-    first = np.zeros(n + 1, np.int64)
-    for k in range(len(key)):
-        first[key[k] + 1] += 1
-    for v in range(n):
-        first[v + 1] += first[v]
-    order = np.empty(len(key), np.int64)
-    fill = first[:-1].copy()
-    for k in range(len(key)):
-        order[fill[key[k]]] = k
-        fill[key[k]] += 1
-    return first, order
 
 
 @njit(cache=True, inline="always")
