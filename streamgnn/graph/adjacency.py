@@ -38,6 +38,23 @@ def find1(adj, u, v) -> int:
 
 
 @njit(cache=True)
+def prefetch_head(adj, u) -> None:
+    """Ask for u's block bounds (a hint, first of two)."""
+    start, deg, room, _, _, _ = adj
+    prefetch(start.ctypes.data + u * start.itemsize)
+    prefetch(deg.ctypes.data + u * deg.itemsize)
+    prefetch(room.ctypes.data + u * room.itemsize)
+
+
+@njit(cache=True)
+def prefetch_block(adj, u) -> None:
+    """Ask for the start of u's block (second hint, once its bounds are cached)."""
+    start, _, _, nbr, w, _ = adj
+    prefetch(nbr.ctypes.data + start[u] * nbr.itemsize)
+    prefetch(w.ctypes.data + start[u] * w.itemsize)
+
+
+@njit(cache=True)
 def has_room1(adj, u) -> bool:
     """Can u take one more entry without compacting the arrays?"""
     _, deg, room, nbr, _, end = adj

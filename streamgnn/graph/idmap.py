@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamgnn.prefetch import prefetch
+
 _EMPTY, _GONE = -1, -2
 _MAX_LOAD = 0.7  # live plus deleted cells, as a fraction of the table
 
@@ -42,6 +44,23 @@ def get1(table, key) -> int:
     if i < 0:  # not one conditional expression: numba compiles that 7x slower here
         return -1
     return cells[i]
+
+
+@njit(cache=True)
+def prefetch_cell(table, key) -> None:
+    """Ask for the hash cell where the search for ``key`` starts (a hint, first of two)."""
+    cells = table[0]
+    prefetch(cells.ctypes.data + _home(key, len(cells) - 1) * cells.itemsize)
+
+
+@njit(cache=True)
+def prefetch_key(table, key) -> None:
+    """Ask for the id of the slot in that cell (second hint, once the cell is cached):
+    `get1` then finds ``key`` in cache where it sits in its home cell, as most do."""
+    cells, ext, _ = table
+    slot = cells[_home(key, len(cells) - 1)]
+    if slot >= 0:
+        prefetch(ext.ctypes.data + slot * ext.itemsize)
 
 
 @njit(cache=True)
