@@ -88,6 +88,10 @@ def del1(table, key) -> None:
 @njit(cache=True)
 def _get_many(table, query, out):
     for q in range(len(query)):
+        if q + 16 < len(query):
+            prefetch_cell(table, query[q + 16])
+        if q + 8 < len(query):
+            prefetch_key(table, query[q + 8])
         out[q] = get1(table, query[q])
 
 
