@@ -22,7 +22,7 @@ def union_marked(values, mark, alive, live_only):
             mark[x] = True
             out[n] = x
             n += 1
-    if n * 64 < len(mark):  # few: sort them
+    if n * 256 < len(mark):  # few: sort them (even with a scan at ~900 of 169K, ~7K of 2.45M)
         out = np.sort(out[:n])
         for x in out:
             mark[x] = False
