@@ -347,9 +347,9 @@ def test_max_column_pulls_numba_and_torch_equal_the_reference(seed, sign, weight
 
 
 @given(seed=seeds, sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
-       slots=st.sampled_from([50, 5000]))
+       slots=st.sampled_from([50, 50_000]))
 def test_slot_set_union_positions_and_find(seed, sizes, slots):
-    """Among 50 slots a union is found by a scan of the marks, among 5000 by a sort."""
+    """Among 50 slots a union is found by a scan of the marks, among 50,000 by a sort."""
     rng = np.random.default_rng(seed)
     sets = SlotSets(slots)
     parts = [rng.integers(0, 50, n) for n in sizes]
