@@ -132,7 +132,7 @@ def _bits(table):
 
 @overload(_bits, jit_options={"cache": True})
 def _bits_overload(table):
-    word = np.uint32 if table.dtype.bitwidth == 32 else np.uint64
+    word = {32: np.uint32, 64: np.uint64}[table.dtype.bitwidth]  # float32 / float64 only
     return lambda table: table.view(word)
 
 
