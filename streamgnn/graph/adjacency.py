@@ -118,21 +118,35 @@ def _gather_except(adj, vertices, skip):
     at = np.empty(total, np.int64)
     out_nbr = np.empty(total, np.int64)
     out_w = np.empty(total, np.float32)
-    n = 0
+    ascending = True  # then the skipped pairs' runs are found by one walk along them
+    for i in range(1, len(vertices)):
+        if vertices[i] <= vertices[i - 1]:
+            ascending = False
+            break
+    n = j = 0
     for i in range(len(vertices)):
-        if i + AHEAD < len(vertices):  # the block read AHEAD vertices on
+        if i + 2 * AHEAD < len(vertices):  # the block's bounds, then the block itself
+            prefetch(start.ctypes.data + vertices[i + 2 * AHEAD] * start.itemsize)
+        if i + AHEAD < len(vertices):
             ahead = vertices[i + AHEAD]
             prefetch(nbr.ctypes.data + start[ahead] * nbr.itemsize)
             prefetch(w.ctypes.data + start[ahead] * w.itemsize)
         u = vertices[i]
         # the skipped pairs out of u: a run of the sorted keys
-        lo = np.searchsorted(skip, u << 32) if len(skip) else 0
-        hi = np.searchsorted(skip, (u + 1) << 32) if lo < len(skip) else lo
+        if ascending:
+            while j < len(skip) and skip[j] < u << 32:
+                j += 1
+            lo = hi = j
+            while hi < len(skip) and skip[hi] < (u + 1) << 32:
+                hi += 1
+        else:
+            lo = np.searchsorted(skip, u << 32) if len(skip) else 0
+            hi = np.searchsorted(skip, (u + 1) << 32) if lo < len(skip) else lo
         for k in range(start[u], start[u] + deg[u]):
             if lo < hi:
                 key = (u << 32) | nbr[k]
-                j = lo + np.searchsorted(skip[lo:hi], key)
-                if j < hi and skip[j] == key:
+                q = lo + np.searchsorted(skip[lo:hi], key)
+                if q < hi and skip[q] == key:
                     continue
             at[n], out_nbr[n], out_w[n] = i, nbr[k], w[k]
             n += 1
