@@ -103,6 +103,10 @@ def _find_many(adj, us, vs, out):
 def _gather(adj, vertices, ptr, out_nbr, out_w):
     start, _, _, nbr, w, _ = adj
     for i in range(len(vertices)):
+        if i + AHEAD < len(vertices):  # the block read AHEAD vertices on
+            ahead = vertices[i + AHEAD]
+            prefetch(nbr.ctypes.data + start[ahead] * nbr.itemsize)
+            prefetch(w.ctypes.data + start[ahead] * w.itemsize)
         s, p = start[vertices[i]], ptr[i]
         for k in range(ptr[i + 1] - p):
             out_nbr[p + k] = nbr[s + k]
