@@ -26,6 +26,8 @@ from streamgnn.models.rowops import (
     compare_rows_torch,
     difference_table_numba,
     difference_table_torch,
+    fill_rows_numba,
+    fill_rows_torch,
     fold_rows_numba,
     fold_rows_torch,
     merge_rows_numba,
@@ -189,6 +191,22 @@ def test_merge_rows_numba_and_torch_take_rows_from_the_first_table_or_else_the_s
     for kernel in (merge_rows_numba, merge_rows_torch):
         got = kernel(torch.from_numpy(first), at, torch.from_numpy(second))
         np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@given(seed=seeds, count=st.integers(0, 6), shape=st.sampled_from([(9, 4), (9,)]),
+       dtype=st.sampled_from([np.float32, np.uint8]), zeros=st.booleans())
+def test_fill_rows_numba_and_torch_set_the_given_rows_to_one_row_and_leave_the_rest(
+        seed, count, shape, dtype, zeros):
+    rng = np.random.default_rng(seed)
+    base = rng.integers(1, 100, shape).astype(dtype)
+    index = rng.choice(shape[0], count, replace=False)
+    row = None if zeros else rng.integers(1, 100, shape[1:]).astype(dtype)
+    expected = base.copy()
+    expected[index] = 0 if zeros else row
+    for kernel in (fill_rows_numba, fill_rows_torch):
+        table = torch.from_numpy(base.copy())
+        kernel(table, index, None if zeros else torch.from_numpy(row))
+        np.testing.assert_array_equal(table.numpy(), expected)
 
 
 @given(seed=seeds, differences=st.booleans())

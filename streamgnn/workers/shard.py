@@ -50,6 +50,7 @@ from streamgnn.models.rowops import (
     argmax_rows,
     compare_rows,
     difference_table,
+    fill_rows_,
     merge_rows,
     store_rows_,
 )
@@ -422,13 +423,12 @@ class Shard:
             owned[removed] = False
             owned[added] = ~self.ghost[added]
         if len(added):  # reused slots: start empty
-            index = self._index(added)
             for layer, rows, z in zip(self.layers, self.state, self._z, strict=True):
                 if rows is not None:
-                    rows[index] = layer.empty_preactivation() if z else 0
+                    fill_rows_(rows, added, layer.empty_preactivation() if z else None)
             for rows in (*self.drift, *self.ties):
                 if rows is not None:
-                    rows[index] = 0
+                    fill_rows_(rows, added, None)
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                            diff.changed.astype(np.int64),
                            [self._tensor(diff.changed_x_before).to(self.dtype)])
