@@ -34,6 +34,8 @@ from streamgnn.models.rowops import (
     merge_rows_torch,
     store_rows_numba,
     store_rows_torch,
+    take_rows_numba,
+    take_rows_torch,
 )
 from streamgnn.models.softmax_ops import (
     attend_with_self_loop_numba,
@@ -207,6 +209,17 @@ def test_fill_rows_numba_and_torch_set_the_given_rows_to_one_row_and_leave_the_r
         table = torch.from_numpy(base.copy())
         kernel(table, index, None if zeros else torch.from_numpy(row))
         np.testing.assert_array_equal(table.numpy(), expected)
+
+
+@given(seed=seeds, count=st.integers(0, 12), shape=st.sampled_from([(9, 4), (9,), (9, 2, 3)]))
+def test_take_rows_numba_and_torch_copy_the_given_rows(seed, count, shape):
+    rng = np.random.default_rng(seed)
+    table = torch.from_numpy(rng.normal(size=shape).astype(np.float32))
+    index = rng.integers(0, shape[0], count)
+    for kernel in (take_rows_numba, take_rows_torch):
+        got = kernel(table, index)
+        np.testing.assert_array_equal(got.numpy(), table.numpy()[index])
+        assert got.shape == (count, *shape[1:])
 
 
 @given(seed=seeds, differences=st.booleans())

@@ -2,9 +2,9 @@
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
 (``fold_rows_``), the store of a superstep's new rows that reports which changed
 (``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), rows
-taken from two tables (``merge_rows``), rows reset to one value (``fill_rows_``) and each
-row's largest column (``argmax_rows``: the labels); and the grouping of messages by
-destination (``by_destination``) the folds share.
+taken from a table (``take_rows``) or from two (``merge_rows``), rows reset to one value
+(``fill_rows_``) and each row's largest column (``argmax_rows``: the labels); and the
+grouping of messages by destination (``by_destination``) the folds share.
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 The loops that read and write rows of large tables at random ask for the row they will
@@ -374,6 +374,37 @@ def merge_rows(first: Tensor, at: np.ndarray, second: Tensor) -> Tensor:
     ``second`` (which has one for each negative ``at``, in order)."""
     kernel = merge_rows_numba if first.device.type == "cpu" else merge_rows_torch
     return kernel(first, at, second)
+
+
+@njit(cache=True)
+def _take_loop(table, index, out):
+    rows, taken = table.reshape(table.shape[0], -1), out.reshape(len(index), -1)
+    for i in range(len(index)):
+        if i + AHEAD < len(index):
+            prefetch_row(table, index[i + AHEAD])
+        r = index[i]
+        for j in range(rows.shape[1]):
+            taken[i, j] = rows[r, j]
+
+
+def take_rows_numba(table: Tensor, index: np.ndarray) -> Tensor:
+    rows = table.numpy()
+    out = np.empty((len(index), *rows.shape[1:]), rows.dtype)
+    _take_loop(rows, index, out)
+    return torch.from_numpy(out)
+
+
+def take_rows_torch(table: Tensor, index: np.ndarray) -> Tensor:
+    return table.index_select(0, torch.from_numpy(index).to(table.device))
+
+
+def take_rows(table: Tensor, index: np.ndarray) -> Tensor:
+    """Rows ``index`` of ``table`` (its rows contiguous), copied: ``index_select``. On CPU
+    a numba loop for fewer than 1,024 rows, where torch's call costs several times the
+    copy between a batch's kernels; torch's, on two threads, for more."""
+    few = table.device.type == "cpu" and len(index) < 1024
+    kernel = take_rows_numba if few else take_rows_torch
+    return kernel(table, index)
 
 
 @njit(cache=True)

@@ -53,6 +53,7 @@ from streamgnn.models.rowops import (
     fill_rows_,
     merge_rows,
     store_rows_,
+    take_rows,
 )
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import edge_changes, linear_delta_messages, message_sources
@@ -600,7 +601,7 @@ class Shard:
         count = g.in_degree[region]
         columns = None  # a pull of some columns only
         keeps_z, last = self._z[hop - 1], hop == self.num_layers
-        z_old = self.state[hop - 1].index_select(0, index) if keeps_z and not last else None
+        z_old = take_rows(self.state[hop - 1], region) if keeps_z and not last else None
         if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
             pulled, remote = self._pull(hop, layer, pull)
@@ -632,7 +633,7 @@ class Shard:
             ahead = region[:0] if last else self._read_next(region, edges.src, removed)
             activated = np.concatenate([region, ahead])
             after, moved, old_rows, finite = _compared(
-                layer, z_old, agg, self.state[hop - 1].index_select(0, self._index(ahead)),
+                layer, z_old, agg, take_rows(self.state[hop - 1], ahead),
                 fresh)
             new = after[:len(region)]
         else:
@@ -948,7 +949,7 @@ class Shard:
         at = self.sets.find(b.step.activated, index.cpu().numpy())
         missing = np.flatnonzero(at < 0)
         if not len(missing):
-            return after.index_select(0, self._index(at))
+            return take_rows(after, at)
         rest = activate(z.index_select(0, index[self._index(missing)]))
         return merge_rows(after, at, rest)
 
@@ -1005,8 +1006,7 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
     moved, finite = compare_rows(old, after[:n], fresh)
     if old is None:
         return after, moved, after[:0], finite
-    kept = torch.from_numpy(np.flatnonzero(moved & ~fresh)).to(old.device)
-    return after, moved, old.index_select(0, kept), finite  # (a mask: ~4x the time)
+    return after, moved, take_rows(old, np.flatnonzero(moved & ~fresh)), finite
 
 
 def _joined(parts: list[Tensor]) -> Tensor:
