@@ -104,9 +104,7 @@ def _gather(adj, vertices, ptr, out_nbr, out_w):
     start, _, _, nbr, w, _ = adj
     for i in range(len(vertices)):
         if i + AHEAD < len(vertices):  # the block read AHEAD vertices on
-            ahead = vertices[i + AHEAD]
-            prefetch(nbr.ctypes.data + start[ahead] * nbr.itemsize)
-            prefetch(w.ctypes.data + start[ahead] * w.itemsize)
+            prefetch_block(adj, vertices[i + AHEAD])
         s, p = start[vertices[i]], ptr[i]
         for k in range(ptr[i + 1] - p):
             out_nbr[p + k] = nbr[s + k]
@@ -130,11 +128,9 @@ def _gather_except(adj, vertices, skip):
     n = j = 0
     for i in range(len(vertices)):
         if i + 2 * AHEAD < len(vertices):  # the block's bounds, then the block itself
-            prefetch(start.ctypes.data + vertices[i + 2 * AHEAD] * start.itemsize)
+            prefetch_head(adj, vertices[i + 2 * AHEAD])
         if i + AHEAD < len(vertices):
-            ahead = vertices[i + AHEAD]
-            prefetch(nbr.ctypes.data + start[ahead] * nbr.itemsize)
-            prefetch(w.ctypes.data + start[ahead] * w.itemsize)
+            prefetch_block(adj, vertices[i + AHEAD])
         u = vertices[i]
         # the skipped pairs out of u: a run of the sorted keys
         if ascending:
