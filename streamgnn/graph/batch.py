@@ -245,9 +245,10 @@ def _firsts(keys):
 
 
 @njit(cache=True)
-def _member(sorted_values, x) -> bool:
+def sorted_position(sorted_values, x) -> int:
+    """Where ``x`` is in ``sorted_values``; -1 where it is not."""
     j = np.searchsorted(sorted_values, x)
-    return j < len(sorted_values) and sorted_values[j] == x
+    return j if j < len(sorted_values) and sorted_values[j] == x else -1
 
 
 @njit(cache=True)
@@ -284,16 +285,15 @@ def net_kernel(log, alive, x, xsave, inn, in_weight):
     gone_x = np.empty((len(vdel), x.shape[1]), x.dtype)
     n = 0
     for s in vdel:
-        if not _member(vadd, s):  # born in the batch: no net effect
-            j = np.searchsorted(feat_slot, s)
-            updated = j < len(feat_slot) and feat_slot[j] == s
+        if sorted_position(vadd, s) < 0:  # born in the batch: no net effect
+            j = sorted_position(feat_slot, s)  # features the batch updated, or as they are
             gone[n] = s
-            gone_x[n] = xsave[feat_save[j]] if updated else x[s]
+            gone_x[n] = xsave[feat_save[j]] if j >= 0 else x[s]
             n += 1
     differs = np.zeros(len(feat_slot), np.bool_)
     for k in range(len(feat_slot)):
         v = feat_slot[k]
-        if alive[v] and not _member(vadd, v):
+        if alive[v] and sorted_position(vadd, v) < 0:
             for c in range(x.shape[1]):  # rewritten to the same values: no change
                 if xsave[feat_save[k], c] != x[v, c]:
                     differs[k] = True

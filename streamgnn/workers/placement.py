@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph.batch import sorted_position
 from streamgnn.updates import (
     ADD_EDGE,
     ADD_VERTEX,
@@ -310,7 +311,7 @@ def _first_neighbours(src, dst, after, added):
         if np.isnan(after[k]):
             continue
         a, b = np.int64(src[k]), np.int64(dst[k])
-        i, j = _position(added, a), _position(added, b)
+        i, j = sorted_position(added, a), sorted_position(added, b)
         if i >= 0 and j < 0 and first[i] < 0:
             first[i] = b
         if j >= 0 and i < 0 and first[j] < 0:
@@ -319,19 +320,12 @@ def _first_neighbours(src, dst, after, added):
 
 
 @njit(cache=True)
-def _position(members, value):
-    """Where ``value`` is in the sorted ``members``; -1 where it is not."""
-    i = np.searchsorted(members, value)
-    return i if i < len(members) and members[i] == value else -1
-
-
-@njit(cache=True)
 def _outside(values, members):
     """Per value, whether it is not among the sorted ``members`` (the batch's few: a
     search each, not a mask over every slot)."""
     out = np.empty(len(values), np.bool_)
     for k in range(len(values)):
-        out[k] = _position(members, values[k]) < 0
+        out[k] = sorted_position(members, values[k]) < 0
     return out
 
 
