@@ -822,21 +822,28 @@ class Shard:
 
     def _pull(self, hop: int, layer: Layer, pull: np.ndarray) -> tuple[Tensor, int]:
         """Recompute the states of ``pull`` from all their in-neighbours; also returns how
-        many distinct ghosts they read."""
+        many distinct ghosts they read. A linear aggregation sums the rows of h and
+        transforms the sums (its transform is linear without bias, so it commutes with
+        them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbour."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
         remote = self._ghosts_read(src)
+        raw = False  # the rows aggregated are h, to be transformed after
         if self.t[hop - 1] is not None:  # kept: read in place, by slot
             rows, t = slice(None), self.t[hop - 1]  # rows: all slots
             src_at, pull_at = src, pull
-        else:  # transform the rows the pull reads
+        else:  # the rows the pull reads, transformed unless the sums will be
             rows = self.sets.union(src, pull)
-            t = self._t(hop, layer, self._index(rows))
+            raw = layer.aggr.linear and layer.transforms
+            index = self._index(rows)
+            t = self._rows(hop - 1, index) if raw else self._t(hop, layer, index)
             src_at, pull_at = self.sets.positions(rows, src), self.sets.positions(rows, pull)
         scale = (layer.source_scale(self._weight(g.in_weight, rows))
                  if layer.degree_normalised else None)
         state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
                           scale, self._index(pull_at))
+        if raw:
+            state = layer.transform(state)
         if self._z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
             agg = layer.aggr.finalize(state, self._index(np.diff(ptr)))
             state = layer.preactivation(self._rows(hop - 1, self._index(pull)),
