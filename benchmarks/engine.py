@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import resource
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
@@ -232,6 +234,35 @@ def profile(label: str, name: str, weighted: bool, layers: int, split, size: int
     console.print(table)
 
 
+def machine() -> dict:
+    """What sets this run's figures apart from another machine's: the CPU, and the cost of
+    a Python call, a numba call, a one-row torch product and a large one (GFLOP/s). The
+    engine's small steps follow the first three, RC's large ones the last: ratios move
+    from machine to machine (docs/tuning.md, twentieth round)."""
+    from numba import njit
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "unknown")
+    nothing = njit(lambda a: a)
+    a, w = np.zeros(8), torch.randn(256, 128)
+    one, many = torch.randn(1, 128), torch.randn(1024, 128)
+
+    def us(call, n: int) -> float:
+        call()
+        start = time.perf_counter()
+        for _ in range(n):
+            call()
+        return (time.perf_counter() - start) / n * 1e6
+
+    return {"cpu": model, "cores": os.cpu_count(), "avx512": " avx512f" in info,
+            "python_call_us": us(lambda: None, 100_000), "numba_call_us": us(
+                lambda: nothing(a), 100_000),
+            "torch_one_row_product_us": us(lambda: F.linear(one, w), 10_000),
+            "torch_product_gflops": 2 * 1024 * 128 * 256 / us(
+                lambda: F.linear(many, w), 200) / 1e3}
+
+
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     table = Table(title=f"{first['workload']}, {first['layers']} layers "
@@ -283,6 +314,9 @@ def main() -> None:
         return
     splits = {}
     results = []
+    host = machine()
+    console.print(", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in host.items()))
     if args.memory:
         for label, name, weighted in WORKLOADS:
             if label in args.workloads:
@@ -307,7 +341,7 @@ def main() -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({
                 "preset": args.preset, "device": args.device, "threads": args.threads,
-                "rows": results,
+                "machine": host, "rows": results,
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
                 indent=2))
     console.print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
