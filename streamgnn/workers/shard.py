@@ -432,9 +432,9 @@ class Shard:
                     fill_rows_(rows, added, None)
         changed = _Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                            diff.changed.astype(np.int64),
-                           [self._tensor(diff.changed_x_before).to(self.dtype)])
+                           [self._ours(self._tensor(diff.changed_x_before))])
         self._batch = _Batch(self._batch_edges(diff), added, removed,
-                             self._tensor(diff.removed_x).to(self.dtype), changed,
+                             self._ours(self._tensor(diff.removed_x)), changed,
                              ApplyResult(ChangedLabels.empty(), diff.rejected),
                              subscribed or {})
 
@@ -486,7 +486,7 @@ class Shard:
         if hop == 0:
             table, new = torch.from_numpy(self.graph.x), torch.from_numpy(rows)
         else:
-            table, new = self._stored(hop), self._tensor(rows).to(self.dtype)
+            table, new = self._stored(hop), self._ours(self._tensor(rows))
         moved, old, _ = store_rows_(table, slots, new, fresh, keep_old=True)
         if hop > 0 and self._z[hop - 1]:
             old = self.layers[hop - 1].activate(old)
@@ -498,7 +498,7 @@ class Shard:
                                                        ).to(old.device))
         b.changed = _Changed(np.concatenate([c.slots, slots[moved & unknown]]),
                              np.concatenate([c.old_slots, slots[replaced & unknown]]),
-                             [*c.old_rows, old.to(self.device, self.dtype)])
+                             [*c.old_rows, self._ours(old)])
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             ghosts: tuple[np.ndarray, np.ndarray] | None = None,
@@ -593,9 +593,9 @@ class Shard:
             result.pulled_columns.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
-            nothing = self._rows(hop, self._index(region))
+            nothing = torch.empty((0, layer.out_dim), dtype=self.dtype, device=self.device)
             result.rewritten.append((region, nothing.cpu().numpy()))
-            return _Step(region, nothing, self._added(region), np.zeros(0, bool), nothing)
+            return _Step(region, nothing, np.zeros(0, bool), np.zeros(0, bool), nothing)
 
         index = self._index(region)
         count = g.in_degree[region]
@@ -626,7 +626,7 @@ class Shard:
             if columns is not None and len(columns.dst):
                 remote += self._pull_columns(hop, layer, columns)
             agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
-        agg = agg.to(self.dtype)
+        agg = agg.to(self.dtype)  # (a tensor, or packed attention states)
         fresh = self._added(region)
         activated = None
         if keeps_z:  # agg is z, stored already; h activated here, with rows read next
@@ -847,7 +847,7 @@ class Shard:
         if self._z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
             agg = layer.aggr.finalize(state, self._index(np.diff(ptr)))
             state = layer.preactivation(self._rows(hop - 1, self._index(pull)),
-                                        agg.to(self.dtype))
+                                        self._ours(agg))
         if self.state[hop - 1] is not None:
             self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
             if self.drift[hop - 1] is not None:
@@ -936,7 +936,7 @@ class Shard:
         """h^layer of the slots ``index``."""
         if layer == 0:
             rows = self.graph.x.take(index.cpu().numpy(), axis=0)
-            return torch.from_numpy(rows).to(self.device, self.dtype)
+            return self._ours(torch.from_numpy(rows))
         if self._z[layer - 1]:
             return self._activated(layer, index)
         return self.h[layer].index_select(0, index)
@@ -965,10 +965,18 @@ class Shard:
         return index if self.device.type == "cpu" else index.to(self.device)
 
     def _tensor(self, array: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def _ours(self, t: Tensor) -> Tensor:
+        """``t`` in the engine's dtype and on its device: itself where it is already (a
+        `Tensor.to` that changes nothing still costs a dispatch, several a batch)."""
+        if t.dtype == self.dtype and t.device == self.device:
+            return t
+        return t.to(self.device, self.dtype)
 
     def _weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
-        return torch.from_numpy(in_weight[slots]).to(self.device, self.dtype)
+        return self._ours(torch.from_numpy(in_weight[slots]))
 
     def _fit_capacity(self) -> None:
         """Grow the per-vertex tensors with the graph."""
