@@ -335,10 +335,9 @@ class Engine:
             results = workers.submit(self.placement.route(self.graph, diff, len(batch)))
         self._in_flight.append(_InFlight(results, len(batch), diff, self.graph.ext[diff.removed]))
 
-    @torch.inference_mode()
     def collect(self) -> ApplyResult:
         """The result of the oldest batch `submit` started and nothing collected yet,
-        once every shard is done with it."""
+        once every shard is done with it (numpy only: no torch mode to enter)."""
         if not self._in_flight:
             raise RuntimeError("no batch in flight: collect() follows submit()")
         flight = self._in_flight.popleft()

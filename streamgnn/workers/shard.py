@@ -914,7 +914,10 @@ class Shard:
     def _added(self, slots: np.ndarray) -> np.ndarray:
         """Which of ``slots`` the open batch added (a lookup costing what the batch does,
         not a mask over every slot)."""
-        return self.sets.find(self._batch.added, slots) >= 0
+        added = self._batch.added
+        if not len(added):  # most small batches add no vertex
+            return np.zeros(len(slots), bool)
+        return self.sets.find(added, slots) >= 0
 
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
