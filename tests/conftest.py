@@ -79,7 +79,7 @@ def device_kernels(monkeypatch):
     from streamgnn.models import extremum_ops, inference, layers, rowops, softmax_ops
 
     for module, names in ((rowops, ("combine_rows", "fold_rows", "store_rows", "compare_rows",
-                                    "difference_table", "merge_rows", "fill_rows",
+                                    "difference_table", "activated_rows", "merge_rows", "fill_rows",
                                     "take_rows")),
                           (softmax_ops, ("fold_softmax", "attend_with_self_loop")),
                           (extremum_ops, ("fold_max", "pull_max_columns"))):

@@ -18,6 +18,8 @@ from streamgnn.models.extremum_ops import (
     pull_max_columns_torch,
 )
 from streamgnn.models.rowops import (
+    activated_rows_numba,
+    activated_rows_torch,
     argmax_rows_numba,
     argmax_rows_torch,
     combine_rows_numba,
@@ -167,17 +169,59 @@ def test_compare_rows_numba_and_torch_report_changed_rows_and_finiteness(
         assert finite == (poison is None or not count)
 
 
-@given(seed=seeds, fresh=st.integers(0, 6), taken=st.integers(0, 6), moved=st.integers(0, 6))
+def _relu(rows: np.ndarray) -> np.ndarray:
+    return np.where(rows < 0, 0, rows).astype(rows.dtype)
+
+
+@given(seed=seeds, fresh=st.integers(0, 6), taken=st.integers(0, 6), moved=st.integers(0, 6),
+       relu=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]))
 def test_difference_table_numba_and_torch_stack_new_old_and_difference_rows(
-        seed, fresh, taken, moved):
+        seed, fresh, taken, moved, relu, dtype):
     rng = np.random.default_rng(seed)
-    rows = rng.normal(size=(fresh + moved, 5)).astype(np.float32)
-    old = rng.normal(size=(8, 5)).astype(np.float32)
+    table = rng.normal(size=(20, 5)).astype(np.float32)  # (the features: float32)
+    slots = rng.choice(20, fresh + moved, replace=False)
+    old = rng.normal(size=(8, 5)).astype(dtype)
     at_taken, at_moved = rng.integers(0, 8, taken), rng.integers(0, 8, moved)
+    rows = table[slots].astype(dtype)
+    rows = _relu(rows) if relu else rows
     expected = np.concatenate([rows[:fresh], old[at_taken], rows[fresh:] - old[at_moved]])
     for kernel in (difference_table_numba, difference_table_torch):
-        got = kernel(torch.from_numpy(rows), torch.from_numpy(old), at_taken, at_moved)
+        got = kernel(torch.from_numpy(table), slots, relu, torch.from_numpy(old), at_taken,
+                     at_moved)
+        assert got.dtype == torch.from_numpy(old).dtype
         np.testing.assert_array_equal(got.numpy(), expected)
+
+
+@given(seed=seeds, count=st.integers(0, 12), ahead=st.integers(0, 5), with_old=st.booleans(),
+       relu=st.booleans(), poison=st.sampled_from([None, np.nan, np.inf, -np.inf]))
+def test_activated_rows_numba_and_torch_activate_compare_and_keep_the_old_rows(
+        seed, count, ahead, with_old, relu, poison):
+    rng = np.random.default_rng(seed)
+    table = rng.normal(size=(30, 4)).astype(np.float32)
+    table[rng.random(table.shape) < 0.1] = -0.0  # ReLU keeps -0.0 as torch's does
+    region = rng.choice(30, count, replace=False)
+    slots_ahead = rng.choice(30, ahead, replace=False)
+    z_old = table[region].copy()
+    changes = rng.random(count) < 0.5
+    table[region[changes], rng.integers(0, 4, count)[changes]] -= 1.0  # h may or may not move
+    if poison is not None and count:
+        table[region[0], 0] = poison
+    z = table[region].copy()
+    fresh = rng.random(count) < 0.2
+    act = _relu if relu else (lambda rows: rows)
+    after = act(np.concatenate([z, table[slots_ahead]]))
+    moved = ((act(z_old) != after[:count]).any(axis=1) | fresh if with_old
+             else np.ones(count, bool))
+    for kernel in (activated_rows_numba, activated_rows_torch):
+        got, got_moved, old, finite = kernel(
+            torch.from_numpy(z), torch.from_numpy(table), slots_ahead, relu,
+            torch.from_numpy(z_old) if with_old else None, fresh)
+        np.testing.assert_array_equal(got.numpy(), after)
+        assert (np.signbit(got.numpy()) == np.signbit(after)).all()
+        np.testing.assert_array_equal(got_moved, moved)
+        np.testing.assert_array_equal(
+            old.numpy(), act(z_old)[moved & ~fresh] if with_old else np.zeros((0, 4)))
+        assert finite == bool(np.isfinite(after[:count]).all())
 
 
 @given(seed=seeds, count=st.integers(0, 12), dtype=st.sampled_from([np.float32, np.float64]))

@@ -45,6 +45,9 @@ def decompose(model: torch.nn.Module) -> list[Layer]:
 
 
 def _post(act, norm, act_first: bool):
+    if isinstance(norm, torch.nn.Identity):
+        return act  # the activation alone (None: nothing), as `Layer.elementwise` reads it
+
     def post(x: torch.Tensor) -> torch.Tensor:
         if act is not None and act_first:
             x = act(x)

@@ -157,6 +157,13 @@ class Layer:
         """The layer's output from its pre-activation ``z``, row by row."""
         raise NotImplementedError
 
+    @property
+    def elementwise(self) -> str | None:
+        """What `activate` is where it maps each value alone: "identity" or "relu" (a
+        kernel then activates rows itself); None where it does more (an MLP, a norm, a
+        row's L2 normalisation)."""
+        return None
+
     def empty_preactivation(self) -> Tensor:
         """z of a vertex with no in-edges and a zero root term: the bias."""
         raise NotImplementedError
@@ -263,6 +270,15 @@ class _LinearRootLayer(Layer):
 
     def activate(self, z):
         return self.finish(self._normalized(z))
+
+    @property
+    def elementwise(self):
+        if self.normalize:
+            return None
+        if self.post is None:
+            return "identity"
+        return "relu" if isinstance(self.post, torch.nn.ReLU) or self.post in (
+            F.relu, torch.relu) else None
 
     def _normalized(self, out: Tensor) -> Tensor:
         """SAGEConv(normalize=True)'s L2 normalisation of each output row (else as is)."""

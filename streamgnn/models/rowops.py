@@ -1,7 +1,8 @@
 """Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
 (``fold_rows_``), the store of a superstep's new rows that reports which changed
-(``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), rows
+(``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), the
+rows of a layer kept as z activated and compared in one pass (``activated_rows``), rows
 taken from a table (``take_rows``) or from two (``merge_rows``), rows reset to one value
 (``fill_rows_``) and each row's largest column (``argmax_rows``: the labels); and the
 grouping of messages by destination (``by_destination``) the folds share.
@@ -305,41 +306,125 @@ def compare_rows(old: Tensor | None, new: Tensor, fresh: np.ndarray
     return kernel(old, new, fresh)
 
 
+@njit(cache=True, inline="always")
+def _act(v, relu):
+    """ReLU of ``v`` where ``relu`` (as torch.relu: -0.0 and NaN stay), else ``v``."""
+    return 0 if relu and v < 0 else v
+
+
 @njit(cache=True)
-def _difference_loop(rows, old, taken, moved, out):
-    fresh = rows.shape[0] - len(moved)
-    out[:fresh] = rows[:fresh]
+def _difference_loop(table, slots, relu, old, taken, moved, out):
+    fresh = len(slots) - len(moved)
+    for i in range(len(slots)):
+        if i + AHEAD < len(slots):
+            prefetch_row(table, slots[i + AHEAD])
+        r = slots[i]
+        at = i if i < fresh else i + len(taken)
+        for j in range(out.shape[1]):
+            v = _act(table[r, j], relu)
+            out[at, j] = v if i < fresh else v - old[moved[i - fresh], j]
     for k in range(len(taken)):
         out[fresh + k] = old[taken[k]]
-    at = fresh + len(taken)
-    for k in range(len(moved)):
-        r, o = fresh + k, moved[k]
-        for j in range(rows.shape[1]):
-            out[at + k, j] = rows[r, j] - old[o, j]
 
 
-def difference_table_numba(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.ndarray
-                           ) -> Tensor:
-    out = np.empty((rows.shape[0] + len(taken), rows.shape[1]), rows.numpy().dtype)
-    _difference_loop(rows.numpy(), old.numpy(), taken, moved, out)
+def difference_table_numba(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
+                           taken: np.ndarray, moved: np.ndarray) -> Tensor:
+    before = old.numpy()
+    out = np.empty((len(slots) + len(taken), before.shape[1]), before.dtype)
+    _difference_loop(table.numpy(), slots, relu, before, taken, moved, out)
     return torch.from_numpy(out)
 
 
-def difference_table_torch(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.ndarray
-                           ) -> Tensor:
+def difference_table_torch(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
+                           taken: np.ndarray, moved: np.ndarray) -> Tensor:
+    rows = table[torch.from_numpy(slots).to(table.device)].to(old.device, old.dtype)
+    if relu:
+        rows = torch.relu(rows)
     fresh = rows.shape[0] - len(moved)
     return torch.cat([rows[:fresh], old[torch.from_numpy(taken).to(old.device)],
                       rows[fresh:] - old[torch.from_numpy(moved).to(old.device)]])
 
 
-def difference_table(rows: Tensor, old: Tensor, taken: np.ndarray, moved: np.ndarray
-                     ) -> Tensor:
-    """The rows a linear layer's messages read, to be transformed in one product: the
-    ``rows`` (after the batch) but for the last ``len(moved)``, the rows ``taken`` of
-    ``old`` (before the batch), then the last rows of ``rows`` minus the rows ``moved`` of
-    ``old`` (t of the difference is the difference of t)."""
-    kernel = difference_table_numba if rows.device.type == "cpu" else difference_table_torch
-    return kernel(rows, old, taken, moved)
+def difference_table(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
+                     taken: np.ndarray, moved: np.ndarray) -> Tensor:
+    """The rows a linear layer's messages read, to be transformed in one product, in
+    ``old``'s dtype and device: the rows ``slots`` of ``table`` (h after the batch; ReLU of
+    them where ``relu``: the table is z) but for the last ``len(moved)``, the rows
+    ``taken`` of ``old`` (h before the batch), then the last rows of h minus the rows
+    ``moved`` of ``old`` (t of the difference is the difference of t)."""
+    on_cpu = table.device.type == old.device.type == "cpu"
+    kernel = difference_table_numba if on_cpu else difference_table_torch
+    return kernel(table, slots, relu, old, taken, moved)
+
+
+@njit(cache=True)
+def _activated_loop(z, table, ahead, relu, compare, z_old, fresh, out, moved, old):
+    n = z.shape[0]
+    finite = True
+    for i in range(n):
+        for j in range(out.shape[1]):
+            out[i, j] = _act(z[i, j], relu)
+            finite &= np.isfinite(out[i, j])  # (of v itself, LLVM turned -0.0 into 0.0)
+    for i in range(len(ahead)):
+        if i + AHEAD < len(ahead):
+            prefetch_row(table, ahead[i + AHEAD])
+        for j in range(out.shape[1]):
+            out[n + i, j] = _act(table[ahead[i], j], relu)
+    k = 0
+    for i in range(n):
+        differs = fresh[i] or not compare
+        if compare:
+            for j in range(out.shape[1]):
+                differs |= _act(z_old[i, j], relu) != out[i, j]
+        moved[i] = differs
+        if compare and differs and not fresh[i]:
+            for j in range(out.shape[1]):
+                old[k, j] = _act(z_old[i, j], relu)
+            k += 1
+    return finite, k
+
+
+def activated_rows_numba(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool,
+                         z_old: Tensor | None, fresh: np.ndarray
+                         ) -> tuple[Tensor, np.ndarray, Tensor, bool]:
+    rows = z.numpy()
+    out = np.empty((len(rows) + len(ahead), rows.shape[1]), rows.dtype)
+    moved = np.empty(len(rows), np.bool_)
+    before = rows[:0] if z_old is None else z_old.numpy()
+    old = np.empty_like(before)
+    finite, kept = _activated_loop(rows, table.numpy(), ahead, relu, z_old is not None,
+                                   before, fresh, out, moved, old)
+    return torch.from_numpy(out), moved, torch.from_numpy(old[:kept]), bool(finite)
+
+
+def activated_rows_torch(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool,
+                         z_old: Tensor | None, fresh: np.ndarray
+                         ) -> tuple[Tensor, np.ndarray, Tensor, bool]:
+    def act(rows: Tensor) -> Tensor:
+        return torch.relu(rows) if relu else rows
+
+    n = z.shape[0]
+    after = act(torch.cat([z, table.index_select(0, torch.from_numpy(ahead).to(z.device))]))
+    finite = bool(torch.isfinite(after[:n]).all())
+    if z_old is None:
+        return after, np.ones(n, np.bool_), after[:0], finite
+    old = act(z_old)
+    moved = (old != after[:n]).any(dim=-1).cpu().numpy() | fresh
+    kept = torch.from_numpy(np.flatnonzero(moved & ~fresh)).to(z.device)
+    return after, moved, old.index_select(0, kept), finite
+
+
+def activated_rows(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool,
+                   z_old: Tensor | None, fresh: np.ndarray
+                   ) -> tuple[Tensor, np.ndarray, Tensor, bool]:
+    """h of a region whose pre-activation rows ``z`` are stored already (h = z, or ReLU of
+    z where ``relu``), followed by h of the rows ``ahead`` of ``table`` (z of every slot),
+    in one pass; which of the region's rows differ from h of ``z_old`` (``fresh`` ones
+    count as differing; all, without ``z_old``), h of the old rows of those that differ
+    and are not fresh (in order), and whether every row of the region's h is finite: what
+    `store_rows_` reports, for a layer whose activation maps each value alone."""
+    kernel = activated_rows_numba if z.device.type == "cpu" else activated_rows_torch
+    return kernel(z, table, ahead, relu, z_old, fresh)
 
 
 @njit(cache=True)

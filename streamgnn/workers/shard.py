@@ -47,6 +47,7 @@ from streamgnn.models.aggr import Pull, RowMessages
 from streamgnn.models.inference import aggregate, chunk_bounds, layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import (
+    activated_rows,
     argmax_rows,
     compare_rows,
     difference_table,
@@ -632,9 +633,8 @@ class Shard:
         if keeps_z:  # agg is z, stored already; h activated here, with rows read next
             ahead = region[:0] if last else self._read_next(region, edges.src, removed)
             activated = np.concatenate([region, ahead])
-            after, moved, old_rows, finite = _compared(
-                layer, z_old, agg, take_rows(self.state[hop - 1], ahead),
-                fresh)
+            after, moved, old_rows, finite = _compared(layer, z_old, agg,
+                                                       self.state[hop - 1], ahead, fresh)
             new = after[:len(region)]
         else:
             root = self.root[hop - 1]
@@ -772,9 +772,10 @@ class Shard:
         old_rows = _joined([*changed.old_rows, removed_rows])  # h before, by ``prior``
         transform = layer.rel_root if self._z[hop - 1] else layer.transform
         if differences:  # t of the rows messages read, and of h_new - h_old
-            rows = self._rows(hop - 1, self._index(np.concatenate([slots[fresh],
-                                                                   slots[moved]])))
-            t = transform(difference_table(rows, old_rows, prior[taken], prior[moved]))
+            table, read, relu = self._h_source(hop - 1, np.concatenate([slots[fresh],
+                                                                       slots[moved]]))
+            t = transform(difference_table(table, read, relu, old_rows, prior[taken],
+                                           prior[moved]))
         elif self.t[hop - 1] is not None:
             olds = np.concatenate([changed.old_slots, removed])
             t = self._kept_rows(hop, layer, slots, olds, changed)
@@ -919,6 +920,20 @@ class Shard:
             return np.zeros(len(slots), bool)
         return self.sets.find(added, slots) >= 0
 
+    def _h_source(self, layer: int, slots: np.ndarray) -> tuple[Tensor, np.ndarray, bool]:
+        """Where h^layer of ``slots`` is read: a table, its rows to read, and whether h is
+        ReLU of them: the features, h as stored, or z where the shard keeps it and the
+        layer activates value by value (`Layer.elementwise`); else h of the slots,
+        activated here (`_rows`)."""
+        if layer == 0:
+            return torch.from_numpy(self.graph.x), slots, False
+        if not self._z[layer - 1]:
+            return self.h[layer], slots, False
+        kind = self.layers[layer - 1].elementwise
+        if kind is None:
+            return self._rows(layer, self._index(slots)), np.arange(len(slots)), False
+        return self.state[layer - 1], slots, kind == "relu"
+
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
         None unless they are already in the engine's dtype and device."""
@@ -1010,13 +1025,17 @@ def _keeps_z(layer: Layer, state: Tensor | None) -> bool:
     return state is not None and layer.keeps_preactivation
 
 
-def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, z_ahead: Tensor,
-              fresh: np.ndarray) -> tuple[Tensor, np.ndarray, Tensor, bool]:
-    """For a layer whose pre-activation is kept (``z`` of a region, stored already): the
-    region's rows of h followed by those of ``z_ahead``, with `store_rows_`'s answer: which
-    of the region's changed (all, at the last layer: ``z_old`` None) and the old rows of
-    those that did and are not ``fresh``; whether every new row is finite. All are
-    activated in one call."""
+def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
+              ahead: np.ndarray, fresh: np.ndarray) -> tuple[Tensor, np.ndarray, Tensor, bool]:
+    """For a layer whose pre-activation is kept (``z`` of a region, stored already in
+    ``table``): the region's rows of h followed by those of the slots ``ahead``, with
+    `store_rows_`'s answer: which of the region's changed (all, at the last layer:
+    ``z_old`` None) and the old rows of those that did and are not ``fresh``; whether every
+    new row is finite. An activation value by value runs in the kernel that compares
+    (`activated_rows`); any other activates all rows in one call."""
+    if layer.elementwise is not None:
+        return activated_rows(z, table, ahead, layer.elementwise == "relu", z_old, fresh)
+    z_ahead = take_rows(table, ahead)
     n, m = z.shape[0], z.shape[0] + z_ahead.shape[0]  # (a tensor's len() is 5 Python calls)
     parts = [z] + ([z_ahead] if m > n else []) + ([] if z_old is None else [z_old])
     both = layer.activate(torch.cat(parts) if len(parts) > 1 else z)
