@@ -307,24 +307,30 @@ def compare_rows(old: Tensor | None, new: Tensor, fresh: np.ndarray
 
 
 @njit(cache=True, inline="always")
-def _act(v, relu):
-    """ReLU of ``v`` where ``relu`` (as torch.relu: -0.0 and NaN stay), else ``v``."""
-    return 0 if relu and v < 0 else v
+def _act(v, relu, zero):
+    """ReLU of ``v`` where ``relu`` (as torch.relu: -0.0 and NaN stay), else ``v``;
+    ``zero`` of ``v``'s type (an integer 0 would make every value a float64)."""
+    return zero if relu and v < zero else v
 
 
 @njit(cache=True)
 def _difference_loop(table, slots, relu, old, taken, moved, out):
+    zero = table.dtype.type(0)
     fresh = len(slots) - len(moved)
-    for i in range(len(slots)):
+    for i in range(fresh):
         if i + AHEAD < len(slots):
             prefetch_row(table, slots[i + AHEAD])
-        r = slots[i]
-        at = i if i < fresh else i + len(taken)
         for j in range(out.shape[1]):
-            v = _act(table[r, j], relu)
-            out[at, j] = v if i < fresh else v - old[moved[i - fresh], j]
+            out[i, j] = _act(table[slots[i], j], relu, zero)
     for k in range(len(taken)):
         out[fresh + k] = old[taken[k]]
+    at = fresh + len(taken)
+    for k in range(len(moved)):
+        if fresh + k + AHEAD < len(slots):
+            prefetch_row(table, slots[fresh + k + AHEAD])
+        r, o = slots[fresh + k], moved[k]
+        for j in range(out.shape[1]):
+            out[at + k, j] = _act(table[r, j], relu, zero) - old[o, j]
 
 
 def difference_table_numba(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
@@ -359,27 +365,28 @@ def difference_table(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
 
 @njit(cache=True)
 def _activated_loop(z, table, ahead, relu, compare, z_old, fresh, out, moved, old):
+    zero = z.dtype.type(0)
     n = z.shape[0]
     finite = True
     for i in range(n):
         for j in range(out.shape[1]):
-            out[i, j] = _act(z[i, j], relu)
-            finite &= np.isfinite(out[i, j])  # (of v itself, LLVM turned -0.0 into 0.0)
+            out[i, j] = _act(z[i, j], relu, zero)
+            finite &= np.isfinite(out[i, j])
     for i in range(len(ahead)):
         if i + AHEAD < len(ahead):
             prefetch_row(table, ahead[i + AHEAD])
         for j in range(out.shape[1]):
-            out[n + i, j] = _act(table[ahead[i], j], relu)
+            out[n + i, j] = _act(table[ahead[i], j], relu, zero)
     k = 0
     for i in range(n):
         differs = fresh[i] or not compare
         if compare:
             for j in range(out.shape[1]):
-                differs |= _act(z_old[i, j], relu) != out[i, j]
+                differs |= _act(z_old[i, j], relu, zero) != out[i, j]
         moved[i] = differs
         if compare and differs and not fresh[i]:
             for j in range(out.shape[1]):
-                old[k, j] = _act(z_old[i, j], relu)
+                old[k, j] = _act(z_old[i, j], relu, zero)
             k += 1
     return finite, k
 
