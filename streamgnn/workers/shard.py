@@ -60,6 +60,7 @@ from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import edge_changes, linear_delta_messages, message_sources
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.labels import ChangedLabels, relabel_
+from streamgnn.workers.linear_step import linear_step_inputs
 from streamgnn.workers.placement import Routed, bit, held_by
 from streamgnn.workers.slotsets import SlotSets
 
@@ -567,7 +568,8 @@ class Shard:
         b.step, b.hop = step, hop  # (the removed vertices' rows come from it)
         if hop < self.num_layers:
             b.changed = step.changed()
-            b.removed_rows = self._rows(hop, self._index(b.removed))
+            b.removed_rows = (self._rows(hop, self._index(b.removed)) if len(b.removed)
+                              else step.after[:0])  # (most batches remove no vertex)
 
     def _finish(self) -> ApplyResult:
         """Close the batch: its label changes and counts."""
@@ -683,24 +685,36 @@ class Shard:
             None, None, None)
         # the sources' root terms fold into their own z too
         own_slots = changed.slots[self.owned[changed.slots]] if keeps_z else None
-        m = self._message_sources(hop, layer, sources, at, changed, removed, removed_rows,
-                                  edges, rescaled, own_slots)
-        scale_new, scale_old = self._source_scales(layer, m.slots)
         dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
                      if mean_z else np.ones(len(region)))
-        rows, coef, local = linear_delta_messages(
-            m.new, m.old, m.delta, m.at1, v1, w1, m.at2, edges.dst, edges.before,
-            edges.after, m.has, m.had, layer.edge_weighted, scale_new, scale_old, region,
-            dst_scale, self.sets.scratch, m.own, own_slots)
+        source = self._h_table_of(hop - 1) if keeps_z and self.device.type == "cpu" else None
+        if source is not None:  # all but the product in one kernel
+            table, relu = source
+            h, rows, coef, local, extra_old = linear_step_inputs(
+                sources, at, v1, w1, edges.src, edges.dst, edges.before, edges.after,
+                edges.has, edges.had, self.graph.alive, changed.old_slots, removed,
+                removed[:0] if rescaled is None else rescaled, own_slots, self.sets.mark,
+                self.sets.scratch, region, dst_scale, layer.edge_weighted, table.numpy(),
+                relu, _joined([*changed.old_rows, removed_rows]).numpy())
+            t = layer.rel_root(torch.from_numpy(h))
+        else:
+            m = self._message_sources(hop, layer, sources, at, changed, removed,
+                                      removed_rows, edges, rescaled, own_slots)
+            scale_new, scale_old = self._source_scales(layer, m.slots)
+            rows, coef, local = linear_delta_messages(
+                m.new, m.old, m.delta, m.at1, v1, w1, m.at2, edges.dst, edges.before,
+                edges.after, m.has, m.had, layer.edge_weighted, scale_new, scale_old, region,
+                dst_scale, self.sets.scratch, m.own, own_slots)
+            t, extra_old = m.t, m.old[m.extra]
         scale = bias = None
         if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
             scale = np.ones(len(region))
             scale[at_region] = a
-            roots = 2 * m.old[m.extra] + 1
+            roots = 2 * extra_old + 1
             rows, coef, local = (np.concatenate(pair) for pair in zip(
                 (rows, coef, local), (roots, 1.0 - a, at_region), strict=True))
             bias = layer.empty_preactivation().double().cpu().numpy()
-        return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], m.t, rows, coef,
+        return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], t, rows, coef,
                                local, region, None if keeps_z else count, scale, bias)
 
     def _rescaled(self, region: np.ndarray, edges: _BatchEdges, count: np.ndarray
@@ -925,14 +939,21 @@ class Shard:
         ReLU of them: the features, h as stored, or z where the shard keeps it and the
         layer activates value by value (`Layer.elementwise`); else h of the slots,
         activated here (`_rows`)."""
-        if layer == 0:
-            return torch.from_numpy(self.graph.x), slots, False
-        if not self._z[layer - 1]:
-            return self.h[layer], slots, False
-        kind = self.layers[layer - 1].elementwise
-        if kind is None:
+        source = self._h_table_of(layer)
+        if source is None:
             return self._rows(layer, self._index(slots)), np.arange(len(slots)), False
-        return self.state[layer - 1], slots, kind == "relu"
+        return source[0], slots, source[1]
+
+    def _h_table_of(self, layer: int) -> tuple[Tensor, bool] | None:
+        """A table h^layer of every slot is read from, by slot, and whether h is ReLU of
+        its rows: the features, h as stored, or z where the shard keeps it and the layer
+        activates value by value (`Layer.elementwise`); None where h must be computed."""
+        if layer == 0:
+            return torch.from_numpy(self.graph.x), False
+        if not self._z[layer - 1]:
+            return self.h[layer], False
+        kind = self.layers[layer - 1].elementwise
+        return None if kind is None else (self.state[layer - 1], kind == "relu")
 
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
