@@ -157,6 +157,36 @@ def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
     assert_exact(engine, model, torch.float32, 1e-4)
 
 
+@pytest.mark.parametrize("arch, elementwise, one_kernel", [
+    ("graphconv-add", ["relu", "identity"], True),
+    ("pyg-sage-mean", ["relu", "identity"], True),  # no norm: the activation handed over
+    ("pyg-sage-sum-bn", [None, "identity"], True),  # layer 2 reads h through the norm
+    ("sage-normalize", [None, None], False),  # (each row L2-normalised; keeps no z)
+    ("gin-eps", [None, None], True),  # an MLP; layer 1 reads the features
+])
+def test_layers_kept_as_z_read_their_rows_in_one_kernel_where_the_activation_allows(
+        monkeypatch, arch, elementwise, one_kernel):
+    """`Layer.elementwise` names ReLU and the identity only; a superstep of a layer kept
+    as z runs everything before its product in one kernel (`linear_step_inputs`) where the
+    rows it reads are the features or z activated value by value, and stays exact either
+    way (the other superstep reads rows computed by torch)."""
+    from streamgnn.workers import shard as shard_module
+
+    calls = []
+    kernel = shard_module.linear_step_inputs
+    monkeypatch.setattr(shard_module, "linear_step_inputs",
+                        lambda *args: calls.append(1) or kernel(*args))
+    data = random_graph(np.random.default_rng(5), n=300, m=1500, d=F_IN, hubs=3)
+    model = randomise(ARCHS[arch](2), 5)
+    engine = Engine.from_pyg(model, data)
+    assert [layer.elementwise for layer in engine.shards[0].layers] == elementwise
+    workload = LinkBenchWorkload(engine.graph, seed=5)
+    for size in (1, 10, 100):
+        engine.apply(workload.batch(size))
+    assert bool(calls) == one_kernel
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("partitions", [1, 2])
 @pytest.mark.parametrize("arch", sorted(ARCHS))
