@@ -74,9 +74,11 @@ def pyg_step(model: torch.nn.Module, i: int, h: torch.Tensor, ei: torch.Tensor,
 def device_kernels(monkeypatch):
     """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
     GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
-    reduce. Left for a GPU: where tensors live, and the engine's one row reduction
-    (`_argmax_rows`), which branches on the device inside."""
+    reduce, a superstep's steps before its product one by one (`_one_kernel`). Left for a
+    GPU: where tensors live, and the engine's one row reduction (`_argmax_rows`), which
+    branches on the device inside."""
     from streamgnn.models import extremum_ops, inference, layers, rowops, softmax_ops
+    from streamgnn.workers import shard
 
     for module, names in ((rowops, ("combine_rows", "fold_rows", "store_rows", "compare_rows",
                                     "difference_table", "activated_rows", "merge_rows", "fill_rows",
@@ -94,6 +96,7 @@ def device_kernels(monkeypatch):
 
     monkeypatch.setattr(inference, "aggregate_spmm", sum_only)
     monkeypatch.setattr(inference, "_reduces_on_cpu", lambda t: False)
+    monkeypatch.setattr(shard, "_one_kernel", lambda device: False)
 
 
 from tests.kafka_fixtures import (  # noqa: E402, F401  (fixtures for every test module)

@@ -687,7 +687,7 @@ class Shard:
         own_slots = changed.slots[self.owned[changed.slots]] if keeps_z else None
         dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
                      if mean_z else np.ones(len(region)))
-        source = self._h_table_of(hop - 1) if keeps_z and self.device.type == "cpu" else None
+        source = self._h_table_of(hop - 1) if keeps_z and _one_kernel(self.device) else None
         if source is not None:  # all but the product in one kernel
             table, relu = source
             h, rows, coef, local, extra_old = linear_step_inputs(
@@ -1065,6 +1065,12 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
     if old is None:
         return after, moved, after[:0], finite
     return after, moved, take_rows(old, np.flatnonzero(moved & ~fresh)), finite
+
+
+def _one_kernel(device: torch.device) -> bool:
+    """Whether a superstep may run all before its product in one numba kernel
+    (`linear_step_inputs`: tables on CPU)."""
+    return device.type == "cpu"
 
 
 def _joined(parts: list[Tensor]) -> Tensor:
