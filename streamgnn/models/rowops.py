@@ -314,7 +314,7 @@ def _act(v, relu, zero):
 
 
 @njit(cache=True)
-def difference_rows_into(table, slots, relu, old, taken, moved, out):
+def difference_table_into(table, slots, relu, old, taken, moved, out):
     """`difference_table`'s rows written into ``out`` (numpy; numba kernels call it)."""
     zero = table.dtype.type(0)
     fresh = len(slots) - len(moved)
@@ -338,7 +338,7 @@ def difference_table_numba(table: Tensor, slots: np.ndarray, relu: bool, old: Te
                            taken: np.ndarray, moved: np.ndarray) -> Tensor:
     before = old.numpy()
     out = np.empty((len(slots) + len(taken), before.shape[1]), before.dtype)
-    difference_rows_into(table.numpy(), slots, relu, before, taken, moved, out)
+    difference_table_into(table.numpy(), slots, relu, before, taken, moved, out)
     return torch.from_numpy(out)
 
 

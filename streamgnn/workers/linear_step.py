@@ -2,7 +2,7 @@
 before its one product, in one numba call instead of three and the Python between them:
 the message sources (`message_sources`), the rows of h the product transforms, gathered
 from the features or from the previous layer's z and activated on the way
-(`difference_rows_into`), and the message list (`linear_delta_messages`).
+(`difference_table_into`), and the message list (`linear_delta_messages`).
 
 Owns this composition only; must not import kafka or mpi4py.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streamgnn.models.rowops import difference_rows_into
+from streamgnn.models.rowops import difference_table_into
 from streamgnn.workers.deltas import linear_delta_messages, message_sources
 
 
@@ -35,7 +35,7 @@ def linear_step_inputs(sources, at, v1, w1, src, dst, before, after, has, had, a
                                      removed, extra, own_slots, True, mark, scratch)
     read = np.concatenate((slots[fresh], slots[moved]))
     h = np.empty((len(read) + len(taken), old_rows.shape[1]), old_rows.dtype)
-    difference_rows_into(table, read, relu, old_rows, prior[taken], prior[moved], h)
+    difference_table_into(table, read, relu, old_rows, prior[taken], prior[moved], h)
     ones = np.ones(len(slots))  # (no per-source factor: not degree-normalised)
     rows, coef, local = linear_delta_messages(
         new, old, delta, at1, v1, w1, at2, dst, before, after, has_live, had_live, weighted,

@@ -948,12 +948,12 @@ class Shard:
         """A table h^layer of every slot is read from, by slot, and whether h is ReLU of
         its rows: the features, h as stored, or z where the shard keeps it and the layer
         activates value by value (`Layer.elementwise`); None where h must be computed."""
-        if layer == 0:
-            return torch.from_numpy(self.graph.x), False
-        if not self._z[layer - 1]:
-            return self.h[layer], False
-        kind = self.layers[layer - 1].elementwise
-        return None if kind is None else (self.state[layer - 1], kind == "relu")
+        kind = ("identity" if layer == 0 or not self._z[layer - 1]
+                else self.layers[layer - 1].elementwise)
+        if kind is None:
+            return None
+        table = torch.from_numpy(self.graph.x) if layer == 0 else self._stored(layer)
+        return table, kind == "relu"
 
     def _h_table(self, layer: int) -> Tensor | None:
         """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
@@ -1054,8 +1054,9 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
     ``z_old`` None) and the old rows of those that did and are not ``fresh``; whether every
     new row is finite. An activation value by value runs in the kernel that compares
     (`activated_rows`); any other activates all rows in one call."""
-    if layer.elementwise is not None:
-        return activated_rows(z, table, ahead, layer.elementwise == "relu", z_old, fresh)
+    kind = layer.elementwise
+    if kind is not None:
+        return activated_rows(z, table, ahead, kind == "relu", z_old, fresh)
     z_ahead = take_rows(table, ahead)
     n, m = z.shape[0], z.shape[0] + z_ahead.shape[0]  # (a tensor's len() is 5 Python calls)
     parts = [z] + ([z_ahead] if m > n else []) + ([] if z_old is None else [z_old])
