@@ -140,6 +140,16 @@ class UpdateBatch:
                              f"of x (0..{len(x) - 1}) or BAD_WIDTH")
 
     @classmethod
+    def unchecked(cls, op: np.ndarray, a: np.ndarray, b: np.ndarray, w: np.ndarray,
+                  xrow: np.ndarray, x: np.ndarray) -> UpdateBatch:
+        """A batch of columns already as the checks leave them (int8 ``op``; int64 ``a``,
+        ``b``, ``xrow``; float32 ``w`` and 2-D ``x``; contiguous) and valid, taken as
+        they are: for a router splitting a batch its graph accepted."""
+        batch = object.__new__(cls)
+        batch.__dict__.update(op=op, a=a, b=b, w=w, xrow=xrow, x=x)  # (frozen: no setattr)
+        return batch
+
+    @classmethod
     def from_updates(cls, updates: Sequence[Update], num_features: int) -> UpdateBatch:
         """The columns of ``updates``; feature vectors not ``num_features`` long are marked
         ``BAD_WIDTH`` (the graph rejects them by index)."""

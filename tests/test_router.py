@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -220,6 +222,16 @@ def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
     assert 11 in routed[a].ghosts.tolist() and 11 in routed[b].subscribed[a].tolist()
     assert 19 in routed[b].batch.a[routed[b].batch.op == DELETE_VERTEX].tolist()
     assert p.load().sum() == load_before.sum() + 2 - 1
+    COLUMNS = [f.name for f in dataclasses.fields(UpdateBatch)]
+    for r in routed:  # built unchecked: the checks would take the columns as they are
+        checked = UpdateBatch(*(getattr(r.batch, name) for name in COLUMNS))
+        for name in COLUMNS:
+            ours, theirs = getattr(r.batch, name), getattr(checked, name)
+            assert ours.dtype == theirs.dtype and ours.flags.c_contiguous
+            np.testing.assert_array_equal(ours, theirs)
+    features = {int(v): r.batch.x[r.batch.xrow[i]].tolist() for r in routed
+                for i, v in enumerate(r.batch.a) if r.batch.xrow[i] >= 0}
+    assert features[12] == [1.0] and features[100] == [0.0] and features[11] == [0.0]
 
 
 def test_hash_placement_uses_the_id():

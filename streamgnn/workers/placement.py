@@ -36,6 +36,7 @@ from streamgnn.updates import (
 
 Strategy = Literal["metis", "hash"]
 STRATEGIES = ("metis", "hash")
+ZEROS = -1  # where a routed item's features come from: zeros (a new ghost's)
 
 
 @dataclass
@@ -177,51 +178,36 @@ class Placement:
         drop_src, drop_at = _release(src[lost], dst_part[lost], self.part, self.holders,
                                      *graph.out.arrays[:2], graph.out.arrays[3])
 
-        ext, x, width = graph.ext, graph.x, graph.num_features
         # a removed vertex goes to its owner and to every partition holding it
         n = self.num_partitions
         held = held_by(gone_holders[:, None], np.arange(n))
         held[np.arange(len(removed)), gone_part] = True
         gone_at, gone_q = np.nonzero(held)
         gone = removed[gone_at]
-        # (owner of each item, op, a, b, w, feature rows), in the order every graph accepts
-        groups = [(self.part[dst[deleted]], DELETE_EDGE, src[deleted], dst[deleted], None,
-                   None),
-                  (self.part[dst[kept]], UPDATE_EDGE, src[kept], dst[kept], e.after[kept],
-                   None),
-                  (gone_q, DELETE_VERTEX, gone, None, None, None),
-                  (drop_at, DELETE_VERTEX, drop_src, None, None, None),  # unneeded ghosts
-                  (self.part[added], ADD_VERTEX, added, None, None, x[added]),
-                  (self.part[diff.changed], UPDATE_FEATURES, diff.changed, None, None,
-                   x[diff.changed]),
-                  (ghost_at, ADD_VERTEX, ghost_src, None, None,
-                   np.zeros((len(ghost_src), width), np.float32)),
-                  (owner, ADD_EDGE, new_src, new_dst, e.after[new], None)]
-        sizes = [len(g[0]) for g in groups]
-        part = np.concatenate([g[0] for g in groups]).astype(np.int64)
-        order = np.argsort(part, kind="stable")  # each partition's items, in group order
-        bounds = np.searchsorted(part[order], np.arange(n + 1))
-        op = np.repeat(np.array([g[1] for g in groups], np.int64), sizes)[order]
-        a = ext[np.concatenate([g[2] for g in groups]).astype(np.int64)[order]]
-        b = np.concatenate([np.zeros(len(g[0]), np.int64) if g[3] is None
-                            else ext[g[3].astype(np.int64)] for g in groups])[order]
-        w = np.concatenate([np.zeros(len(g[0]), np.float32) if g[4] is None else g[4]
-                            for g in groups])[order]
-        featured = np.repeat([g[5] is not None for g in groups], sizes)
-        xs = np.concatenate([g[5] for g in groups if g[5] is not None])
-        xs = xs[(np.cumsum(featured) - 1)[order[featured[order]]]]  # in partition order
-        featured = featured[order]
-        rows_before = np.concatenate([[0], np.cumsum(featured)])  # feature rows before an item
-        # an item's row among its partition's feature rows
-        xrow = np.where(featured, rows_before[:-1]
-                        - np.repeat(rows_before[bounds[:-1]], np.diff(bounds)), NO_X)
-        routed = []
-        for q in range(n):
-            lo, hi = bounds[q], bounds[q + 1]
-            routed.append(Routed(UpdateBatch(op[lo:hi], a[lo:hi], b[lo:hi], w[lo:hi],
-                                             xrow[lo:hi], xs[rows_before[lo]:rows_before[hi]]),
-                                 np.zeros(0, np.int64), np.zeros(0, np.int64), {}))
-        ghost_owner = self.part[ghost_src]
+        # (owner of each item, op, a), in the order every graph accepts; then for the
+        # items with one, in that order: b of edges, w of added/updated edges, the slot
+        # whose features an added vertex or new features carry (ZEROS: a new ghost's)
+        groups = [(self.part[dst[deleted]], DELETE_EDGE, src[deleted]),
+                  (self.part[dst[kept]], UPDATE_EDGE, src[kept]),
+                  (gone_q, DELETE_VERTEX, gone),
+                  (drop_at, DELETE_VERTEX, drop_src),  # unneeded ghosts
+                  (self.part[added], ADD_VERTEX, added),
+                  (self.part[diff.changed], UPDATE_FEATURES, diff.changed),
+                  (ghost_at, ADD_VERTEX, ghost_src),
+                  (owner, ADD_EDGE, new_src)]
+        b = np.concatenate([dst[deleted], dst[kept], new_dst])
+        w = np.concatenate([e.after[kept], e.after[new]])
+        xfrom = np.concatenate([added, diff.changed, np.full(len(ghost_src), ZEROS)])
+        bounds, xbounds, *columns = _split(
+            np.concatenate([g[0] for g in groups]),
+            np.repeat(np.array([g[1] for g in groups], np.int8), [len(g[0]) for g in groups]),
+            np.concatenate([g[2] for g in groups]), b, w, xfrom, n, graph.ext, graph.x)
+        op, a, b, w, xrow, xs = columns
+        routed = [Routed(UpdateBatch.unchecked(
+            *(c[bounds[q]:bounds[q + 1]] for c in (op, a, b, w, xrow)),
+            xs[xbounds[q]:xbounds[q + 1]]), np.zeros(0, np.int64), np.zeros(0, np.int64), {})
+            for q in range(n)]
+        ext, ghost_owner = graph.ext, self.part[ghost_src]
         for q in np.unique(ghost_at).tolist():
             at_q = ghost_at == q
             routed[q].ghosts = ext[ghost_src[at_q]]
@@ -255,6 +241,48 @@ class Placement:
             self.part = np.concatenate([self.part, np.full(grow - len(self.part), -1)])
             self.holders = np.concatenate([self.holders,
                                            np.zeros(grow - len(self.holders), np.uint64)])
+
+
+@njit(cache=True)
+def _split(owner, op, a, b, w, xfrom, parts, ext, x):
+    """The routed items (owner partition, op code, vertex slot ``a``; and for the items
+    with one, in order: the slot ``b`` of edges, the weight ``w`` of added and updated
+    edges, the slot ``xfrom`` whose features added vertices and new features carry
+    (ZEROS: zeros)) as each partition's columns of an `UpdateBatch`, partitions one after
+    the other and each's items in the given order: the bounds of each partition's items
+    and of its feature rows, then op, a, b (external ids; 0 where absent), w, xrow (into
+    the partition's rows) and x."""
+    n = len(owner)
+    has_x = (op == ADD_VERTEX) | (op == UPDATE_FEATURES)
+    bounds, xbounds = np.zeros(parts + 1, np.int64), np.zeros(parts + 1, np.int64)
+    for k in range(n):
+        bounds[owner[k] + 1] += 1
+        xbounds[owner[k] + 1] += has_x[k]
+    bounds, xbounds = np.cumsum(bounds), np.cumsum(xbounds)
+    at, xat = bounds[:-1].copy(), xbounds[:-1].copy()
+    op_out, a_out, b_out = np.empty(n, np.int8), np.empty(n, np.int64), np.zeros(n, np.int64)
+    w_out, xrow = np.zeros(n, np.float32), np.full(n, NO_X, np.int64)
+    x_out = np.zeros((xbounds[-1], x.shape[1]), np.float32)
+    kb = kw = kx = 0
+    for k in range(n):
+        q = owner[k]
+        i = at[q]
+        at[q] += 1
+        op_out[i], a_out[i] = op[k], ext[a[k]]
+        if op[k] <= UPDATE_EDGE:  # an edge
+            b_out[i] = ext[b[kb]]
+            kb += 1
+            if op[k] != DELETE_EDGE:
+                w_out[i] = w[kw]
+                kw += 1
+        elif has_x[k]:
+            r = xat[q]
+            xat[q] += 1
+            xrow[i] = r - xbounds[q]
+            if xfrom[kx] != ZEROS:
+                x_out[r] = x[xfrom[kx]]
+            kx += 1
+    return bounds, xbounds, op_out, a_out, b_out, w_out, xrow, x_out
 
 
 @njit(cache=True)
