@@ -84,9 +84,9 @@ def test_combine_rows_numba_and_torch_equal_the_reference(seed, dtype, messages,
 
 @given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
        messages=st.integers(0, 60), num=st.integers(0, 12), limit=st.sampled_from([1.0, 8.0]),
-       rescales=st.booleans())
+       rescales=st.booleans(), keep=st.booleans())
 def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_and_read_back(
-        seed, dtype, messages, num, limit, rescales):
+        seed, dtype, messages, num, limit, rescales, keep):
     rng = np.random.default_rng(seed)
     t = torch.from_numpy(rng.normal(size=(9, 5))).to(dtype)
     region = rng.choice(30, num, replace=False)
@@ -113,8 +113,13 @@ def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_a
     stale = grown[region] > limit * unit * np.maximum(top, 1.0)
     for kernel in (fold_rows_numba, fold_rows_torch):
         state, bound = base.clone(), drift.clone()
-        out, got_stale = kernel(state, bound, t, rows, coef, local, region, divisor, limit,
-                                scale, bias)
+        out, got_stale, got_before = kernel(state, bound, t, rows, coef, local, region,
+                                            divisor, limit, scale, bias, keep)
+        if keep:  # the region's rows as they were
+            assert got_before.dtype == dtype
+            np.testing.assert_array_equal(got_before.numpy(), base.numpy()[region])
+        else:
+            assert got_before is None
         np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(bound.numpy(), grown, rtol=1e-6)
         np.testing.assert_array_equal(got_stale, stale)

@@ -154,20 +154,22 @@ class SumAggregation(Aggregation):
     def fold(self, state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
              coef: np.ndarray, local: np.ndarray, region: np.ndarray,
              count: np.ndarray | None, scale: np.ndarray | None = None,
-             bias: np.ndarray | None = None) -> tuple[Tensor, np.ndarray]:
+             bias: np.ndarray | None = None, keep: bool = False
+             ) -> tuple[Tensor, np.ndarray, Tensor | None]:
         """The delta rule: messages ``coef[k] * t[rows[k]]`` (those that start arriving
         with positive, those that stop with negative coefficients) added to the states of
         their destinations ``region[local[k]]`` (each first rescaled about ``bias`` by
         ``scale[i]`` where given: a mean kept as the pre-activation whose in-degree
         changed), whose rounding bounds ``drift`` grow; returns the finalized states of
         the destinations ``region`` (in-degrees ``count``; None: states that are the
-        layer's pre-activation, which nothing divides) in ``t``'s dtype, in one pass, and
-        which of them must be recomputed from all in-neighbours (`fold_rows_`)."""
+        layer's pre-activation, which nothing divides) in ``t``'s dtype, in one pass,
+        which of them must be recomputed from all in-neighbours, and with ``keep`` their
+        states before (`fold_rows_`)."""
         divisor = np.ones(len(region)) if count is None else self.divisor(count)
         if scale is None:
             scale, bias = np.ones(len(region)), np.zeros(state.shape[1])
         return fold_rows_(state, drift, t, rows, coef, local, region, divisor,
-                          self.drift_limit, scale, bias)
+                          self.drift_limit, scale, bias, keep)
 
     def divisor(self, count: np.ndarray) -> np.ndarray:
         """What `finalize` divides each state row by (float64)."""

@@ -77,8 +77,9 @@ def by_destination(at, num):
 
 @njit(cache=True)
 def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale,
-               scale, bias):
+               scale, bias, before):
     bits = _bits(state)
+    keep = len(before) > 0
     # each destination's messages summed in one row (no table of the region's deltas:
     # 1 KB a row written, then read, on top of the state's)
     first, order = by_destination(local, len(region))
@@ -95,7 +96,9 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
             for j in range(t.shape[1]):
                 delta[j] += c * t[m, j]
         r, s, a = region[i], divisor[i], scale[i]
-        before = _largest(bits, r)
+        if keep:
+            before[i] = state[r]
+        largest = _largest(bits, r)
         if a == 1.0:
             for j in range(state.shape[1]):
                 state[r, j] += delta[j]
@@ -110,7 +113,7 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
                 out[i, j] = state[r, j] / s
         top = _largest(bits, r)
         g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
-        drift[r] = g * drift[r] + unit * max(top, g * before)
+        drift[r] = g * drift[r] + unit * max(top, g * largest)
         stale[i] = drift[r] > limit * unit * max(top, 1.0)
 
 
@@ -151,21 +154,22 @@ def _float_of_bits(typingctx, bits):
 
 def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
-                    divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray
-                    ) -> tuple[Tensor, np.ndarray]:
+                    divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray,
+                    keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
     out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
     stale = np.empty(len(region), np.bool_)
+    before = np.empty((len(region) if keep else 0, state.shape[1]), state.numpy().dtype)
     _fold_loop(state.numpy(), drift.numpy(), t.numpy(), rows, coef, local, region, divisor,
-               limit, out, stale, scale, bias)
-    return torch.from_numpy(out), stale
+               limit, out, stale, scale, bias, before)
+    return torch.from_numpy(out), stale, torch.from_numpy(before) if keep else None
 
 
 def fold_rows_tensors(state: Tensor, drift: Tensor, t: Tensor, rows: Tensor, coef: Tensor,
                       local: Tensor, region: Tensor, divisor: Tensor, scale: Tensor,
-                      bias: Tensor, limit: float) -> tuple[Tensor, Tensor]:
+                      bias: Tensor, limit: float) -> tuple[Tensor, Tensor, Tensor]:
     """`fold_rows_` on tensors alone, all on the tables' device and ``region`` not empty
     (what `torch.compile` can take whole: `benchmarks/kernels.py`); the stale flags as a
-    tensor."""
+    tensor, and the region's state rows before, always."""
     msg = t.index_select(0, rows).double() * coef.unsqueeze(-1)
     delta = msg.new_zeros((region.shape[0], t.shape[1])).index_add_(0, local, msg)
     kept = state.index_select(0, region)
@@ -179,27 +183,29 @@ def fold_rows_tensors(state: Tensor, drift: Tensor, t: Tensor, rows: Tensor, coe
              + unit * torch.maximum(top, g * kept.abs().amax(dim=1).double())).to(drift.dtype)
     drift.index_copy_(0, region, grown)
     stale = grown > limit * unit * top.clamp(min=1.0)
-    return (stored / divisor[:, None]).to(t.dtype), stale
+    return (stored / divisor[:, None]).to(t.dtype), stale, kept
 
 
 def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
-                    divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray
-                    ) -> tuple[Tensor, np.ndarray]:
+                    divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray,
+                    keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
     if not len(region):
-        return t.new_zeros((0, state.shape[1])), np.zeros(0, np.bool_)
+        return t.new_zeros((0, state.shape[1])), np.zeros(0, np.bool_), (
+            state[:0] if keep else None)
 
     def device(a: np.ndarray) -> Tensor:
         return torch.from_numpy(a).to(state.device)
 
-    out, stale = fold_rows_tensors(state, drift, t, *map(device, (
+    out, stale, kept = fold_rows_tensors(state, drift, t, *map(device, (
         rows, coef, local, region, divisor, scale, bias)), limit)
-    return out, stale.cpu().numpy()
+    return out, stale.cpu().numpy(), kept if keep else None
 
 
 def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
                local: np.ndarray, region: np.ndarray, divisor: np.ndarray, limit: float,
-               scale: np.ndarray, bias: np.ndarray) -> tuple[Tensor, np.ndarray]:
+               scale: np.ndarray, bias: np.ndarray, keep: bool = False
+               ) -> tuple[Tensor, np.ndarray, Tensor | None]:
     """Messages ``coef[k] * t[rows[k]]`` summed per destination ``region[local[k]]`` in
     float64 and added to its state row in place, the row first rescaled about ``bias``
     where ``scale[i]`` is not 1 (``scale * row + (1 - scale) * bias``; float64), with one
@@ -211,9 +217,11 @@ def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: 
     at that size: the old messages subtracted were computed to that size's precision).
     Returns the state rows of ``region`` (distinct slots), each divided by
     ``divisor[i]``, in ``t``'s dtype, and which rows are stale: their drift above
-    ``limit`` roundings at their size (or at 1 if smaller), to be recomputed."""
+    ``limit`` roundings at their size (or at 1 if smaller), to be recomputed; with
+    ``keep``, the state rows of ``region`` as they were before (else None)."""
     kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
-    return kernel(state, drift, t, rows, coef, local, region, divisor, limit, scale, bias)
+    return kernel(state, drift, t, rows, coef, local, region, divisor, limit, scale, bias,
+                  keep)
 
 
 @njit(cache=True)

@@ -604,14 +604,15 @@ class Shard:
         count = g.in_degree[region]
         columns = None  # a pull of some columns only
         keeps_z, last = self._z[hop - 1], hop == self.num_layers
-        z_old = take_rows(self.state[hop - 1], region) if keeps_z and not last else None
+        z_old = None  # the region's z before the batch, where z is kept (not at the last)
         if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
             pulled, remote = self._pull(hop, layer, pull)
             agg = layer.aggr.finalize(pulled, self._index(count))
         elif layer.aggr.linear:  # messages fold into the states, read back in one pass
-            agg, stale = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
-                                    removed_rows, edges, region, count)
+            agg, stale, z_old = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
+                                           removed_rows, edges, region, count,
+                                           keep=keeps_z and not last)
             pull, remote = region[stale], 0
             if len(pull):  # re-anchored: summed again from all in-neighbours
                 pulled, remote = self._pull(hop, layer, pull)
@@ -670,15 +671,16 @@ class Shard:
     def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
               v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
               removed_rows: Tensor, edges: _BatchEdges, region: np.ndarray,
-              count: np.ndarray) -> tuple[Tensor, np.ndarray]:
+              count: np.ndarray, keep: bool) -> tuple[Tensor, np.ndarray, Tensor | None]:
         """A linear aggregation's superstep: the messages that stop and start arriving in
         the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
         the changed edges), one per row of t they carry, folded into the states; returns
-        the region's finalized states (``count``: in-degrees) and which are stale
-        (`SumAggregation.fold`). Where the shard keeps the pre-activation, the root terms
-        of sources whose input changed fold in too; a mean's messages then arrive divided
-        by the in-degree, and the z of a vertex whose in-degree went from d to d' is first
-        rescaled by d / d' about its old root term and bias (`_rescaled`)."""
+        the region's finalized states (``count``: in-degrees), which are stale and with
+        ``keep`` their states before (`SumAggregation.fold`). Where the shard keeps the
+        pre-activation, the root terms of sources whose input changed fold in too; a
+        mean's messages then arrive divided by the in-degree, and the z of a vertex whose
+        in-degree went from d to d' is first rescaled by d / d' about its old root term and
+        bias (`_rescaled`)."""
         keeps_z = self._z[hop - 1]
         mean_z = keeps_z and layer.aggr.name == "mean"
         rescaled, at_region, a = self._rescaled(region, edges, count) if mean_z else (
@@ -715,7 +717,7 @@ class Shard:
                 (rows, coef, local), (roots, 1.0 - a, at_region), strict=True))
             bias = layer.empty_preactivation().double().cpu().numpy()
         return layer.aggr.fold(self.state[hop - 1], self.drift[hop - 1], t, rows, coef,
-                               local, region, None if keeps_z else count, scale, bias)
+                               local, region, None if keeps_z else count, scale, bias, keep)
 
     def _rescaled(self, region: np.ndarray, edges: _BatchEdges, count: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
