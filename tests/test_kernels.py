@@ -46,6 +46,7 @@ from streamgnn.models.softmax_ops import (
     fold_softmax_torch,
 )
 from streamgnn.workers.deltas import difference_rows, linear_delta_messages, message_sources
+from streamgnn.workers.region import superstep_region
 from streamgnn.workers.slotsets import SlotSets
 from tests.conftest import random_graph
 
@@ -552,6 +553,34 @@ def test_out_edges_except_skips_exactly_the_given_pairs(seed):
         kept = np.isin(src, vertices) & ~np.isin(pair_keys(src, dst), skip)
         expected = sorted(zip(src[kept].tolist(), dst[kept].tolist(), w[kept].tolist()))
         assert got == expected
+
+
+@given(seed=seeds, read_next=st.booleans())
+def test_superstep_region_is_the_out_edges_their_owned_destinations_and_the_rows_read_next(
+        seed, read_next):
+    rng = np.random.default_rng(seed)
+    graph = DynamicGraph.from_data(random_graph(rng, n=25, m=90, d=3, hubs=2))
+    src, dst, _ = graph.edge_slots()
+    skip = np.sort(pair_keys(src, dst)[rng.random(len(src)) < 0.3])
+    sources = rng.choice(25, 6, replace=False).astype(np.int64)
+    owned = rng.random(len(graph.alive)) < 0.7
+    changed_dst, changed = rng.integers(0, 25, 5), rng.choice(25, 4, replace=False)
+    added = np.sort(rng.choice(25, 3, replace=False))
+    changed_src, removed = rng.integers(0, 25, 5), rng.choice(25, 2, replace=False)
+    sets = SlotSets(len(graph.alive))
+    at, v1, w1, region, count, fresh, ahead = superstep_region(
+        graph.out.arrays, sources, skip, changed_dst, changed, owned, graph.in_degree, added,
+        changed_src, removed, read_next, sets.mark)
+    expected = graph.out_edges_except(sources, skip)
+    for got, want in zip((at, v1, w1), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    reached = np.unique(np.concatenate([v1, changed_dst, changed]))
+    np.testing.assert_array_equal(region, reached[owned[reached]])
+    np.testing.assert_array_equal(count, graph.in_degree[region])
+    np.testing.assert_array_equal(fresh, np.isin(region, added))
+    read = np.union1d(changed_src[owned[changed_src]], removed)
+    np.testing.assert_array_equal(ahead, np.setdiff1d(read, region) if read_next else [])
+    assert not sets.mark.any()  # left as found
 
 
 def _softmax_rows(msgs: list[np.ndarray], h: int, c: int) -> np.ndarray:

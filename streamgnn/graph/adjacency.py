@@ -112,7 +112,9 @@ def _gather(adj, vertices, ptr, out_nbr, out_w):
 
 
 @njit(cache=True)
-def _gather_except(adj, vertices, skip):
+def entries_except(adj, vertices, skip):
+    """`Adjacency.gather_except`'s kernel (``vertices`` and ``skip`` int64; numba kernels
+    call it)."""
     start, deg, _, nbr, w, _ = adj
     total = 0
     for i in range(len(vertices)):
@@ -255,7 +257,7 @@ class Adjacency:
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Entries of ``vertices`` except the pairs whose `pair_keys` are in sorted ``skip``,
         COO-style: (position of the owner in ``vertices``, neighbour, weight)."""
-        return _gather_except(self.arrays, np.ascontiguousarray(vertices, np.int64),
+        return entries_except(self.arrays, np.ascontiguousarray(vertices, np.int64),
                               np.ascontiguousarray(skip, np.int64))
 
     def make_room(self, pending: int) -> None:

@@ -62,6 +62,7 @@ from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.linear_step import linear_step_inputs
 from streamgnn.workers.placement import Routed, bit, held_by
+from streamgnn.workers.region import superstep_region
 from streamgnn.workers.slotsets import SlotSets
 
 
@@ -586,10 +587,14 @@ class Shard:
         sources = changed.slots
         if layer.degree_normalised:
             sources = self.sets.union(sources, edges.degree_changed)
-        # Unchanged out-edges of the sources (the changed pairs are sent separately).
-        at, v1, w1 = g.out_edges_except(sources, edges.keys)
+        keeps_z, last = self._z[hop - 1], hop == self.num_layers
         owned = self.owned
-        region = self.sets.union(v1, edges.dst, changed.slots, alive=owned)
+        # the unchanged out-edges of the sources (the changed pairs are sent separately),
+        # the region they and the changed edges reach, and the rows the next step reads
+        at, v1, w1, region, count, fresh, ahead = superstep_region(
+            g.out.arrays, np.asarray(sources, np.int64), edges.keys, edges.dst, changed.slots,
+            owned, g.in_degree, self._batch.added, edges.src, removed, keeps_z and not last,
+            self.sets.mark)
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
@@ -601,9 +606,7 @@ class Shard:
             return _Step(region, nothing, np.zeros(0, bool), np.zeros(0, bool), nothing)
 
         index = self._index(region)
-        count = g.in_degree[region]
         columns = None  # a pull of some columns only
-        keeps_z, last = self._z[hop - 1], hop == self.num_layers
         z_old = None  # the region's z before the batch, where z is kept (not at the last)
         if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
@@ -631,10 +634,8 @@ class Shard:
                 remote += self._pull_columns(hop, layer, columns)
             agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
         agg = agg.to(self.dtype)  # (a tensor, or packed attention states)
-        fresh = self._added(region)
         activated = None
         if keeps_z:  # agg is z, stored already; h activated here, with rows read next
-            ahead = region[:0] if last else self._read_next(region, edges.src, removed)
             activated = np.concatenate([region, ahead])
             after, moved, old_rows, finite = _compared(layer, z_old, agg,
                                                        self.state[hop - 1], ahead, fresh)
@@ -659,14 +660,6 @@ class Shard:
         result.combined_messages.append(self._combined_messages(sources, at, v1, edges))
         result.rewritten.append((region, new.cpu().numpy()))
         return _Step(region, after, fresh, moved, old_rows, finite, activated)
-
-    def _read_next(self, region: np.ndarray, src: np.ndarray, removed: np.ndarray
-                   ) -> np.ndarray:
-        """Slots outside ``region`` whose rows of this layer the next superstep reads
-        whatever moved: the owned sources of changed edges and the removed vertices (their
-        rows do not change before it; ghosts' are sent in between)."""
-        read = self.sets.union(src[self.owned[src]], removed)
-        return read[self.sets.find(region, read) < 0]
 
     def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
               v1: np.ndarray, w1: np.ndarray, changed: _Changed, removed: np.ndarray,
