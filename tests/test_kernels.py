@@ -450,6 +450,19 @@ def test_slot_set_union_positions_and_find(seed, sizes, slots):
     np.testing.assert_array_equal(sets.union(*parts), union)  # scratch left clean
 
 
+@given(seed=seeds, queries=st.integers(0, 40))
+def test_find_in_two_ascending_runs_is_find(seed, queries):
+    """Few queries search the runs, many mark the members: either way `find`'s answer."""
+    rng = np.random.default_rng(seed)
+    sets = SlotSets(200)
+    first = np.sort(rng.choice(200, rng.integers(0, 60), replace=False))
+    second = np.sort(np.setdiff1d(rng.choice(200, rng.integers(0, 60), replace=False), first))
+    members = np.concatenate([first, second]).astype(np.int64)
+    asked = rng.integers(0, 200, queries)
+    np.testing.assert_array_equal(sets.find_in_runs(members, len(first), asked),
+                                  sets.find(members, asked))
+
+
 @given(seed=seeds, weighted=st.booleans(), roots=st.booleans())
 def test_linear_messages_from_differences_sum_as_new_and_old_rows_do(seed, weighted, roots):
     """A linear aggregation's messages per destination, built on a table of t of the rows

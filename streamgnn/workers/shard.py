@@ -114,7 +114,8 @@ class _Step:
     (none at the last layer, whose old rows only mattered for labels: the shard keeps
     those); ``finite``: every new row is. Where the shard keeps the pre-activation,
     ``activated`` are the slots whose rows of h the superstep activated, the region's
-    first, and ``after`` has a row for each (the next superstep reads them)."""
+    first (both runs ascending), and ``after`` has a row for each (the next superstep
+    reads them)."""
 
     region: np.ndarray
     after: Tensor
@@ -987,7 +988,8 @@ class Shard:
         if b is None or b.hop != layer or b.step.activated is None:
             return activate(z.index_select(0, index))
         after = b.step.after
-        at = self.sets.find(b.step.activated, index.cpu().numpy())
+        at = self.sets.find_in_runs(b.step.activated, len(b.step.region),
+                                    index.cpu().numpy())
         missing = np.flatnonzero(at < 0)
         if not len(missing):
             return take_rows(after, at)

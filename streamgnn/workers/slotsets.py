@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamgnn.graph.batch import sorted_position
+
 
 @njit(cache=True)
 def union_marked(values, mark, alive, live_only):
@@ -82,6 +84,18 @@ def _remote_pairs(sources, at, v1, src2, dst2, ghost, owner, bits):
     return n
 
 
+@njit(cache=True)
+def _find_in_runs(members, split, queries):
+    out = np.empty(len(queries), np.int64)
+    for j in range(len(queries)):
+        i = sorted_position(members[:split], queries[j])
+        if i < 0:
+            i = sorted_position(members[split:], queries[j])
+            i = i + split if i >= 0 else i
+        out[j] = i
+    return out
+
+
 def marked(size: int, slots: np.ndarray) -> np.ndarray:
     """A mask over ``size`` slots, true at ``slots`` (membership without sorting)."""
     mask = np.zeros(size, bool)
@@ -131,3 +145,12 @@ class SlotSets:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
         return _find(np.asarray(members, np.int64), np.asarray(queries, np.int64),
                      self.scratch, self.mark)
+
+    def find_in_runs(self, members: np.ndarray, split: int, queries: np.ndarray
+                     ) -> np.ndarray:
+        """`find` where ``members`` ascend before ``split`` and again from it: two binary
+        searches a query where the queries are few (`find` marks every member)."""
+        if 16 * len(queries) >= len(members):
+            return self.find(members, queries)
+        return _find_in_runs(np.asarray(members, np.int64), split,
+                             np.asarray(queries, np.int64))
