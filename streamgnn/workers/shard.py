@@ -477,8 +477,10 @@ class Shard:
         if not received:
             return
         b = self._batch
-        slots = self.graph.slots(np.concatenate([g.ids for g in received])).astype(np.int64)
-        rows = np.concatenate([g.rows for g in received])
+        ids, rows = ((received[0].ids, received[0].rows) if len(received) == 1 else  # as sent
+                     (np.concatenate([g.ids for g in received]),
+                      np.concatenate([g.rows for g in received])))
+        slots = self.graph.slots(ids).astype(np.int64)
         if hop == 0:
             weights = [g.in_weight for g in received]
             if weights[0] is not None:
