@@ -113,8 +113,10 @@ def _gather(adj, vertices, ptr, out_nbr, out_w):
 
 @njit(cache=True)
 def entries_except(adj, vertices, skip):
-    """`Adjacency.gather_except`'s kernel (``vertices`` and ``skip`` int64; numba kernels
-    call it)."""
+    """The entries of ``vertices`` (int64) in the adjacency arrays ``adj`` except the pairs
+    whose `pair_keys` are in sorted ``skip`` (int64), COO-style: (position of the owner in
+    ``vertices``, neighbour, weight). Where ``vertices`` ascend, one walk along ``skip``
+    finds each one's skipped pairs; else a search each."""
     start, deg, _, nbr, w, _ = adj
     total = 0
     for i in range(len(vertices)):
@@ -252,13 +254,6 @@ class Adjacency:
         w = np.empty(ptr[-1], np.float32)
         _gather(self.arrays, vertices, ptr, nbr, w)
         return ptr, nbr, w
-
-    def gather_except(self, vertices: np.ndarray, skip: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Entries of ``vertices`` except the pairs whose `pair_keys` are in sorted ``skip``,
-        COO-style: (position of the owner in ``vertices``, neighbour, weight)."""
-        return entries_except(self.arrays, np.ascontiguousarray(vertices, np.int64),
-                              np.ascontiguousarray(skip, np.int64))
 
     def make_room(self, pending: int) -> None:
         """Compact into arrays with a quarter more space than the blocks need, plus room

@@ -247,12 +247,6 @@ class DynamicGraph:
         """(ptr, dst slots, weights) of the out-edges of ``vertices``, CSR-style."""
         return self.out.gather(vertices)
 
-    def out_edges_except(self, vertices: np.ndarray, skip: np.ndarray
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Out-edges of ``vertices`` except the pairs whose `pair_keys` are in sorted
-        ``skip``: (position of the source in ``vertices``, dst slot, weight)."""
-        return self.out.gather_except(vertices, skip)
-
     def to_data(self) -> GraphData:
         """The current graph as a snapshot (vertices in slot order)."""
         v = self.vertex_slots()

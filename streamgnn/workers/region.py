@@ -25,7 +25,8 @@ def superstep_region(out_adjacency, sources, skip, dst, changed, owned, in_degre
     ``dst`` and the ``changed`` vertices; its ``in_degree``; which of it are among the
     slots the batch ``added`` (distinct); with ``read_next``, the sorted slots outside it
     whose rows the next superstep reads whatever moved (the owned sources ``src`` of the
-    changed edges and the ``removed`` vertices), else none. ``mark``: `SlotSets`' own."""
+    changed edges and the ``removed`` vertices: their rows do not change before it, and
+    ghosts' are sent in between), else none. ``mark``: `SlotSets`' own."""
     at, v1, w1 = entries_except(out_adjacency, sources, skip)
     region = union_marked(np.concatenate((v1, dst, changed)), mark, owned, True)
     count = in_degree[region]
