@@ -17,7 +17,7 @@ from streamgnn.router import Arrivals, Checkpoints
 from streamgnn.router.journal import runs
 from streamgnn.router.pending import Cut, Origin, Pending, Run
 from streamgnn.stream import Record, decode_updates, encode_columns
-from streamgnn.updates import ADD_EDGE, DELETE_VERTEX, UpdateBatch
+from streamgnn.updates import ADD_EDGE, ADD_VERTEX, DELETE_VERTEX, UpdateBatch
 from streamgnn.workers import Placement
 from tests.reference import update_strategy
 
@@ -181,7 +181,7 @@ def two_clusters():
 
 def placed(num_partitions: int, strategy: str = "metis"):
     with pytest.warns(UserWarning, match="parallel edges"):
-        data = sg.GraphData.cleaned(*two_clusters(), np.zeros((20, 1)))
+        data = sg.GraphData.cleaned(*two_clusters(), np.arange(1.0, 21.0)[:, None])
     graph = DynamicGraph.from_data(data)
     return graph, Placement.initial(graph, num_partitions, strategy)
 
@@ -204,9 +204,9 @@ def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
     a, b = (int(p.part[graph.slots([v])[0]]) for v in (0, 10))
     batch = [sg.AddEdge(src=1, dst=2),          # local
              sg.AddEdge(src=11, dst=3),         # cut: lives at the sink's, 11 a ghost there
-             sg.AddVertex(id=100, x=[0.0]),     # first linked to hub 0: joins its partition
+             sg.AddVertex(id=100, x=[7.5]),     # first linked to hub 0: joins its partition
              sg.AddEdge(src=100, dst=0),
-             sg.AddVertex(id=101, x=[0.0]),     # linked to a non-hub: least-loaded
+             sg.AddVertex(id=101, x=[8.5]),     # linked to a non-hub: least-loaded
              sg.AddEdge(src=101, dst=12),
              sg.UpdateFeatures(id=12, x=[1.0]),
              sg.DeleteVertex(id=19)]
@@ -229,9 +229,14 @@ def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
             ours, theirs = getattr(r.batch, name), getattr(checked, name)
             assert ours.dtype == theirs.dtype and ours.flags.c_contiguous
             np.testing.assert_array_equal(ours, theirs)
-    features = {int(v): r.batch.x[r.batch.xrow[i]].tolist() for r in routed
-                for i, v in enumerate(r.batch.a) if r.batch.xrow[i] >= 0}
-    assert features[12] == [1.0] and features[100] == [0.0] and features[11] == [0.0]
+    sent = {100: [7.5], 101: [8.5], 12: [1.0]}  # a new ghost starts at zeros (rows follow)
+    for r in routed:
+        featured = np.flatnonzero(r.batch.xrow >= 0)
+        assert len(featured) == len(r.batch.x)
+        for i in featured:
+            v = int(r.batch.a[i])
+            ghost = r.batch.op[i] == ADD_VERTEX and v in r.ghosts.tolist()
+            assert r.batch.x[r.batch.xrow[i]].tolist() == ([0.0] if ghost else sent[v])
 
 
 def test_hash_placement_uses_the_id():

@@ -79,7 +79,7 @@ def by_destination(at, num):
 def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale,
                scale, bias, before):
     bits = _bits(state)
-    keep = len(before) > 0
+    keep = len(before) > 0  # (rows for every region row, or none: nothing to keep)
     # each destination's messages summed in one row (no table of the region's deltas:
     # 1 KB a row written, then read, on top of the state's)
     first, order = by_destination(local, len(region))
@@ -192,7 +192,7 @@ def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
     if not len(region):
         return t.new_zeros((0, state.shape[1])), np.zeros(0, np.bool_), (
-            state[:0] if keep else None)
+            state.new_empty((0, state.shape[1])) if keep else None)
 
     def device(a: np.ndarray) -> Tensor:
         return torch.from_numpy(a).to(state.device)

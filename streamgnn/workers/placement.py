@@ -36,7 +36,7 @@ from streamgnn.updates import (
 
 Strategy = Literal["metis", "hash"]
 STRATEGIES = ("metis", "hash")
-ZEROS = -1  # where a routed item's features come from: zeros (a new ghost's)
+ZERO_ROW = -1  # where a routed item's features come from: a row of zeros (a new ghost's)
 
 
 @dataclass
@@ -186,7 +186,7 @@ class Placement:
         gone = removed[gone_at]
         # (owner of each item, op, a), in the order every graph accepts; then for the
         # items with one, in that order: b of edges, w of added/updated edges, the slot
-        # whose features an added vertex or new features carry (ZEROS: a new ghost's)
+        # whose features an added vertex or new features carry (ZERO_ROW: a new ghost's)
         groups = [(self.part[dst[deleted]], DELETE_EDGE, src[deleted]),
                   (self.part[dst[kept]], UPDATE_EDGE, src[kept]),
                   (gone_q, DELETE_VERTEX, gone),
@@ -197,11 +197,12 @@ class Placement:
                   (owner, ADD_EDGE, new_src)]
         b = np.concatenate([dst[deleted], dst[kept], new_dst])
         w = np.concatenate([e.after[kept], e.after[new]])
-        xfrom = np.concatenate([added, diff.changed, np.full(len(ghost_src), ZEROS)])
-        bounds, xbounds, *columns = _split(
+        xfrom = np.concatenate([added, diff.changed, np.full(len(ghost_src), ZERO_ROW)])
+        read, bounds, xbounds, *columns = _split(
             np.concatenate([g[0] for g in groups]),
             np.repeat(np.array([g[1] for g in groups], np.int8), [len(g[0]) for g in groups]),
             np.concatenate([g[2] for g in groups]), b, w, xfrom, n, graph.ext, graph.x)
+        assert read == (len(b), len(w), len(xfrom)), "groups and their columns out of step"
         op, a, b, w, xrow, xs = columns
         routed = [Routed(UpdateBatch.unchecked(
             *(c[bounds[q]:bounds[q + 1]] for c in (op, a, b, w, xrow)),
@@ -248,10 +249,10 @@ def _split(owner, op, a, b, w, xfrom, parts, ext, x):
     """The routed items (owner partition, op code, vertex slot ``a``; and for the items
     with one, in order: the slot ``b`` of edges, the weight ``w`` of added and updated
     edges, the slot ``xfrom`` whose features added vertices and new features carry
-    (ZEROS: zeros)) as each partition's columns of an `UpdateBatch`, partitions one after
-    the other and each's items in the given order: the bounds of each partition's items
-    and of its feature rows, then op, a, b (external ids; 0 where absent), w, xrow (into
-    the partition's rows) and x."""
+    (ZERO_ROW: zeros)) as each partition's columns of an `UpdateBatch`, partitions one
+    after the other and each's items in the given order: how many of ``b``, ``w`` and
+    ``xfrom`` it read, the bounds of each partition's items and of its feature rows, then
+    op, a, b (external ids; 0 where absent), w, xrow (into the partition's rows) and x."""
     n = len(owner)
     has_x = (op == ADD_VERTEX) | (op == UPDATE_FEATURES)
     bounds, xbounds = np.zeros(parts + 1, np.int64), np.zeros(parts + 1, np.int64)
@@ -279,10 +280,10 @@ def _split(owner, op, a, b, w, xfrom, parts, ext, x):
             r = xat[q]
             xat[q] += 1
             xrow[i] = r - xbounds[q]
-            if xfrom[kx] != ZEROS:
+            if xfrom[kx] != ZERO_ROW:
                 x_out[r] = x[xfrom[kx]]
             kx += 1
-    return bounds, xbounds, op_out, a_out, b_out, w_out, xrow, x_out
+    return (kb, kw, kx), bounds, xbounds, op_out, a_out, b_out, w_out, xrow, x_out
 
 
 @njit(cache=True)

@@ -1,8 +1,8 @@
 """`superstep_region`: where a superstep's messages go and which rows it recomputes, in
 one numba call instead of five and the Python between them: the unchanged out-edges of
-its sources, the region (their destinations, the changed edges' and the sources
-themselves, owned vertices only), the region's in-degrees, which of it the batch added,
-and the rows outside it the next superstep reads.
+its sources, the region (their destinations, the changed edges' and the vertices whose
+input changed, owned vertices only), the region's in-degrees, which of it the batch
+added, and the rows outside it the next superstep reads.
 
 Owns this composition only; must not import torch, kafka or mpi4py.
 """
@@ -17,18 +17,19 @@ from streamgnn.workers.slotsets import union_marked
 
 
 @njit(cache=True)
-def superstep_region(out_adjacency, sources, skip, dst, changed, owned, in_degree, added,
-                     src, removed, read_next, mark):
+def superstep_region(out_adjacency, sources, skip, changed_dst, changed, owned, in_degree,
+                     added, changed_src, removed, read_next, mark):
     """For a superstep from ``sources`` (int64): their out-edges except the changed pairs
     (sorted keys ``skip``) as (position in ``sources``, destination, weight); the region:
-    the sorted distinct ``owned`` slots among those destinations, the changed edges'
-    ``dst`` and the ``changed`` vertices; its ``in_degree``; which of it are among the
-    slots the batch ``added`` (distinct); with ``read_next``, the sorted slots outside it
-    whose rows the next superstep reads whatever moved (the owned sources ``src`` of the
-    changed edges and the ``removed`` vertices: their rows do not change before it, and
-    ghosts' are sent in between), else none. ``mark``: `SlotSets`' own."""
+    the sorted distinct ``owned`` slots among those destinations, the changed edges' ends
+    ``changed_dst`` and the ``changed`` vertices; its ``in_degree``; which of it are among
+    the slots the batch ``added`` (distinct); with ``read_next``, the sorted slots outside
+    it whose rows the next superstep reads whatever moved (the owned sources
+    ``changed_src`` of the changed edges and the ``removed`` vertices: their rows do not
+    change before it, and ghosts' are sent in between), else none. ``mark``: `SlotSets`'
+    own."""
     at, v1, w1 = entries_except(out_adjacency, sources, skip)
-    region = union_marked(np.concatenate((v1, dst, changed)), mark, owned, True)
+    region = union_marked(np.concatenate((v1, changed_dst, changed)), mark, owned, True)
     count = in_degree[region]
     for a in added:
         mark[a] = True
@@ -37,14 +38,16 @@ def superstep_region(out_adjacency, sources, skip, dst, changed, owned, in_degre
         fresh[i] = mark[region[i]]
     for a in added:
         mark[a] = False
-    ahead = np.empty(len(src) + len(removed) if read_next else 0, np.int64)
+    reads = len(changed_src) + len(removed)
+    ahead = np.empty(reads if read_next else 0, np.int64)
     n = 0
     if read_next:
         for r in region:
             mark[r] = True
-        for k in range(len(src) + len(removed)):
-            s = src[k] if k < len(src) else removed[k - len(src)]
-            if (k >= len(src) or owned[s]) and not mark[s]:
+        for k in range(reads):
+            first = k < len(changed_src)
+            s = changed_src[k] if first else removed[k - len(changed_src)]
+            if (not first or owned[s]) and not mark[s]:
                 mark[s] = True
                 ahead[n] = s
                 n += 1
