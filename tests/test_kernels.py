@@ -451,6 +451,27 @@ def test_slot_set_union_positions_and_find(seed, sizes, slots):
     np.testing.assert_array_equal(sets.union(*parts), union)  # scratch left clean
 
 
+@given(seed=seeds)
+def test_remote_pairs_counts_distinct_destination_and_source_owner_pairs(seed):
+    """What combining at the sender would send: one message per destination and partition
+    owning ghost sources, over the unchanged edges and the changed ones that exist before
+    or after into an owned destination."""
+    rng = np.random.default_rng(seed)
+    sets = SlotSets(30)
+    sources = rng.choice(30, 5, replace=False)
+    at, v1 = rng.integers(0, 5, 20), rng.integers(0, 30, 20)
+    src2, dst2 = rng.integers(0, 30, 12), rng.integers(0, 30, 12)
+    had, has = rng.random(12) < 0.5, rng.random(12) < 0.5
+    owned, ghost = rng.random(30) < 0.6, rng.random(30) < 0.5
+    owner = rng.integers(0, 4, 30)
+    sent = (had | has) & owned[dst2]
+    edges = [*zip(sources[at].tolist(), v1.tolist()),
+             *zip(src2[sent].tolist(), dst2[sent].tolist())]
+    expected = {(d, int(owner[s])) for s, d in edges if ghost[s]}
+    assert sets.remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost,
+                             owner) == len(expected)
+
+
 @given(seed=seeds, queries=st.integers(0, 40))
 def test_find_in_two_ascending_runs_is_find(seed, queries):
     """Few queries search the runs, many mark the members: either way `find`'s answer."""

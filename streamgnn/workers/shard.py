@@ -829,9 +829,8 @@ class Shard:
                            edges: _BatchEdges) -> int:
         if self.ghost is None:
             return 0
-        moved = (edges.has | edges.had) & self.owned[edges.dst]
-        return self.sets.remote_pairs(sources, at, v1, edges.src[moved], edges.dst[moved],
-                                      self.ghost, self.ghost_owner)
+        return self.sets.remote_pairs(sources, at, v1, edges.src, edges.dst, edges.had,
+                                      edges.has, self.owned, self.ghost, self.ghost_owner)
 
     def _pull(self, hop: int, layer: Layer, pull: np.ndarray) -> tuple[Tensor, int]:
         """Recompute the states of ``pull`` from all their in-neighbours; also returns how

@@ -65,7 +65,7 @@ def _find(members, queries, scratch, mark):
 
 
 @njit(cache=True)
-def _remote_pairs(sources, at, v1, src2, dst2, ghost, owner, bits):
+def _remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost, owner, bits):
     for d in v1:
         bits[d] = 0
     for d in dst2:
@@ -74,8 +74,10 @@ def _remote_pairs(sources, at, v1, src2, dst2, ghost, owner, bits):
     for k in range(len(at) + len(src2)):
         if k < len(at):
             s, d = sources[at[k]], v1[k]
-        else:
+        elif (had[k - len(at)] or has[k - len(at)]) and owned[dst2[k - len(at)]]:
             s, d = src2[k - len(at)], dst2[k - len(at)]
+        else:
+            continue
         if ghost[s]:
             tag = np.int64(1) << owner[s]
             if not bits[d] & tag:
@@ -134,12 +136,14 @@ class SlotSets:
                           self.scratch)
 
     def remote_pairs(self, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
-                     src2: np.ndarray, dst2: np.ndarray, ghost: np.ndarray,
-                     owner: np.ndarray) -> int:
+                     src2: np.ndarray, dst2: np.ndarray, had: np.ndarray, has: np.ndarray,
+                     owned: np.ndarray, ghost: np.ndarray, owner: np.ndarray) -> int:
         """How many distinct (destination, ``owner`` of the source) pairs the edges
-        ``sources[at] -> v1`` and ``src2 -> dst2`` whose source is a ``ghost`` make
-        (owners in 0..63)."""
-        return _remote_pairs(sources, at, v1, src2, dst2, ghost, owner, self.scratch)
+        ``sources[at] -> v1`` and the changed edges ``src2 -> dst2`` that existed (``had``)
+        or exist (``has``) into an ``owned`` destination make, counting edges whose source
+        is a ``ghost`` (owners in 0..63)."""
+        return _remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost, owner,
+                             self.scratch)
 
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
