@@ -612,7 +612,7 @@ def test_superstep_region_is_the_out_edges_their_owned_destinations_and_the_rows
     sets = SlotSets(len(graph.alive))
     at, v1, w1, region, count, fresh, ahead = superstep_region(
         graph.out.arrays, sources, skip, changed_dst, changed, owned, graph.in_degree, added,
-        changed_src, removed, read_next, sets.mark)
+        changed_src, removed, read_next, sets.mark, sets.scratch)
     got = sorted(zip(sources[at].tolist(), v1.tolist(), w1.tolist()))
     kept = np.isin(src, sources) & ~np.isin(pair_keys(src, dst), skip)
     assert got == sorted(zip(src[kept].tolist(), dst[kept].tolist(), w[kept].tolist()))

@@ -13,12 +13,12 @@ import numpy as np
 from numba import njit
 
 from streamgnn.graph.adjacency import entries_except
-from streamgnn.workers.slotsets import union_marked
+from streamgnn.workers.slotsets import find_marked, union_marked
 
 
 @njit(cache=True)
 def superstep_region(out_adjacency, sources, skip, changed_dst, changed, owned, in_degree,
-                     added, changed_src, removed, read_next, mark):
+                     added, changed_src, removed, read_next, mark, scratch):
     """For a superstep from ``sources`` (int64): their out-edges except the changed pairs
     (sorted keys ``skip``) as (position in ``sources``, destination, weight); the region:
     the sorted distinct ``owned`` slots among those destinations, the changed edges' ends
@@ -26,18 +26,12 @@ def superstep_region(out_adjacency, sources, skip, changed_dst, changed, owned, 
     the slots the batch ``added`` (distinct); with ``read_next``, the sorted slots outside
     it whose rows the next superstep reads whatever moved (the owned sources
     ``changed_src`` of the changed edges and the ``removed`` vertices: their rows do not
-    change before it, and ghosts' are sent in between), else none. ``mark``: `SlotSets`'
-    own."""
+    change before it, and ghosts' are sent in between), else none. ``mark`` and
+    ``scratch``: `SlotSets`' own."""
     at, v1, w1 = entries_except(out_adjacency, sources, skip)
     region = union_marked(np.concatenate((v1, changed_dst, changed)), mark, owned, True)
     count = in_degree[region]
-    for a in added:
-        mark[a] = True
-    fresh = np.empty(len(region), np.bool_)
-    for i in range(len(region)):
-        fresh[i] = mark[region[i]]
-    for a in added:
-        mark[a] = False
+    fresh = find_marked(added, region, scratch, mark) >= 0
     reads = len(changed_src) + len(removed)
     ahead = np.empty(reads if read_next else 0, np.int64)
     n = 0

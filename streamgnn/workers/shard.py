@@ -597,7 +597,7 @@ class Shard:
         at, v1, w1, region, count, fresh, ahead = superstep_region(
             g.out.arrays, np.asarray(sources, np.int64), edges.keys, edges.dst, changed.slots,
             owned, g.in_degree, self._batch.added, edges.src, removed, keeps_z and not last,
-            self.sets.mark)
+            self.sets.mark, self.sets.scratch)
         if not len(region):
             result.recomputed.append(0)
             result.pulled.append(0)
@@ -933,9 +933,8 @@ class Shard:
 
     def _h_source(self, layer: int, slots: np.ndarray) -> tuple[Tensor, np.ndarray, bool]:
         """Where h^layer of ``slots`` is read: a table, its rows to read, and whether h is
-        ReLU of them: the features, h as stored, or z where the shard keeps it and the
-        layer activates value by value (`Layer.elementwise`); else h of the slots,
-        activated here (`_rows`)."""
+        ReLU of them: `_h_table_of`'s table and the slots where there is one, else h of
+        the slots, activated here (`_rows`)."""
         source = self._h_table_of(layer)
         if source is None:
             return self._rows(layer, self._index(slots)), np.arange(len(slots)), False

@@ -52,7 +52,8 @@ def _positions(members, queries, scratch):
 
 
 @njit(cache=True)
-def _find(members, queries, scratch, mark):
+def find_marked(members, queries, scratch, mark):
+    """`SlotSets.find`'s kernel (int64 slots; numba kernels call it)."""
     for i in range(len(members)):
         scratch[members[i]] = i
         mark[members[i]] = True
@@ -147,7 +148,7 @@ class SlotSets:
 
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
-        return _find(np.asarray(members, np.int64), np.asarray(queries, np.int64),
+        return find_marked(np.asarray(members, np.int64), np.asarray(queries, np.int64),
                      self.scratch, self.mark)
 
     def find_in_runs(self, members: np.ndarray, split: int, queries: np.ndarray
