@@ -46,7 +46,10 @@ from streamgnn.models.softmax_ops import (
     fold_softmax_numba,
     fold_softmax_torch,
 )
+from streamgnn.updates import AddVertex
 from streamgnn.workers.deltas import difference_rows, linear_delta_messages, message_sources
+from streamgnn.workers.halo import _take_torch, rows_for, take_ghost_rows
+from streamgnn.workers.placement import bit
 from streamgnn.workers.region import superstep_region
 from streamgnn.workers.slotsets import SlotSets, _find_in_runs
 from tests.conftest import random_graph
@@ -470,6 +473,79 @@ def test_remote_pairs_counts_distinct_destination_and_source_owner_pairs(seed):
     expected = {(d, int(owner[s])) for s, d in edges if ghost[s]}
     assert sets.remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost,
                              owner) == len(expected)
+
+
+def _ghost_graph(size: int) -> DynamicGraph:
+    """A graph of ``size`` vertices with external ids 100 + 7 slot (no edges)."""
+    graph = DynamicGraph(num_features=1)
+    graph.apply([AddVertex(id=100 + 7 * i, x=[0.0]) for i in range(size)])
+    return graph
+
+
+@given(seed=seeds, count=st.integers(0, 20), relu=st.booleans(), unknown=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_take_ghost_rows_numba_and_torch_store_rows_and_join_the_moved_ghosts_to_the_sources(
+        seed, count, relu, unknown, dtype):
+    """Each received row is stored at its ghost's slot; a ghost whose row changed (or that
+    the batch added) and is not a source yet joins the sources, and, unless added, the old
+    slots with its row before (ReLU'd where asked); an unknown id stores nothing."""
+    rng = np.random.default_rng(seed)
+    graph, sets = _ghost_graph(30), SlotSets(30)
+    table = rng.normal(size=(30, 4)).astype(dtype)
+    slots = rng.choice(30, count, replace=False)
+    rows = table[slots].copy()
+    changes = rng.random(count) < 0.6
+    rows[changes, rng.integers(0, 4, count)[changes]] += 1.0
+    added = np.flatnonzero(rng.random(30) < 0.2)
+    sources = np.flatnonzero(rng.random(30) < 0.3)
+    old_slots = np.flatnonzero(rng.random(30) < 0.2)
+    ids = graph.ext[slots].copy()
+    if unknown and count:
+        ids[count // 2] = 5  # no vertex has it
+    fresh = np.isin(slots, added)
+    joins = (changes | fresh) & ~np.isin(slots, sources)
+    replaced = joins & ~fresh
+    expected = table.copy()
+    expected[slots] = rows
+    before = table[slots[replaced]]
+    for kernel in (take_ghost_rows, _take_torch):
+        stored = torch.from_numpy(table.copy())
+        missing, got_slots, got_sources, got_old_slots, old = kernel(
+            graph.id_table, ids, rows, stored, relu, added, sources, old_slots, sets.mark,
+            sets.scratch)
+        assert not sets.mark.any()
+        if unknown and count:
+            assert missing == count // 2
+            np.testing.assert_array_equal(stored.numpy(), table)
+            continue
+        assert missing == -1
+        np.testing.assert_array_equal(got_slots, slots)
+        np.testing.assert_array_equal(stored.numpy(), expected)
+        np.testing.assert_array_equal(got_sources, np.concatenate([sources, slots[joins]]))
+        np.testing.assert_array_equal(got_old_slots,
+                                      np.concatenate([old_slots, slots[replaced]]))
+        assert old.dtype == stored.dtype
+        np.testing.assert_array_equal(old.numpy(), np.maximum(before, 0) if relu else before)
+
+
+@given(seed=seeds, q=st.integers(0, 3), subscribed=st.integers(0, 5))
+def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_began_to_hold(
+        seed, q, subscribed):
+    rng = np.random.default_rng(seed)
+    sets = SlotSets(30)
+    moved = rng.choice(30, 12, replace=False)
+    owned = rng.random(30) < 0.7
+    holders = rng.integers(0, 16, 30).astype(np.uint64)
+    began = rng.choice(np.flatnonzero(owned), min(subscribed, int(owned.sum())),
+                       replace=False)
+    table = torch.from_numpy(rng.normal(size=(30, 3)).astype(np.float32))
+    ext = 100 + 7 * np.arange(30)
+    slots, ids, rows = rows_for(q, moved, owned, holders, began, table, ext, sets.mark)
+    held = moved[owned[moved] & ((holders[moved] & bit(q)) != 0)]
+    np.testing.assert_array_equal(slots, np.union1d(held, began))
+    np.testing.assert_array_equal(ids, ext[slots])
+    np.testing.assert_array_equal(rows, table.numpy()[slots])
+    assert not sets.mark.any()
 
 
 @given(seed=seeds, queries=st.integers(0, 40))

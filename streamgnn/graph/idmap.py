@@ -86,7 +86,8 @@ def del1(table, key) -> None:
 
 
 @njit(cache=True)
-def _get_many(table, query, out):
+def get_many(table, query, out):
+    """``out[q]``: the slot of ``query[q]``, or -1 (kernels elsewhere call it)."""
     for q in range(len(query)):
         if q + 16 < len(query):
             prefetch_cell(table, query[q + 16])
@@ -128,7 +129,7 @@ class IdMap:
         """Slot of each id, -1 where absent."""
         ext = np.ascontiguousarray(ext, dtype=np.int64)
         out = np.empty(len(ext), np.int32)
-        _get_many(self.table, ext, out)
+        get_many(self.table, ext, out)
         return out
 
     def reserve(self, extra: int) -> None:

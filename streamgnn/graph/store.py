@@ -203,6 +203,12 @@ class DynamicGraph:
             raise UnknownVertexError(f"vertex {ext[i]} is not in the graph", index=i)
         return slots
 
+    @property
+    def id_table(self) -> tuple:
+        """The id map's table, for kernels that look ids up themselves
+        (`idmap.get_many`)."""
+        return self._ids.table
+
     def find(self, ext) -> np.ndarray:
         """Internal slot of each external id, -1 where it is not in the graph."""
         return self._ids.get(np.atleast_1d(np.asarray(ext, np.int64)))

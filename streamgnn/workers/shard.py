@@ -59,6 +59,7 @@ from streamgnn.models.rowops import (
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import edge_changes, linear_delta_messages, message_sources
 from streamgnn.workers.exchange import Ghosts, pack, unpack
+from streamgnn.workers.halo import rows_for, take_ghost_rows
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.linear_step import linear_step_inputs
 from streamgnn.workers.placement import Routed, bit, held_by
@@ -452,21 +453,20 @@ class Shard:
         if self.holders is None:
             return out
         moved = b.changed.slots
-        if hop == 0 and any(layer.degree_normalised for layer in self.layers):
+        degree_normalised = hop == 0 and any(layer.degree_normalised for layer in self.layers)
+        if degree_normalised:
             moved = self.sets.union(moved, b.edges.degree_changed)
-        moved = moved[self.owned[moved] & (self.holders[moved] != 0)]
+        table = torch.from_numpy(self.graph.x) if hop == 0 else self._stored(hop)
+        none = moved[:0]
         for q in range(partitions):
             if q == me:
                 continue
-            slots = moved[held_by(self.holders[moved], q)]
-            if q in b.subscribed:
-                slots = self.sets.union(slots, b.subscribed[q])
+            slots, ids, rows = rows_for(q, moved, self.owned, self.holders,
+                                        b.subscribed.get(q, none), table, self.graph.ext,
+                                        self.sets.mark)
             if len(slots):
-                weight = (self.graph.in_weight[slots] if hop == 0 and any(
-                    layer.degree_normalised for layer in self.layers) else None)
-                rows = (self.rows(slots, 0) if hop == 0 else
-                        self._stored(hop).index_select(0, self._index(slots)).cpu().numpy())
-                out[q] = Ghosts(self.graph.ext[slots], rows, weight)
+                weight = self.graph.in_weight[slots] if degree_normalised else None
+                out[q] = Ghosts(ids, rows, weight)
         return out
 
     def _incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
@@ -480,31 +480,25 @@ class Shard:
         ids, rows = ((received[0].ids, received[0].rows) if len(received) == 1 else  # as sent
                      (np.concatenate([g.ids for g in received]),
                       np.concatenate([g.rows for g in received])))
-        slots = self.graph.slots(ids).astype(np.int64)
-        if hop == 0:
-            weights = [g.in_weight for g in received]
-            if weights[0] is not None:
-                w = np.concatenate(weights)
-                degree = slots[self.graph.in_weight[slots] != w]
-                self.graph.in_weight[slots] = w
-                b.edges.degree_changed = self.sets.union(b.edges.degree_changed, degree)
-        fresh = self._added(slots)
-        if hop == 0:
-            table, new = torch.from_numpy(self.graph.x), torch.from_numpy(rows)
-        else:
-            table, new = self._stored(hop), self._ours(self._tensor(rows))
-        moved, old, _ = store_rows_(table, slots, new, fresh, keep_old=True)
-        if hop > 0 and self._z[hop - 1]:
-            old = self.layers[hop - 1].activate(old)
+        table = torch.from_numpy(self.graph.x) if hop == 0 else self._stored(hop)
+        activation = (self.layers[hop - 1].elementwise if hop > 0 and self._z[hop - 1]
+                      else "identity")  # h of a stored row
         c = b.changed
-        unknown = self.sets.find(c.slots, slots) < 0  # not a source yet (fresh ghosts are)
-        replaced = moved & ~fresh  # the rows ``old`` holds, in order
-        if not unknown[replaced].all():
-            old = old.index_select(0, torch.from_numpy(np.flatnonzero(unknown[replaced])
-                                                       ).to(old.device))
-        b.changed = _Changed(np.concatenate([c.slots, slots[moved & unknown]]),
-                             np.concatenate([c.old_slots, slots[replaced & unknown]]),
-                             [*c.old_rows, self._ours(old)])
+        unknown, slots, sources, old_slots, old = take_ghost_rows(
+            self.graph.id_table, ids, rows, table, activation == "relu", b.added, c.slots,
+            c.old_slots, self.sets.mark, self.sets.scratch)
+        if unknown >= 0:
+            raise RuntimeError(f"ghost rows sent for vertex {ids[unknown]}, which this "
+                               "partition does not hold")
+        if activation is None:
+            old = self.layers[hop - 1].activate(old)
+        b.changed = _Changed(sources, old_slots, [*c.old_rows, self._ours(old)])
+        weights = [g.in_weight for g in received]
+        if weights[0] is not None:  # (degree-normalised layers, before the first)
+            w = np.concatenate(weights)
+            degree = slots[self.graph.in_weight[slots] != w]
+            self.graph.in_weight[slots] = w
+            b.edges.degree_changed = self.sets.union(b.edges.degree_changed, degree)
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             ghosts: tuple[np.ndarray, np.ndarray] | None = None,

@@ -1,0 +1,150 @@
+"""A shard's side of the halo exchange, one call each way: the rows of its vertices another
+partition holds as ghosts (`rows_for`), and the ghost rows it is sent taken into its
+tables, with which of them join the next superstep's sources (`take_ghost_rows`). On CPU
+tables each is one numba kernel (the id lookups, the marks, the copies and comparisons,
+an elementwise activation); a torch twin does the same on other devices.
+
+Owns these two steps only; must not import kafka or mpi4py (the buffers' wire format is
+`exchange`'s).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+from torch import Tensor
+
+from streamgnn.graph.idmap import get_many
+from streamgnn.prefetch import AHEAD, prefetch_row
+from streamgnn.workers.slotsets import find_marked, union_marked
+
+
+@njit(cache=True)
+def _held_slots(moved, owned, holders, q, subscribed, mark):
+    """The sorted distinct slots among ``moved`` that are ``owned`` and held by partition
+    ``q`` (bit q of ``holders``), with the ``subscribed`` ones."""
+    tag = np.uint64(1) << np.uint64(q)
+    values = np.empty(len(moved) + len(subscribed), np.int64)
+    n = 0
+    for s in moved:
+        if owned[s] and holders[s] & tag:
+            values[n] = s
+            n += 1
+    values[n:n + len(subscribed)] = subscribed
+    return union_marked(values[:n + len(subscribed)], mark, mark, False)
+
+
+@njit(cache=True)
+def _gather(table, slots, ext):
+    rows = np.empty((len(slots), table.shape[1]), table.dtype)
+    ids = np.empty(len(slots), np.int64)
+    for i in range(len(slots)):
+        if i + AHEAD < len(slots):
+            prefetch_row(table, slots[i + AHEAD])
+        rows[i] = table[slots[i]]
+        ids[i] = ext[slots[i]]
+    return ids, rows
+
+
+def rows_for(q: int, moved: np.ndarray, owned: np.ndarray, holders: np.ndarray,
+             subscribed: np.ndarray, table: Tensor, ext: np.ndarray, mark: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What partition ``q`` is sent of the rows in ``table`` (by slot): those of the
+    ``moved`` slots that are ``owned`` and that ``q`` holds (`placement.held_by` of
+    ``holders``), and of the ``subscribed`` ones (slots ``q`` began to hold). Returns their
+    slots (sorted), external ids (``ext``) and rows (numpy). ``mark``: `SlotSets`' own."""
+    slots = _held_slots(moved, owned, holders, q, subscribed, mark)
+    if table.device.type == "cpu":
+        return slots, *_gather(table.numpy(), slots, ext)
+    index = torch.from_numpy(slots).to(table.device)
+    return slots, ext[slots], table.index_select(0, index).cpu().numpy()
+
+
+@njit(cache=True)
+def _take_loop(id_table, ids, rows, table, relu, added, sources, old_slots, mark):
+    n, width = len(ids), rows.shape[1]
+    slots = np.empty(n, np.int64)
+    get_many(id_table, ids, slots)
+    for i in range(n):
+        if slots[i] < 0:
+            return i, slots, sources, old_slots, rows[:0].copy()
+    for a in added:
+        mark[a] = True
+    fresh = np.empty(n, np.bool_)
+    for i in range(n):
+        fresh[i] = mark[slots[i]]
+    for a in added:
+        mark[a] = False
+    for s in sources:
+        mark[s] = True
+    joined = np.empty(len(sources) + n, np.int64)
+    joined[:len(sources)] = sources
+    joined_old = np.empty(len(old_slots) + n, np.int64)
+    joined_old[:len(old_slots)] = old_slots
+    old = np.empty((n, width), table.dtype)
+    k, m = len(sources), len(old_slots)
+    zero = table.dtype.type(0)
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch_row(table, slots[i + AHEAD])
+        r = slots[i]
+        differs = fresh[i]
+        for j in range(width):
+            differs |= table[r, j] != rows[i, j]
+        if differs and not mark[r]:  # a ghost moved that is not a source yet
+            joined[k] = r
+            k += 1
+            if not fresh[i]:
+                joined_old[m] = r
+                for j in range(width):
+                    v = table[r, j]
+                    old[m - len(old_slots), j] = zero if relu and v < zero else v
+                m += 1
+        table[r] = rows[i]
+    for s in sources:
+        mark[s] = False
+    return -1, slots, joined[:k], joined_old[:m], old[:m - len(old_slots)]
+
+
+def _take_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+                relu: bool, added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
+                mark: np.ndarray, scratch: np.ndarray
+                ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
+    slots = np.empty(len(ids), np.int64)
+    get_many(id_table, ids, slots)
+    unknown = np.flatnonzero(slots < 0)
+    if len(unknown):
+        return int(unknown[0]), slots, sources, old_slots, table[:0]
+    fresh = find_marked(added, slots, scratch, mark) >= 0
+    at = torch.from_numpy(slots).to(table.device)
+    new = torch.from_numpy(rows).to(table.device, table.dtype)
+    before = table.index_select(0, at)
+    table[at] = new
+    moved = (new != before).any(dim=-1).cpu().numpy() | fresh
+    joins = moved & (find_marked(sources, slots, scratch, mark) < 0)
+    replaced = np.flatnonzero(joins & ~fresh)
+    old = before.index_select(0, torch.from_numpy(replaced).to(table.device))
+    return (-1, slots, np.concatenate([sources, slots[joins]]),
+            np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old)
+
+
+def take_ghost_rows(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+                    relu: bool, added: np.ndarray, sources: np.ndarray,
+                    old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
+                    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
+    """Store the ``rows`` sent for the ghosts ``ids`` (external; slots looked up in the
+    graph's ``id_table``, `DynamicGraph.id_table`) into ``table``. A ghost whose row
+    changed (every one the batch ``added``) and that is not among the ``sources`` yet
+    joins them. Returns the position of the first id the graph does not know (then
+    nothing was stored) or -1, the ghosts' slots, ``sources`` then the joining ghosts,
+    ``old_slots`` then those of them the batch did not add, and those ghosts' rows before
+    (ReLU'd where ``relu``). ``mark`` / ``scratch``: `SlotSets`' own (int64 ``sources``,
+    ``old_slots`` and ``added``)."""
+    if table.device.type != "cpu":
+        return _take_torch(id_table, ids, rows, table, relu, added, sources, old_slots, mark,
+                           scratch)
+    rows = rows.astype(table.numpy().dtype, copy=False)
+    unknown, slots, joined, joined_old, old = _take_loop(
+        id_table, ids, rows, table.numpy(), relu, added, sources, old_slots, mark)
+    return unknown, slots, joined, joined_old, torch.from_numpy(old)
