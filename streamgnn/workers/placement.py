@@ -155,54 +155,16 @@ class Placement:
             degrees = graph.in_degree[graph.vertex_slots()]
             self.high_cut = 2.0 * float(degrees.mean()) if len(degrees) else 0.0
             self._since_refresh = 0
-        removed, added = diff.removed.astype(np.int64), diff.added.astype(np.int64)
+        placed = self._place(graph, diff)
+        out = graph.out.arrays
         e = diff.edges
-        src, dst = e.src.astype(np.int64), e.dst.astype(np.int64)
-        dst_part = self.part[dst]  # before the batch's removals: where each edge lived
-        gone_part, gone_holders = self.part[removed].copy(), self.holders[removed].copy()
-        self.part[removed], self.holders[removed] = -1, 0
-        self.holders[added] = 0
-        self.part[added] = self._place(graph, diff)
-        self._load -= np.bincount(gone_part, minlength=self.num_partitions)
-        self._load += np.bincount(self.part[added], minlength=self.num_partitions)
-
-        had, has = ~np.isnan(e.before), ~np.isnan(e.after)
-        gone = np.sort(removed)
-        src_lives, dst_lives = _outside(src, gone), _outside(dst, gone)
-        deleted = had & ~has & src_lives & dst_lives  # the rest: cascades
-        kept, new = had & has, has & ~had
-        new_src, new_dst = src[new], dst[new]
-        owner = self.part[new_dst]
-        ghost_src, ghost_at = _hold(new_src, owner, self.part, self.holders)
-        lost = had & ~has & src_lives
-        drop_src, drop_at = _release(src[lost], dst_part[lost], self.part, self.holders,
-                                     *graph.out.arrays[:2], graph.out.arrays[3])
-
-        # a removed vertex goes to its owner and to every partition holding it
+        (owner, op, a, b, w, xfrom, ghost_src, ghost_at, drop_src, drop_at) = _items(
+            e.src, e.dst, e.before, e.after, diff.removed, diff.added, placed, diff.changed,
+            self.part, self.holders, self._load, out[0], out[1], out[3])
         n = self.num_partitions
-        held = held_by(gone_holders[:, None], np.arange(n))
-        held[np.arange(len(removed)), gone_part] = True
-        gone_at, gone_q = np.nonzero(held)
-        gone = removed[gone_at]
-        # (owner of each item, op, a), in the order every graph accepts; then for the
-        # items with one, in that order: b of edges, w of added/updated edges, the slot
-        # whose features an added vertex or new features carry (ZERO_ROW: a new ghost's)
-        groups = [(self.part[dst[deleted]], DELETE_EDGE, src[deleted]),
-                  (self.part[dst[kept]], UPDATE_EDGE, src[kept]),
-                  (gone_q, DELETE_VERTEX, gone),
-                  (drop_at, DELETE_VERTEX, drop_src),  # unneeded ghosts
-                  (self.part[added], ADD_VERTEX, added),
-                  (self.part[diff.changed], UPDATE_FEATURES, diff.changed),
-                  (ghost_at, ADD_VERTEX, ghost_src),
-                  (owner, ADD_EDGE, new_src)]
-        b = np.concatenate([dst[deleted], dst[kept], new_dst])
-        w = np.concatenate([e.after[kept], e.after[new]])
-        xfrom = np.concatenate([added, diff.changed, np.full(len(ghost_src), ZERO_ROW)])
-        read, bounds, xbounds, *columns = _split(
-            np.concatenate([g[0] for g in groups]),
-            np.repeat(np.array([g[1] for g in groups], np.int8), [len(g[0]) for g in groups]),
-            np.concatenate([g[2] for g in groups]), b, w, xfrom, n, graph.ext, graph.x)
-        assert read == (len(b), len(w), len(xfrom)), "groups and their columns out of step"
+        read, bounds, xbounds, *columns = _split(owner, op, a, b, w, xfrom, n, graph.ext,
+                                                 graph.x)
+        assert read == (len(b), len(w), len(xfrom)), "items and their columns out of step"
         op, a, b, w, xrow, xs = columns
         routed = [Routed(UpdateBatch.unchecked(
             *(c[bounds[q]:bounds[q + 1]] for c in (op, a, b, w, xrow)),
@@ -223,18 +185,11 @@ class Placement:
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added (sorted: `GraphDiff`)."""
-        added = diff.added.astype(np.int64)
-        if self.strategy == "hash" or not len(added):
-            return graph.ext[added] % self.num_partitions
+        if self.strategy == "hash":
+            return graph.ext[diff.added] % self.num_partitions
         e = diff.edges
-        first = _first_neighbours(e.src, e.dst, e.after, added)
-        out = np.full(len(added), -1, np.int64)
-        high = (first >= 0) & (graph.in_degree[np.maximum(first, 0)] > self.high_cut)
-        out[high] = self.part[first[high]]
-        load = self.load()
-        np.add.at(load, out[high], 1)
-        out[~high] = _least_loaded(load, int((~high).sum()))
-        return out
+        return _alg1(e.src, e.dst, e.after, diff.added, graph.in_degree, self.high_cut,
+                     self.part, self._load)
 
     def _fit(self, size: int) -> None:
         if size > len(self.part):
@@ -349,22 +304,109 @@ def _first_neighbours(src, dst, after, added):
 
 
 @njit(cache=True)
-def _outside(values, members):
-    """Per value, whether it is not among the sorted ``members`` (the batch's few: a
-    search each, not a mask over every slot)."""
-    out = np.empty(len(values), np.bool_)
-    for k in range(len(values)):
-        out[k] = sorted_position(members, values[k]) < 0
+def _alg1(src, dst, after, added, in_degree, high_cut, part, load):
+    """Alg. 1's owners for the vertices ``added`` (sorted) by the net edge changes ``src
+    -> dst`` (existing after the batch where ``after`` is not NaN): the owner of a
+    vertex's first neighbour (`_first_neighbours`) whose ``in_degree`` is above
+    ``high_cut``; else, in turn, the least-loaded partition counting those (``load``: the
+    vertices per partition before the batch; not changed)."""
+    first = _first_neighbours(src, dst, after, added)
+    out = np.full(len(added), -1, np.int64)
+    load = load.copy()
+    for i in range(len(added)):
+        if first[i] >= 0 and in_degree[first[i]] > high_cut:
+            out[i] = part[first[i]]
+            load[out[i]] += 1
+    for i in range(len(added)):
+        if out[i] < 0:
+            out[i] = np.argmin(load)
+            load[out[i]] += 1
     return out
 
 
 @njit(cache=True)
-def _least_loaded(load, count):
-    """Owners for ``count`` vertices, each in turn to the least-loaded partition (the
-    first of equals), ``load`` counting them as they go."""
-    out = np.empty(count, np.int64)
-    for i in range(count):
-        p = np.argmin(load)
-        out[i] = p
-        load[p] += 1
-    return out
+def _items(src, dst, before, after, removed, added, placed, changed, part, holders, load,
+           start, deg, nbr):
+    """The routed items of a batch whose net edge changes are ``src -> dst`` (weights
+    ``before`` / ``after``, NaN where absent), that removed the vertices ``removed`` and
+    added ``added`` (owners ``placed``) and changed the features of ``changed``: the
+    placement (``part``, ``holders``, ``load``) updated for them, and the items for
+    `_split` in the order every graph accepts: edge deletions between live vertices,
+    weight updates, the removed vertices at their owner and every holder (a vertex's in
+    partition order), ghosts no edge needs any more (`_release`, by the out-adjacency
+    ``start``/``deg``/``nbr`` after the batch), the added vertices, the feature changes,
+    the new ghosts (`_hold`) and the new edges. Returns owner, op and a of each item, b
+    of the edges, w of the added and updated ones, the feature sources of the vertex
+    items (ZERO_ROW for a new ghost), then the new ghosts and the dropped ones (slot,
+    partition)."""
+    m = len(src)
+    gone = np.sort(removed.astype(np.int64))
+    dst_part = np.empty(m, np.int64)  # before the batch's removals: where each edge lived
+    src_lives, dst_lives = np.empty(m, np.bool_), np.empty(m, np.bool_)
+    for k in range(m):
+        dst_part[k] = part[dst[k]]
+        src_lives[k] = sorted_position(gone, np.int64(src[k])) < 0
+        dst_lives[k] = sorted_position(gone, np.int64(dst[k])) < 0
+    gone_part, gone_holders = part[removed], holders[removed]
+    for v in removed:
+        load[part[v]] -= 1
+        part[v], holders[v] = -1, 0
+    for i in range(len(added)):
+        holders[added[i]] = 0
+        part[added[i]] = placed[i]
+        load[placed[i]] += 1
+    had, has = ~np.isnan(before), ~np.isnan(after)
+    new = np.flatnonzero(has & ~had)
+    new_src = src[new].astype(np.int64)
+    new_owner = np.empty(len(new), np.int64)
+    for i in range(len(new)):
+        new_owner[i] = part[dst[new[i]]]
+    ghost_src, ghost_at = _hold(new_src, new_owner, part, holders)
+    lost = np.flatnonzero(had & ~has & src_lives)
+    drop_src, drop_at = _release(src[lost].astype(np.int64), dst_part[lost], part, holders,
+                                 start, deg, nbr)
+    parts = len(load)
+    size = 2 * m + parts * len(removed) + len(drop_src) + len(added) + len(changed) + len(
+        ghost_src)
+    owner, op, a = np.empty(size, np.int64), np.empty(size, np.int8), np.empty(size, np.int64)
+    b, w = np.empty(m, np.int64), np.empty(m, np.float32)
+    xfrom = np.empty(len(added) + len(changed) + len(ghost_src), np.int64)
+    n = nb = nw = nx = 0
+    for k in range(m):  # deletions between live vertices (the rest: cascades)
+        if had[k] and not has[k] and src_lives[k] and dst_lives[k]:
+            owner[n], op[n], a[n], b[nb] = part[dst[k]], DELETE_EDGE, src[k], dst[k]
+            n, nb = n + 1, nb + 1
+    for k in range(m):
+        if had[k] and has[k]:
+            owner[n], op[n], a[n] = part[dst[k]], UPDATE_EDGE, src[k]
+            b[nb], w[nw] = dst[k], after[k]
+            n, nb, nw = n + 1, nb + 1, nw + 1
+    for i in range(len(removed)):
+        for q in range(parts):
+            if q == gone_part[i] or _holds(gone_holders[i], q):
+                owner[n], op[n], a[n] = q, DELETE_VERTEX, removed[i]
+                n += 1
+    for i in range(len(drop_src)):
+        owner[n], op[n], a[n] = drop_at[i], DELETE_VERTEX, drop_src[i]
+        n += 1
+    for v in added:
+        owner[n], op[n], a[n], xfrom[nx] = part[v], ADD_VERTEX, v, v
+        n, nx = n + 1, nx + 1
+    for v in changed:
+        owner[n], op[n], a[n], xfrom[nx] = part[v], UPDATE_FEATURES, v, v
+        n, nx = n + 1, nx + 1
+    for i in range(len(ghost_src)):
+        owner[n], op[n], a[n], xfrom[nx] = ghost_at[i], ADD_VERTEX, ghost_src[i], ZERO_ROW
+        n, nx = n + 1, nx + 1
+    for i, k in enumerate(new):
+        owner[n], op[n], a[n] = new_owner[i], ADD_EDGE, src[k]
+        b[nb], w[nw] = dst[k], after[k]
+        n, nb, nw = n + 1, nb + 1, nw + 1
+    return (owner[:n], op[:n], a[:n], b[:nb], w[:nw], xfrom[:nx], ghost_src, ghost_at,
+            drop_src, drop_at)
+
+
+@njit(cache=True, inline="always")
+def _holds(mask, q) -> bool:
+    """Whether the holder mask ``mask`` includes partition ``q``."""
+    return ((mask >> np.uint64(q)) & np.uint64(1)) != 0
