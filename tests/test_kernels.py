@@ -48,7 +48,7 @@ from streamgnn.models.softmax_ops import (
 )
 from streamgnn.updates import AddVertex
 from streamgnn.workers.deltas import difference_rows, linear_delta_messages, message_sources
-from streamgnn.workers.halo import _take_torch, rows_for, take_ghost_rows
+from streamgnn.workers.halo import _take_torch, begin_halo, rows_for, take_ghost_rows
 from streamgnn.workers.placement import bit
 from streamgnn.workers.region import superstep_region
 from streamgnn.workers.slotsets import SlotSets, _find_in_runs
@@ -538,14 +538,52 @@ def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_bega
     holders = rng.integers(0, 16, 30).astype(np.uint64)
     began = rng.choice(np.flatnonzero(owned), min(subscribed, int(owned.sum())),
                        replace=False)
+    by = rng.integers(0, 4, len(began))
     table = torch.from_numpy(rng.normal(size=(30, 3)).astype(np.float32))
     ext = 100 + 7 * np.arange(30)
-    slots, ids, rows = rows_for(q, moved, owned, holders, began, table, ext, sets.mark)
+    slots, ids, rows = rows_for(q, moved, owned, holders, began, by, table, ext, sets.mark)
     held = moved[owned[moved] & ((holders[moved] & bit(q)) != 0)]
-    np.testing.assert_array_equal(slots, np.union1d(held, began))
+    np.testing.assert_array_equal(slots, np.union1d(held, began[by == q]))
     np.testing.assert_array_equal(ids, ext[slots])
     np.testing.assert_array_equal(rows, table.numpy()[slots])
     assert not sets.mark.any()
+
+
+@given(seed=seeds, unknown=st.booleans())
+def test_begin_halo_updates_ghosts_holders_and_owned_as_the_routed_batch_says(seed, unknown):
+    rng = np.random.default_rng(seed)
+    graph = _ghost_graph(40)
+    slot = rng.permutation(40)
+    removed, added, ghosts, subscribed, unsubscribed = np.split(slot[:25], [4, 9, 14, 20])
+    owners, subscribers, unsubscribers = (rng.integers(0, 4, n) for n in (5, 6, 5))
+    ghost, holders = rng.random(40) < 0.4, rng.integers(0, 16, 40).astype(np.uint64)
+    ghost_owner = rng.integers(0, 4, 40).astype(np.int16)
+    owned, in_weight = rng.random(40) < 0.5, rng.random(40)
+    expected = [a.copy() for a in (ghost, ghost_owner, holders, owned, in_weight)]
+    e_ghost, e_owner, e_holders, e_owned, e_weight = expected
+    e_weight[removed[ghost[removed]]] = 0.0
+    e_ghost[removed] = e_ghost[added] = False
+    e_holders[removed] = e_holders[added] = 0
+    e_ghost[ghosts], e_owner[ghosts] = True, owners
+    for s, q in zip(subscribed, subscribers, strict=True):
+        e_holders[s] |= bit(q)
+    for s, q in zip(unsubscribed, unsubscribers, strict=True):
+        e_holders[s] &= ~bit(q)
+    e_owned[removed] = False
+    e_owned[added] = ~e_ghost[added]
+    ids = [graph.ext[s].copy() for s in (ghosts, subscribed, unsubscribed)]
+    if unknown:
+        ids[1][2] = 5  # no vertex has it
+        expected = [a.copy() for a in (ghost, ghost_owner, holders, owned, in_weight)]
+    got, slots = begin_halo(graph.id_table, removed, added, ids[0], owners, ids[1],
+                            subscribers, ids[2], unsubscribers, ghost, ghost_owner, holders,
+                            owned, in_weight)
+    assert got == (len(ghosts) + 2 if unknown else -1)
+    for ours, theirs in zip((ghost, ghost_owner, holders, owned, in_weight), expected,
+                            strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    if not unknown:
+        np.testing.assert_array_equal(slots, subscribed)
 
 
 @given(seed=seeds, queries=st.integers(0, 40))

@@ -1,8 +1,9 @@
-"""A shard's side of the halo exchange, one call each way: the rows of its vertices another
-partition holds as ghosts (`rows_for`), and the ghost rows it is sent taken into its
-tables, with which of them join the next superstep's sources (`take_ghost_rows`). On CPU
-tables each is one numba kernel (the id lookups, the marks, the copies and comparisons,
-an elementwise activation); a torch twin does the same on other devices.
+"""A shard's side of the halo, one call a step: who holds what as the batch begins
+(`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
+and the ghost rows it is sent taken into its tables, with which of them join the next
+superstep's sources (`take_ghost_rows`). On CPU tables each is one numba kernel (the id
+lookups, the marks, the copies and comparisons, an elementwise activation); a torch twin
+does the same on other devices.
 
 Owns these two steps only; must not import kafka or mpi4py (the buffers' wire format is
 `exchange`'s).
@@ -21,9 +22,46 @@ from streamgnn.workers.slotsets import find_marked, union_marked
 
 
 @njit(cache=True)
-def _held_slots(moved, owned, holders, q, subscribed, mark):
+def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subscribers,
+               unsubscribed, unsubscribers, ghost, ghost_owner, holders, owned, in_weight):
+    """Who holds what once a batch (applied to the shard's graph: it ``removed`` and
+    ``added`` these slots) begins: the slots it freed or filled hold nothing and are no
+    ghosts; the ids ``ghosts`` it added are, owned by ``ghost_owners``; partition
+    ``subscribers[i]`` now holds the owned id ``subscribed[i]`` and ``unsubscribers[i]``
+    no longer holds ``unsubscribed[i]`` (bits of ``holders``); ``owned`` follows. A
+    ghost's in-degree came from its owner: a later vertex in its slot starts at 0
+    (``in_weight``). Returns the position of the first id the graph does not know among
+    ``ghosts``, ``subscribed`` and ``unsubscribed`` in that order (then nothing changed)
+    or -1, and the slots of ``subscribed``."""
+    ids = np.concatenate((ghosts, subscribed, unsubscribed))
+    slots = np.empty(len(ids), np.int64)
+    get_many(id_table, ids, slots)
+    sub_slots = slots[len(ghosts):len(ghosts) + len(subscribed)]
+    for i in range(len(slots)):
+        if slots[i] < 0:
+            return i, sub_slots
+    for v in removed:
+        if ghost[v]:
+            in_weight[v] = 0.0
+        ghost[v], holders[v], owned[v] = False, 0, False
+    for v in added:
+        ghost[v], holders[v] = False, 0
+    for i in range(len(ghosts)):
+        ghost[slots[i]], ghost_owner[slots[i]] = True, ghost_owners[i]
+    for i in range(len(subscribed)):
+        holders[sub_slots[i]] |= np.uint64(1) << np.uint64(subscribers[i])
+    for i in range(len(unsubscribed)):
+        s = slots[len(ghosts) + len(subscribed) + i]
+        holders[s] &= ~(np.uint64(1) << np.uint64(unsubscribers[i]))
+    for v in added:
+        owned[v] = not ghost[v]
+    return -1, sub_slots
+
+
+@njit(cache=True)
+def _held_slots(moved, owned, holders, q, subscribed, subscribers, mark):
     """The sorted distinct slots among ``moved`` that are ``owned`` and held by partition
-    ``q`` (bit q of ``holders``), with the ``subscribed`` ones."""
+    ``q`` (bit q of ``holders``), with the ``subscribed`` ones ``q`` subscribed to."""
     tag = np.uint64(1) << np.uint64(q)
     values = np.empty(len(moved) + len(subscribed), np.int64)
     n = 0
@@ -31,8 +69,11 @@ def _held_slots(moved, owned, holders, q, subscribed, mark):
         if owned[s] and holders[s] & tag:
             values[n] = s
             n += 1
-    values[n:n + len(subscribed)] = subscribed
-    return union_marked(values[:n + len(subscribed)], mark, mark, False)
+    for i in range(len(subscribed)):
+        if subscribers[i] == q:
+            values[n] = subscribed[i]
+            n += 1
+    return union_marked(values[:n], mark, mark, False)
 
 
 @njit(cache=True)
@@ -48,13 +89,14 @@ def _gather(table, slots, ext):
 
 
 def rows_for(q: int, moved: np.ndarray, owned: np.ndarray, holders: np.ndarray,
-             subscribed: np.ndarray, table: Tensor, ext: np.ndarray, mark: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             subscribed: np.ndarray, subscribers: np.ndarray, table: Tensor, ext: np.ndarray,
+             mark: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What partition ``q`` is sent of the rows in ``table`` (by slot): those of the
     ``moved`` slots that are ``owned`` and that ``q`` holds (`placement.held_by` of
-    ``holders``), and of the ``subscribed`` ones (slots ``q`` began to hold). Returns their
-    slots (sorted), external ids (``ext``) and rows (numpy). ``mark``: `SlotSets`' own."""
-    slots = _held_slots(moved, owned, holders, q, subscribed, mark)
+    ``holders``), and of the ``subscribed`` slots whose ``subscribers`` entry is ``q``
+    (it began to hold them). Returns their slots (sorted), external ids (``ext``) and
+    rows (numpy). ``mark``: `SlotSets`' own."""
+    slots = _held_slots(moved, owned, holders, q, subscribed, subscribers, mark)
     if table.device.type == "cpu":
         return slots, *_gather(table.numpy(), slots, ext)
     index = torch.from_numpy(slots).to(table.device)

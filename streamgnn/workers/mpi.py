@@ -30,6 +30,7 @@ The only module that imports mpi4py; must not import kafka.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -376,29 +377,12 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
 def _routed_arrays(r: Routed) -> dict[str, np.ndarray]:
     b = r.batch
     return {"op": b.op, "a": b.a, "b": b.b, "w": b.w, "xrow": b.xrow, "x": b.x,
-            "ghosts": r.ghosts, "ghost_owners": r.ghost_owners,
-            **_ids_by_partition("sub", r.subscribed),
-            **_ids_by_partition("unsub", r.unsubscribed)}
+            **{f.name: getattr(r, f.name) for f in dataclasses.fields(Routed)[1:]}}  # arrays
 
 
 def _routed(a: dict[str, np.ndarray]) -> Routed:
     return Routed(UpdateBatch(a["op"].astype(np.int64), a["a"], a["b"], a["w"], a["xrow"],
-                              a["x"]), a["ghosts"], a["ghost_owners"],
-                  _by_partition("sub", a), _by_partition("unsub", a))
-
-
-def _ids_by_partition(name: str, ids: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
-    parts = sorted(ids)
-    return {f"{name}_parts": np.array(parts, np.int64),
-            f"{name}_counts": np.array([len(ids[q]) for q in parts], np.int64),
-            f"{name}_ids": (np.concatenate([ids[q] for q in parts]) if parts
-                            else np.zeros(0, np.int64))}
-
-
-def _by_partition(name: str, a: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
-    parts = a[f"{name}_parts"].tolist()
-    ids = np.split(a[f"{name}_ids"], np.cumsum(a[f"{name}_counts"])[:-1]) if parts else []
-    return dict(zip(parts, ids, strict=True))
+                              a["x"]), *(a[f.name] for f in dataclasses.fields(Routed)[1:]))
 
 
 def _partials_arrays(r: dict | None) -> dict[str, np.ndarray]:

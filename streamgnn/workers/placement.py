@@ -15,7 +15,7 @@ routing only; must not import torch, kafka or mpi4py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -42,15 +42,17 @@ ZERO_ROW = -1  # where a routed item's features come from: a row of zeros (a new
 @dataclass
 class Routed:
     """One partition's part of a batch: ``batch`` (in an order its graph accepts), the
-    ids of the ghosts it adds and their owners, and per other partition the ids of
-    vertices it owns that the other now holds as ghosts (``subscribed``) or no longer
-    does (``unsubscribed``: the batch removed their last edge into it)."""
+    ids of the ghosts it adds and their owners, the ids of vertices it owns that another
+    partition now holds as ghosts (``subscribed``, that partition in ``subscribers``) or
+    no longer does (``unsubscribed``: the batch removed their last edge into it)."""
 
     batch: UpdateBatch
     ghosts: np.ndarray
     ghost_owners: np.ndarray
-    subscribed: dict[int, np.ndarray]
-    unsubscribed: dict[int, np.ndarray] = field(default_factory=dict)
+    subscribed: np.ndarray
+    subscribers: np.ndarray
+    unsubscribed: np.ndarray
+    unsubscribers: np.ndarray
 
 
 def bit(q) -> np.ndarray:
@@ -166,22 +168,14 @@ class Placement:
                                                  graph.x)
         assert read == (len(b), len(w), len(xfrom)), "items and their columns out of step"
         op, a, b, w, xrow, xs = columns
-        routed = [Routed(UpdateBatch.unchecked(
+        ext = graph.ext  # (ghosts go to their holder, (un)subscriptions to the owner)
+        ghosts = _grouped(ghost_at, ghost_src, self.part[ghost_src], n, ext)
+        subscribed = _grouped(self.part[ghost_src], ghost_src, ghost_at, n, ext)
+        unsubscribed = _grouped(self.part[drop_src], drop_src, drop_at, n, ext)
+        return [Routed(UpdateBatch.unchecked(
             *(c[bounds[q]:bounds[q + 1]] for c in (op, a, b, w, xrow)),
-            xs[xbounds[q]:xbounds[q + 1]]), np.zeros(0, np.int64), np.zeros(0, np.int64), {})
-            for q in range(n)]
-        ext, ghost_owner = graph.ext, self.part[ghost_src]
-        for q in np.unique(ghost_at).tolist():
-            at_q = ghost_at == q
-            routed[q].ghosts = ext[ghost_src[at_q]]
-            routed[q].ghost_owners = ghost_owner[at_q]
-            for p in np.unique(ghost_owner[at_q]).tolist():
-                routed[p].subscribed[q] = ext[ghost_src[at_q & (ghost_owner == p)]]
-        drop_owner = self.part[drop_src]
-        for p in np.unique(drop_owner).tolist():
-            for q in np.unique(drop_at[drop_owner == p]).tolist():
-                routed[p].unsubscribed[q] = ext[drop_src[(drop_owner == p) & (drop_at == q)]]
-        return routed
+            xs[xbounds[q]:xbounds[q + 1]]), *_of(ghosts, q), *_of(subscribed, q),
+            *_of(unsubscribed, q)) for q in range(n)]
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added (sorted: `GraphDiff`)."""
@@ -239,6 +233,31 @@ def _split(owner, op, a, b, w, xfrom, parts, ext, x):
                 x_out[r] = x[xfrom[kx]]
             kx += 1
     return (kb, kw, kx), bounds, xbounds, op_out, a_out, b_out, w_out, xrow, x_out
+
+
+@njit(cache=True)
+def _grouped(to, slots, other, parts, ext):
+    """Pairs (``slots``, ``other`` partition) grouped by the partition each goes ``to``,
+    in order within each: the bounds of each partition's, the external ids, the other
+    partitions."""
+    bounds = np.zeros(parts + 1, np.int64)
+    for q in to:
+        bounds[q + 1] += 1
+    bounds = np.cumsum(bounds)
+    at = bounds[:-1].copy()
+    ids, others = np.empty(len(to), np.int64), np.empty(len(to), np.int64)
+    for k in range(len(to)):
+        i = at[to[k]]
+        at[to[k]] += 1
+        ids[i], others[i] = ext[slots[k]], other[k]
+    return bounds, ids, others
+
+
+def _of(grouped: tuple[np.ndarray, np.ndarray, np.ndarray], q: int
+        ) -> tuple[np.ndarray, np.ndarray]:
+    """Partition ``q``'s pairs of `_grouped`'s."""
+    bounds, ids, others = grouped
+    return ids[bounds[q]:bounds[q + 1]], others[bounds[q]:bounds[q + 1]]
 
 
 @njit(cache=True)

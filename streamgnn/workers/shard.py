@@ -59,10 +59,10 @@ from streamgnn.models.rowops import (
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.deltas import edge_changes, linear_delta_messages, message_sources
 from streamgnn.workers.exchange import Ghosts, pack, unpack
-from streamgnn.workers.halo import rows_for, take_ghost_rows
+from streamgnn.workers.halo import begin_halo, rows_for, take_ghost_rows
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.linear_step import linear_step_inputs
-from streamgnn.workers.placement import Routed, bit, held_by
+from streamgnn.workers.placement import Routed, held_by
 from streamgnn.workers.region import superstep_region
 from streamgnn.workers.slotsets import SlotSets
 
@@ -197,7 +197,8 @@ class _Batch:
     removed_rows: Tensor
     changed: _Changed
     result: ApplyResult
-    subscribed: dict[int, np.ndarray]  # partition -> slots it now holds as ghosts
+    subscribed: np.ndarray   # owned slots another partition now holds as ghosts
+    subscribers: np.ndarray  # ... and that partition
     step: _Step | None = None
     hop: int = 0  # the superstep ``step`` is of
 
@@ -400,34 +401,26 @@ class Shard:
         return shard
 
     # ---------------------------------------------------------------- one batch
-    def _begin(self, diff: GraphDiff, ghosts: tuple[np.ndarray, np.ndarray] | None = None,
-               subscribed: dict[int, np.ndarray] | None = None,
-               unsubscribed: dict[int, np.ndarray] | None = None) -> None:
-        """Start a batch whose updates made ``diff`` on the graph. ``ghosts``: slots the
-        batch added as ghosts, and the partitions owning them; ``subscribed``: partition
-        -> owned slots it now holds as ghosts (their rows go there in every exchange of
-        this batch); ``unsubscribed``: partition -> owned slots it no longer holds."""
+    def _begin(self, diff: GraphDiff, routed: Routed | None = None) -> None:
+        """Start a batch whose updates made ``diff`` on the graph; ``routed``: the router's
+        split of it for this partition, with the ghosts it added and who now holds what
+        (`begin_halo`)."""
         self.sets.fit(len(self.graph.alive))
         self._fit_capacity()
         added = diff.added.astype(np.int64)
         removed = diff.removed.astype(np.int64)
-        if self.ghost is not None:
-            # a ghost's in-degree came from its owner: a later vertex in its slot starts at 0
-            self.graph.in_weight[removed[self.ghost[removed]]] = 0.0
-            self.ghost[removed] = False
-            self.ghost[added] = False
-            self.holders[removed] = 0
-            self.holders[added] = 0
-            if ghosts is not None:
-                self.ghost[ghosts[0]] = True
-                self.ghost_owner[ghosts[0]] = ghosts[1]
-            for p, slots in (subscribed or {}).items():
-                self.holders[slots] |= bit(p)
-            for p, slots in (unsubscribed or {}).items():
-                self.holders[slots] &= ~bit(p)
-            owned = self.owned
-            owned[removed] = False
-            owned[added] = ~self.ghost[added]
+        subscribed = (removed[:0], removed[:0])
+        if routed is not None:
+            r = routed
+            unknown, slots = begin_halo(
+                self.graph.id_table, removed, added, r.ghosts, r.ghost_owners, r.subscribed,
+                r.subscribers, r.unsubscribed, r.unsubscribers, self.ghost, self.ghost_owner,
+                self.holders, self.owned, self.graph.in_weight)
+            if unknown >= 0:
+                named = np.concatenate([r.ghosts, r.subscribed, r.unsubscribed])[unknown]
+                raise RuntimeError(f"the router named vertex {named}, which this partition "
+                                   "does not hold")
+            subscribed = (slots, r.subscribers)
         if len(added):  # reused slots: start empty
             for layer, rows, z in zip(self.layers, self.state, self._z, strict=True):
                 if rows is not None:
@@ -441,7 +434,7 @@ class Shard:
         self._batch = _Batch(self._batch_edges(diff), added, removed,
                              self._ours(self._tensor(diff.removed_x)), changed,
                              ApplyResult(ChangedLabels.empty(), diff.rejected),
-                             subscribed or {})
+                             *subscribed)
 
     def _outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
         """Per partition, the rows of layer ``hop`` as stored (features at 0; z where the
@@ -457,13 +450,11 @@ class Shard:
         if degree_normalised:
             moved = self.sets.union(moved, b.edges.degree_changed)
         table = torch.from_numpy(self.graph.x) if hop == 0 else self._stored(hop)
-        none = moved[:0]
         for q in range(partitions):
             if q == me:
                 continue
-            slots, ids, rows = rows_for(q, moved, self.owned, self.holders,
-                                        b.subscribed.get(q, none), table, self.graph.ext,
-                                        self.sets.mark)
+            slots, ids, rows = rows_for(q, moved, self.owned, self.holders, b.subscribed,
+                                        b.subscribers, table, self.graph.ext, self.sets.mark)
             if len(slots):
                 weight = self.graph.in_weight[slots] if degree_normalised else None
                 out[q] = Ghosts(ids, rows, weight)
@@ -501,9 +492,7 @@ class Shard:
             b.edges.degree_changed = self.sets.union(b.edges.degree_changed, degree)
 
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
-            ghosts: tuple[np.ndarray, np.ndarray] | None = None,
-            subscribed: dict[int, np.ndarray] | None = None,
-            unsubscribed: dict[int, np.ndarray] | None = None
+            routed: Routed | None = None
             ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
         """The batch's BSP program on this shard (partition ``me`` of ``partitions``): a
         generator that, before each superstep, yields the packed buffers this shard sends
@@ -512,7 +501,7 @@ class Shard:
         bytes sent and received per exchange and the compute time between them."""
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
-        self._begin(diff, ghosts, subscribed, unsubscribed)
+        self._begin(diff, routed)
         try:
             for hop in range(1, self.num_layers + 1):
                 if partitions > 1:
@@ -537,12 +526,8 @@ class Shard:
         the shard's graph is part of the first step's compute)."""
         start = time.perf_counter()
         diff = self.graph.apply(routed.batch)  # valid: the router's whole graph accepted it
-        ghosts = (self.graph.slots(routed.ghosts).astype(np.int64), routed.ghost_owners)
-        subscribed, unsubscribed = ({q: self.graph.slots(ids).astype(np.int64)
-                                     for q, ids in by_partition.items()}
-                                    for by_partition in (routed.subscribed, routed.unsubscribed))
         applied = time.perf_counter() - start
-        result = yield from self.run(diff, me, partitions, ghosts, subscribed, unsubscribed)
+        result = yield from self.run(diff, me, partitions, routed)
         self.busy[0] += applied
         return result
 
