@@ -32,6 +32,7 @@ from streamgnn.updates import (
     DELETE_EDGE,
     DELETE_VERTEX,
     UPDATE_EDGE,
+    UPDATE_FEATURES,
 )
 
 EDGE, VADD, VDEL, FEAT = range(4)
@@ -97,6 +98,21 @@ def _look_ahead(enc, i, ids, x, out, inn) -> None:
             prefetch_block(inn, v)
         else:
             prefetch_row(x, u)
+
+
+@njit(cache=True)
+def batch_sizes(op, a, ids, out_deg, in_deg):
+    """What a batch's log must hold room for: its updates per op code, and the edges of
+    the existing vertices it deletes (each may cascade to all of them)."""
+    counts = np.zeros(UPDATE_FEATURES + 1, np.int64)  # (the last op code)
+    cascade = 0
+    for i in range(len(op)):
+        counts[op[i]] += 1
+        if op[i] == DELETE_VERTEX:
+            v = get1(ids, a[i])
+            if v >= 0:
+                cascade += out_deg[v] + in_deg[v]
+    return counts, cascade
 
 
 @njit(cache=True)

@@ -42,6 +42,7 @@ from streamgnn.graph.batch import (
     UNKNOWN_B,
     UNKNOWN_EDGE,
     apply_kernel,
+    batch_sizes,
     net_kernel,
     undo_kernel,
 )
@@ -280,9 +281,10 @@ class DynamicGraph:
         checked before it changes anything) and its error listed in ``GraphDiff.rejected``."""
         enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
                else UpdateBatch.from_updates(batch, self.num_features))
-        counts = enc.counts()
+        counts, cascade = batch_sizes(enc.op, enc.a, self._ids.table, self.out.deg,
+                                      self.inn.deg)
         self._reserve(int(counts[ADD_VERTEX]))
-        log, xsave = self._new_log(enc, counts)
+        log, xsave = self._new_log(enc, counts, cascade)
         args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
         limits = np.array([self.limits.features, self.limits.weights], np.float64)
         status, index = OK, 0
@@ -314,16 +316,11 @@ class DynamicGraph:
         if self.num_slots + adds > len(self.ext):
             self._grow(max(len(self.ext) * 5 // 4, self.num_slots + adds))
 
-    def _new_log(self, enc: UpdateBatch, counts: np.ndarray):
-        """Log arrays big enough for the batch (``counts``: its updates per op code): every
-        edge op, every feature change, every vertex op, and every edge a vertex deletion
-        can cascade to."""
-        cascade = 0
-        if counts[DELETE_VERTEX]:
-            targets = self._ids.get(enc.a[enc.op == DELETE_VERTEX])
-            targets = targets[targets >= 0]
-            cascade = int(self.out.deg[targets].sum() + self.inn.deg[targets].sum())
-        size = len(enc.op) + int(counts[ADD_EDGE]) + cascade + 1
+    def _new_log(self, enc: UpdateBatch, counts: np.ndarray, cascade: int):
+        """Log arrays big enough for the batch (`batch_sizes`: its updates per op code and
+        the edges its vertex deletions can cascade to): every edge op, every feature
+        change, every vertex op, and every edge a vertex deletion can cascade to."""
+        size = len(enc.op) + int(counts[ADD_EDGE]) + int(cascade) + 1
         log = (np.zeros(size, np.int8), np.zeros((size, 2), np.int64),
                np.zeros((size, 2), np.float32), np.zeros(1, np.int64))
         self._counts[3] = 0
