@@ -194,10 +194,13 @@ def test_difference_table_numba_and_torch_stack_new_old_and_difference_rows(
     at_taken, at_moved = rng.integers(0, 8, taken), rng.integers(0, 8, moved)
     rows = table[slots].astype(dtype)
     rows = _relu(rows) if relu else rows
-    expected = np.concatenate([rows[:fresh], old[at_taken], rows[fresh:] - old[at_moved]])
+    stacked = np.concatenate([rows[:fresh], old[at_taken], rows[fresh:] - old[at_moved]])
+    dest = rng.permutation(len(stacked))
+    expected = np.empty_like(stacked)
+    expected[dest] = stacked
     for kernel in (difference_table_numba, difference_table_torch):
         got = kernel(torch.from_numpy(table), slots, relu, torch.from_numpy(old), at_taken,
-                     at_moved)
+                     at_moved, dest)
         assert got.dtype == torch.from_numpy(old).dtype
         np.testing.assert_array_equal(got.numpy(), expected)
 
@@ -309,7 +312,7 @@ def test_message_sources_find_the_sources_and_their_rows_as_the_set_operations_d
     else:
         n, none = len(slots), np.zeros(0, np.int64)
         table = (np.arange(n), np.where(prior >= 0, n + prior, np.arange(n)),
-                 np.full(n, -1), none, none, none)
+                 np.full(n, -1), none, none, none, none, n + len(old_slots) + len(removed))
     expected = (slots, at1, at2, live_has, live_had, own, extra_at, prior, *table)
     assert len(got) == len(expected)
     for a, b in zip(got, expected, strict=True):
@@ -621,8 +624,10 @@ def test_linear_messages_from_differences_sum_as_new_and_old_rows_do(seed, weigh
     h_old[prior[prior >= 0]] = rng.standard_normal((int((prior >= 0).sum()), d))
     weights = rng.standard_normal((2 * e if roots else e, d))
 
-    def t(rows):  # rel_root's interleaved rows where roots
-        return (rows @ weights.T).reshape(-1, e)
+    def t(rows, paired=None):  # rel_root's: rel and root interleaved for the first paired
+        paired = len(rows) if paired is None or not roots else paired
+        both = (rows[:paired] @ weights.T).reshape(-1, e)
+        return np.concatenate([both, rows[paired:] @ weights[:e].T])
 
     region = np.sort(rng.choice(slots, 8, replace=False))
     moved_sources = np.flatnonzero(prior >= 0)
@@ -637,14 +642,14 @@ def test_linear_messages_from_differences_sum_as_new_and_old_rows_do(seed, weigh
     dst_scale = rng.random(len(region)) + 0.5
     ones = np.ones(n)
 
-    def summed(new, old, delta, table):
+    def summed(new, old, delta, table, paired):
         rows, coef, local = linear_delta_messages(
             new, old, delta, at1, v1, w1, at2, dst2, before, after, has, had, weighted,
-            ones, ones, region, dst_scale, np.zeros(slots, np.int64), own, own_slots)
+            ones, ones, region, dst_scale, np.zeros(slots, np.int64), own, own_slots, paired)
         assert (rows >= 0).all() and (rows < len(table)).all()
         out = np.zeros((len(region), e))
         np.add.at(out, local, coef[:, None] * table[rows])
-        return out
+        return out, rows
 
     def rel(h):
         return t(h[None])[0]
@@ -667,16 +672,22 @@ def test_linear_messages_from_differences_sum_as_new_and_old_rows_do(seed, weigh
     for a, v in zip(own if roots else [], own_slots if roots else [], strict=True):
         expected[where[v]] += root(h_new[a]) - (root(h_old[prior[a]]) if prior[a] >= 0 else 0)
 
-    full = t(np.concatenate([h_new, h_old]))
+    full = np.concatenate([h_new, h_old])
     old = np.where(prior >= 0, n + prior, np.arange(n))
-    np.testing.assert_allclose(summed(np.arange(n), old, np.full(n, -1), full), expected,
-                               atol=1e-12)
-    new, old, delta, fresh, taken, moved = difference_rows(
+    np.testing.assert_allclose(summed(np.arange(n), old, np.full(n, -1), t(full), len(full))[0],
+                               expected, atol=1e-12)
+    new, old, delta, fresh, taken, moved, dest, paired = difference_rows(
         prior, at1, at2, has, had, np.zeros(0, np.int64),
         own if roots else np.zeros(0, np.int64))
-    table = t(np.concatenate([h_new[fresh], h_old[prior[taken]],
-                              h_new[moved] - h_old[prior[moved]]]))
-    np.testing.assert_allclose(summed(new, old, delta, table), expected, atol=1e-12)
+    stacked = np.concatenate([h_new[fresh], h_old[prior[taken]],
+                              h_new[moved] - h_old[prior[moved]]])
+    np.testing.assert_array_equal(np.sort(dest), np.arange(len(stacked)))
+    h = np.empty_like(stacked)
+    h[dest] = stacked
+    got, rows = summed(new, old, delta, t(h, paired), paired)
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+    read_roots = rows[(rows < 2 * paired) & (rows % 2 == 1)] // 2
+    np.testing.assert_array_equal(np.unique(read_roots), np.arange(paired if roots else 0))
 
 
 @pytest.mark.parametrize("first", range(1, 17))

@@ -144,9 +144,11 @@ class Layer:
     and root changes add to it, a mean's rescales about its root term and bias where the
     in-degree changes, and h is ``activate`` of its rows when read)."""
 
-    def rel_root(self, h: Tensor) -> Tensor:
-        """``rel`` and ``root`` of each row of ``h`` in one product, interleaved: rows 2i
-        and 2i+1 of the result are those of ``h[i]`` (layers keeping the pre-activation)."""
+    def rel_root(self, h: Tensor, paired: int) -> Tensor:
+        """``rel`` and ``root`` of the first ``paired`` rows of ``h``, interleaved, then
+        ``rel`` of the rest: rows 2i and 2i+1 of the result are those of ``h[i]`` for i <
+        ``paired``, row ``paired + i`` that of ``h[i]`` after (layers keeping the
+        pre-activation; the root terms of most rows a superstep transforms are not read)."""
         raise NotImplementedError
 
     def preactivation(self, h: Tensor, agg: Tensor) -> Tensor:
@@ -245,12 +247,18 @@ class _LinearRootLayer(Layer):
     def root(self, h):
         return self.lin_root(h)
 
-    def rel_root(self, h):
+    def rel_root(self, h, paired):
         parts = (self.lin_nbr.weight, self.lin_root.weight)
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in parts)
         if self._stacked is None or self._stacked[0] != key:  # the weights as they are now
             self._stacked = key, torch.cat(parts).detach()
-        return F.linear(h, self._stacked[1]).view(2 * h.shape[0], self.out_dim)
+        stacked, n, d = self._stacked[1], h.shape[0], self.out_dim
+        if paired == n:
+            return F.linear(h, stacked).view(2 * n, d)
+        out = h.new_empty((n + paired, d))
+        torch.mm(h[:paired], stacked.t(), out=out[:2 * paired].view(paired, 2 * d))
+        torch.mm(h[paired:], stacked[:d].t(), out=out[2 * paired:])
+        return out
 
     def combine(self, h, agg, t, in_weight):
         return self.combine_root(agg, None if self.lin_root is None else self.root(h))
@@ -328,13 +336,15 @@ class GINLayer(Layer):
     def combine(self, h, agg, t, in_weight):
         return self.conv.nn(self.preactivation(h, agg))
 
-    def rel_root(self, h):
+    def rel_root(self, h, paired):
         eps = self.conv.eps
         key = (eps.data_ptr(), eps._version, h.dtype, h.device)
         if self._scales is None or self._scales[0] != key:  # eps as it is now
             ones = torch.ones(self.in_dim, dtype=h.dtype, device=h.device)
             self._scales = key, torch.cat([ones, (1 + eps.detach()).to(ones).expand_as(ones)])
-        return torch.cat([h, h], dim=1).mul_(self._scales[1]).view(2 * len(h), self.in_dim)
+        top = h[:paired]
+        both = torch.cat([top, top], dim=1).mul_(self._scales[1]).view(2 * paired, self.in_dim)
+        return both if paired == len(h) else torch.cat([both, h[paired:]])  # (rel: identity)
 
     def preactivation(self, h, agg):
         return agg + (1 + self.conv.eps) * h

@@ -322,7 +322,7 @@ def _act(v, relu, zero):
 
 
 @njit(cache=True)
-def difference_table_into(table, slots, relu, old, taken, moved, out):
+def difference_table_into(table, slots, relu, old, taken, moved, dest, out):
     """`difference_table`'s rows written into ``out`` (numpy; numba kernels call it)."""
     zero = table.dtype.type(0)
     fresh = len(slots) - len(moved)
@@ -330,46 +330,49 @@ def difference_table_into(table, slots, relu, old, taken, moved, out):
         if i + AHEAD < len(slots):
             prefetch_row(table, slots[i + AHEAD])
         for j in range(out.shape[1]):
-            out[i, j] = _act(table[slots[i], j], relu, zero)
+            out[dest[i], j] = _act(table[slots[i], j], relu, zero)
     for k in range(len(taken)):
-        out[fresh + k] = old[taken[k]]
+        out[dest[fresh + k]] = old[taken[k]]
     at = fresh + len(taken)
     for k in range(len(moved)):
         if fresh + k + AHEAD < len(slots):
             prefetch_row(table, slots[fresh + k + AHEAD])
-        r, o = slots[fresh + k], moved[k]
+        r, o, d = slots[fresh + k], moved[k], dest[at + k]
         for j in range(out.shape[1]):
-            out[at + k, j] = _act(table[r, j], relu, zero) - old[o, j]
+            out[d, j] = _act(table[r, j], relu, zero) - old[o, j]
 
 
 def difference_table_numba(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
-                           taken: np.ndarray, moved: np.ndarray) -> Tensor:
+                           taken: np.ndarray, moved: np.ndarray, dest: np.ndarray) -> Tensor:
     before = old.numpy()
     out = np.empty((len(slots) + len(taken), before.shape[1]), before.dtype)
-    difference_table_into(table.numpy(), slots, relu, before, taken, moved, out)
+    difference_table_into(table.numpy(), slots, relu, before, taken, moved, dest, out)
     return torch.from_numpy(out)
 
 
 def difference_table_torch(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
-                           taken: np.ndarray, moved: np.ndarray) -> Tensor:
+                           taken: np.ndarray, moved: np.ndarray, dest: np.ndarray) -> Tensor:
     rows = table[torch.from_numpy(slots).to(table.device)].to(old.device, old.dtype)
     if relu:
         rows = torch.relu(rows)
     fresh = rows.shape[0] - len(moved)
-    return torch.cat([rows[:fresh], old[torch.from_numpy(taken).to(old.device)],
-                      rows[fresh:] - old[torch.from_numpy(moved).to(old.device)]])
+    stacked = torch.cat([rows[:fresh], old[torch.from_numpy(taken).to(old.device)],
+                         rows[fresh:] - old[torch.from_numpy(moved).to(old.device)]])
+    return torch.empty_like(stacked).index_copy_(0, torch.from_numpy(dest).to(old.device),
+                                                 stacked)
 
 
 def difference_table(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
-                     taken: np.ndarray, moved: np.ndarray) -> Tensor:
+                     taken: np.ndarray, moved: np.ndarray, dest: np.ndarray) -> Tensor:
     """The rows a linear layer's messages read, to be transformed in one product, in
     ``old``'s dtype and device: the rows ``slots`` of ``table`` (h after the batch; ReLU of
     them where ``relu``: the table is z) but for the last ``len(moved)``, the rows
     ``taken`` of ``old`` (h before the batch), then the last rows of h minus the rows
-    ``moved`` of ``old`` (t of the difference is the difference of t)."""
+    ``moved`` of ``old`` (t of the difference is the difference of t); row k of these
+    is row ``dest[k]`` of the result (a permutation)."""
     on_cpu = table.device.type == old.device.type == "cpu"
     kernel = difference_table_numba if on_cpu else difference_table_torch
-    return kernel(table, slots, relu, old, taken, moved)
+    return kernel(table, slots, relu, old, taken, moved, dest)
 
 
 @njit(cache=True)

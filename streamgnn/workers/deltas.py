@@ -34,10 +34,16 @@ from numba import njit
 from streamgnn.workers.slotsets import union_marked
 
 
+@njit(cache=True, inline="always")
+def _rel(r, paired):
+    """Row r's message row in a product whose first ``paired`` rows have root terms."""
+    return r + min(r, paired)
+
+
 @njit(cache=True)
 def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, before, after,
                           has, had, weighted, scale_new, scale_old, region, dst_scale, scratch,
-                          own, own_slots):
+                          own, own_slots, paired):
     """Source i's t after the batch is row ``new_row[i]`` of the table, before it row
     ``old_row[i]`` (the same row where it has no other), and t of the difference row
     ``delta_row[i]`` (-1: none; only where its factor did not change); -1 where the
@@ -48,12 +54,13 @@ def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, bef
     ``dst_scale``: per region position, what messages to it are multiplied by.
     ``scratch``: an int64 array as long as the slots. ``own``: None, or the sources
     (positions, at slots ``own_slots`` in the region) whose root term changes: then each
-    row r of the table stands for rows 2r (its message) and 2r+1 (its root term) of a
-    table twice as long (`Layer.rel_root`), and each of those sources sends its own state
-    its new root term minus its old one. Returns (rows, coef, local)."""
+    row r < ``paired`` of the table stands for rows 2r (its message) and 2r+1 (its root
+    term) of the product's, each later row r for row ``paired + r`` (its message alone:
+    `Layer.rel_root`), and each of those sources sends its own state its new root term
+    minus its old one (rows below ``paired``). Returns (rows, coef, local)."""
     for i in range(len(region)):
         scratch[region[i]] = i
-    step = 1 if own is None else 2
+    paired = 0 if own is None else paired
     size = 2 * len(at) + has.sum() + had.sum() + (0 if own is None else 2 * len(own))
     rows = np.empty(size, np.int64)
     coef = np.empty(size, np.float64)
@@ -63,24 +70,26 @@ def linear_delta_messages(new_row, old_row, delta_row, at, v1, w1, at2, dst, bef
         d = scratch[v1[i]]
         a, c = at[i], (w1[i] if weighted else 1.0) * dst_scale[d]
         if delta_row[a] >= 0:
-            rows[k], coef[k], local[k] = step * delta_row[a], c * scale_new[a], d
+            rows[k], coef[k], local[k] = _rel(delta_row[a], paired), c * scale_new[a], d
             k += 1
         elif old_row[a] == new_row[a]:  # only the factor changed
-            rows[k], coef[k], local[k] = step * new_row[a], c * (scale_new[a] - scale_old[a]), d
+            rows[k], local[k] = _rel(new_row[a], paired), d
+            coef[k] = c * (scale_new[a] - scale_old[a])
             k += 1
         else:
-            rows[k], coef[k], local[k] = step * new_row[a], c * scale_new[a], d
-            rows[k + 1], coef[k + 1], local[k + 1] = step * old_row[a], -c * scale_old[a], d
+            rows[k], coef[k], local[k] = _rel(new_row[a], paired), c * scale_new[a], d
+            rows[k + 1], local[k + 1] = _rel(old_row[a], paired), d
+            coef[k + 1] = -c * scale_old[a]
             k += 2
     for i in range(len(at2)):
         a, d = at2[i], scratch[dst[i]]
         if has[i]:
-            rows[k] = step * new_row[a]
+            rows[k] = _rel(new_row[a], paired)
             coef[k] = (after[i] if weighted else 1.0) * scale_new[a] * dst_scale[d]
             local[k] = d
             k += 1
         if had[i]:
-            rows[k] = step * old_row[a]
+            rows[k] = _rel(old_row[a], paired)
             coef[k] = -(before[i] if weighted else 1.0) * scale_old[a] * dst_scale[d]
             local[k] = d
             k += 1
@@ -109,13 +118,14 @@ def message_sources(sources, at, src, dst, has, had, alive, old_slots, removed, 
     and the ``extra`` slots. Rows of h before the batch are those of ``old_slots`` then
     ``removed``. ``mark``/``scratch``: a bool array (all false; a multiple of 8 long) and an
     int64 array, at least as long as the slots (`SlotSets`' own). Returns (slots, at1, at2,
-    has, had, own, extra_at, prior, new_row, old_row, delta_row, fresh, taken, moved): the
-    positions in ``slots`` of the unchanged edges' sources, the changed edges' sources,
-    ``own_slots`` and ``extra``; ``has``/``had`` left true only into ``alive`` vertices
+    has, had, own, extra_at, prior, new_row, old_row, delta_row, fresh, taken, moved, dest,
+    paired): the positions in ``slots`` of the unchanged edges' sources, the changed edges'
+    sources, ``own_slots`` and ``extra``; ``has``/``had`` left true only into ``alive`` vertices
     (messages to deleted ones are moot); each source's row before the batch (-1: none); and
     the table layout, with ``differences`` `difference_rows`' (t computed from the rows
     after, before and their differences), else rows after the batch in source order followed
-    by the rows before (``fresh``, ``taken``, ``moved`` then empty)."""
+    by the rows before, all with root terms (``fresh``, ``taken``, ``moved``, ``dest``
+    then empty)."""
     slots = union_marked(np.concatenate((sources, src, removed, extra)), mark, mark, False)
     n = len(slots)
     for i in range(n):
@@ -141,15 +151,16 @@ def message_sources(sources, at, src, dst, has, had, alive, old_slots, removed, 
     for k in range(len(removed)):
         prior[scratch[removed[k]]] = len(old_slots) + k
     if differences:
-        new, old, delta, fresh, taken, moved = difference_rows(
+        new, old, delta, fresh, taken, moved, dest, paired = difference_rows(
             prior, at1, at2, has_live, had_live, extra_at, own)
     else:
         new = np.arange(n)
         old = np.where(prior >= 0, n + prior, new)
         delta = np.full(n, -1)
-        fresh = taken = moved = np.zeros(0, np.int64)
+        fresh = taken = moved = dest = np.zeros(0, np.int64)
+        paired = n + len(old_slots) + len(removed)
     return (slots, at1, at2, has_live, had_live, own, extra_at, prior, new, old, delta, fresh,
-            taken, moved)
+            taken, moved, dest, paired)
 
 
 @njit(cache=True)
@@ -162,9 +173,12 @@ def difference_rows(prior, at1, at2, has, had, extra, own):
     before, its root term (``own``) or a rescale (``extra``) reads it; its t before the
     batch where a changed edge from it existed before or a rescale reads it; t of h_new -
     h_old where it has a row before and an unchanged edge or its root term reads it (one
-    row, one message, instead of two). Returns (new_row, old_row, delta_row) as
-    `linear_delta_messages` takes them, for the table [after: sources ``fresh`` | before:
-    sources ``taken`` | differences: sources ``moved``]."""
+    row, one message, instead of two). The rows whose root term is read (an ``own``
+    source's after the batch or difference, an ``extra`` source's before it) come first.
+    Returns (new_row, old_row, delta_row) as `linear_delta_messages` takes them, the
+    table's rows as [after: sources ``fresh`` | before: sources ``taken`` | differences:
+    sources ``moved``] each goes to (``dest``, `difference_table`'s), and how many rows
+    have root terms (``paired``)."""
     n = len(prior)
     new = np.zeros(n, np.bool_)
     past = np.zeros(n, np.bool_)
@@ -192,19 +206,40 @@ def difference_rows(prior, at1, at2, has, had, extra, own):
     fresh = np.flatnonzero(new)
     taken = np.flatnonzero(past)
     moved = np.flatnonzero(moves)
+    rooted = np.zeros(n, np.bool_)  # own: the root term of its row after (or difference)
+    for a in own:
+        rooted[a] = True
+    rescaled = np.zeros(n, np.bool_)  # extra: the root term of its row before
+    for a in extra:
+        rescaled[a] = True
+    roots = np.empty(len(fresh) + len(taken) + len(moved), np.bool_)
+    for k in range(len(fresh)):  # (a source with a row before reads no root term here)
+        roots[k] = (rooted[fresh[k]] or rescaled[fresh[k]]) and prior[fresh[k]] < 0
+    for k in range(len(taken)):
+        roots[len(fresh) + k] = rescaled[taken[k]]
+    for k in range(len(moved)):
+        roots[len(fresh) + len(taken) + k] = rooted[moved[k]]
+    dest = np.empty(len(roots), np.int64)  # rows with root terms first, in table order
+    paired = roots.sum()
+    first, rest = 0, paired
+    for k in range(len(roots)):
+        if roots[k]:
+            dest[k], first = first, first + 1
+        else:
+            dest[k], rest = rest, rest + 1
     new_row = np.full(n, -1)
     old_row = np.full(n, -1)
     delta_row = np.full(n, -1)
     for k in range(len(fresh)):
-        new_row[fresh[k]] = k
+        new_row[fresh[k]] = dest[k]
     for i in range(n):
         if prior[i] < 0:
             old_row[i] = new_row[i]
     for k in range(len(taken)):
-        old_row[taken[k]] = len(fresh) + k
+        old_row[taken[k]] = dest[len(fresh) + k]
     for k in range(len(moved)):
-        delta_row[moved[k]] = len(fresh) + len(taken) + k
-    return new_row, old_row, delta_row, fresh, taken, moved
+        delta_row[moved[k]] = dest[len(fresh) + len(taken) + k]
+    return new_row, old_row, delta_row, fresh, taken, moved, dest, paired
 
 
 @njit(cache=True)

@@ -171,6 +171,7 @@ class _Sources:
     at2: np.ndarray
     own: np.ndarray | None
     extra: np.ndarray
+    paired: int  # the leading rows of h t has a root term of (`Layer.rel_root`)
 
 
 @dataclass
@@ -667,13 +668,13 @@ class Shard:
         source = self._h_table_of(hop - 1) if keeps_z and _one_kernel(self.device) else None
         if source is not None:  # all but the product in one kernel
             table, relu = source
-            h, rows, coef, local, extra_old = linear_step_inputs(
+            h, paired, rows, coef, local, extra_old = linear_step_inputs(
                 sources, at, v1, w1, edges.src, edges.dst, edges.before, edges.after,
                 edges.has, edges.had, self.graph.alive, changed.old_slots, removed,
                 removed[:0] if rescaled is None else rescaled, own_slots, self.sets.mark,
                 self.sets.scratch, region, dst_scale, layer.edge_weighted, table.numpy(),
                 relu, _joined([*changed.old_rows, removed_rows]).numpy())
-            t = layer.rel_root(torch.from_numpy(h))
+            t = layer.rel_root(torch.from_numpy(h), paired)
         else:
             m = self._message_sources(hop, layer, sources, at, changed, removed,
                                       removed_rows, edges, rescaled, own_slots)
@@ -681,7 +682,7 @@ class Shard:
             rows, coef, local = linear_delta_messages(
                 m.new, m.old, m.delta, m.at1, v1, w1, m.at2, edges.dst, edges.before,
                 edges.after, m.has, m.had, layer.edge_weighted, scale_new, scale_old, region,
-                dst_scale, self.sets.scratch, m.own, own_slots)
+                dst_scale, self.sets.scratch, m.own, own_slots, m.paired)
             t, extra_old = m.t, m.old[m.extra]
         scale = bias = None
         if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
@@ -750,30 +751,33 @@ class Shard:
         transform, with the rows before the batch of the ``extra`` slots (a mean's
         rescaled vertices) and the root terms of the sources at ``own_slots``. Where the
         shard keeps the pre-activation, the table is `Layer.rel_root` of those rows (two
-        rows of t each). Where t is kept it is read, not computed (`_kept_rows`)."""
+        rows of t each where a root term is read). Where t is kept it is read, not computed
+        (`_kept_rows`)."""
         none = removed[:0]
         differences = (self.t[hop - 1] is None and layer.aggr.linear
                        and not layer.degree_normalised)
         (slots, at1, at2, has, had, own, extra_at, prior, new, old, delta, fresh, taken,
-         moved) = message_sources(
+         moved, dest, paired) = message_sources(
             sources, at, edges.src, edges.dst, edges.has, edges.had, self.graph.alive,
             changed.old_slots, removed, none if extra is None else extra,
             none if own_slots is None else own_slots, differences, self.sets.mark,
             self.sets.scratch)
         old_rows = _joined([*changed.old_rows, removed_rows])  # h before, by ``prior``
-        transform = layer.rel_root if self._z[hop - 1] else layer.transform
+        keeps_z = self._z[hop - 1]
         if differences:  # t of the rows messages read, and of h_new - h_old
             table, read, relu = self._h_source(hop - 1, np.concatenate([slots[fresh],
                                                                        slots[moved]]))
-            t = transform(difference_table(table, read, relu, old_rows, prior[taken],
-                                           prior[moved]))
+            rows = difference_table(table, read, relu, old_rows, prior[taken], prior[moved],
+                                    dest)
+            t = layer.rel_root(rows, paired) if keeps_z else layer.transform(rows)
         elif self.t[hop - 1] is not None:
             olds = np.concatenate([changed.old_slots, removed])
             t = self._kept_rows(hop, layer, slots, olds, changed)
         else:
-            t = transform(torch.cat([self._rows(hop - 1, self._index(slots)), old_rows]))
+            rows = torch.cat([self._rows(hop - 1, self._index(slots)), old_rows])
+            t = layer.rel_root(rows, paired) if keeps_z else layer.transform(rows)
         return _Sources(slots, t, new, old, delta, has, had, at1, at2,
-                        None if own_slots is None else own, extra_at)
+                        None if own_slots is None else own, extra_at, paired)
 
     def _kept_rows(self, hop: int, layer: Layer, slots: np.ndarray, olds: np.ndarray,
                    changed: _Changed) -> Tensor:
