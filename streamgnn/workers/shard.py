@@ -559,8 +559,8 @@ class Shard:
         """Close the batch: its label changes and counts."""
         b, self._batch = self._batch, None
         b.result.changed_labels = self._label_changes(b.step)
-        touched = self.sets.union(b.edges.degree_changed, b.added)
-        self._in_weight[touched] = self.graph.in_weight[touched]
+        for touched in (b.edges.degree_changed, b.added):
+            self._in_weight[touched] = self.graph.in_weight[touched]
         return b.result
 
     def _superstep(self, hop: int, layer: Layer, changed: _Changed, removed: np.ndarray,
