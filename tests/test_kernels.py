@@ -48,6 +48,7 @@ from streamgnn.models.softmax_ops import (
 )
 from streamgnn.updates import AddVertex
 from streamgnn.workers.deltas import difference_rows, linear_delta_messages, message_sources
+from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.halo import _take_torch, begin_halo, rows_for, take_ghost_rows
 from streamgnn.workers.placement import bit
 from streamgnn.workers.region import superstep_region
@@ -531,9 +532,9 @@ def test_take_ghost_rows_numba_and_torch_store_rows_and_join_the_moved_ghosts_to
         np.testing.assert_array_equal(old.numpy(), np.maximum(before, 0) if relu else before)
 
 
-@given(seed=seeds, q=st.integers(0, 3), subscribed=st.integers(0, 5))
+@given(seed=seeds, q=st.integers(0, 3), subscribed=st.integers(0, 5), weighted=st.booleans())
 def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_began_to_hold(
-        seed, q, subscribed):
+        seed, q, subscribed, weighted):
     rng = np.random.default_rng(seed)
     sets = SlotSets(30)
     moved = rng.choice(30, 12, replace=False)
@@ -544,12 +545,40 @@ def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_bega
     by = rng.integers(0, 4, len(began))
     table = torch.from_numpy(rng.normal(size=(30, 3)).astype(np.float32))
     ext = 100 + 7 * np.arange(30)
-    slots, ids, rows = rows_for(q, moved, owned, holders, began, by, table, ext, sets.mark)
-    held = moved[owned[moved] & ((holders[moved] & bit(q)) != 0)]
-    np.testing.assert_array_equal(slots, np.union1d(held, began[by == q]))
-    np.testing.assert_array_equal(ids, ext[slots])
-    np.testing.assert_array_equal(rows, table.numpy()[slots])
+    in_weight = rng.random(30) if weighted else None
+    sent = unpack(rows_for(q, moved, owned, holders, began, by, table, ext, in_weight,
+                           sets.mark))
     assert not sets.mark.any()
+    held = moved[owned[moved] & ((holders[moved] & bit(q)) != 0)]
+    slots = np.union1d(held, began[by == q])
+    if not len(slots):
+        assert sent is None
+        return
+    np.testing.assert_array_equal(sent.ids, ext[slots])
+    np.testing.assert_array_equal(sent.rows, table.numpy()[slots])
+    assert sent.rows.dtype == np.float32
+    if weighted:
+        np.testing.assert_array_equal(sent.in_weight, in_weight[slots])
+    else:
+        assert sent.in_weight is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pack_and_unpack_carry_ids_rows_and_in_degrees(dtype, weighted):
+    rng = np.random.default_rng(0)
+    ghosts = Ghosts(rng.integers(0, 1 << 40, 5), rng.normal(size=(5, 3)).astype(dtype),
+                    rng.random(5) if weighted else None)
+    got = unpack(pack(ghosts))
+    np.testing.assert_array_equal(got.ids, ghosts.ids)
+    np.testing.assert_array_equal(got.rows, ghosts.rows)
+    assert got.rows.dtype == dtype
+    if weighted:
+        np.testing.assert_array_equal(got.in_weight, ghosts.in_weight)
+    else:
+        assert got.in_weight is None
+    assert unpack(pack(None)) is None
+    assert unpack(pack(Ghosts(ghosts.ids[:0], ghosts.rows[:0]))) is None
 
 
 @given(seed=seeds, unknown=st.booleans())

@@ -30,18 +30,28 @@ class Ghosts:
 _HEADER = np.dtype([("n", "<i8"), ("dim", "<i8"), ("itemsize", "<i8"), ("weights", "<i8")])
 
 
+def packed(n: int, dim: int, dtype: np.dtype, weighted: bool) -> tuple[np.ndarray, Ghosts]:
+    """A buffer for ``n`` rows of ``dim`` values of ``dtype`` (and in-degrees where
+    ``weighted``) with its header written, and `Ghosts` viewing the ids, rows and
+    in-degrees in it, to be filled (a sender writes them in place: no copy)."""
+    itemsize = np.dtype(dtype).itemsize
+    size = _HEADER.itemsize + 8 * n + n * dim * itemsize + (8 * n if weighted else 0)
+    buffer = np.empty(size, np.uint8)
+    buffer[:_HEADER.itemsize].view(_HEADER)[0] = (n, dim, itemsize, weighted)
+    return buffer, unpack(buffer)
+
+
 def pack(ghosts: Ghosts | None) -> np.ndarray:
     """``ghosts`` as one uint8 buffer (empty for None)."""
     if ghosts is None or not len(ghosts.ids):
         return np.zeros(0, np.uint8)
-    rows = np.ascontiguousarray(ghosts.rows)
-    header = np.array([(len(ghosts.ids), rows.shape[1], rows.itemsize,
-                        ghosts.in_weight is not None)], _HEADER)
-    parts = [header.view(np.uint8), np.ascontiguousarray(ghosts.ids, "<i8").view(np.uint8),
-             rows.reshape(-1).view(np.uint8)]
+    rows = np.asarray(ghosts.rows)
+    buffer, into = packed(len(ghosts.ids), rows.shape[1], rows.dtype,
+                          ghosts.in_weight is not None)
+    into.ids[:], into.rows[:] = ghosts.ids, rows
     if ghosts.in_weight is not None:
-        parts.append(np.ascontiguousarray(ghosts.in_weight, "<f8").view(np.uint8))
-    return np.concatenate(parts)
+        into.in_weight[:] = ghosts.in_weight
+    return buffer
 
 
 def unpack(buffer: np.ndarray) -> Ghosts | None:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from streamgnn.graph.idmap import get_many
 from streamgnn.prefetch import AHEAD, prefetch_row
+from streamgnn.workers.exchange import packed
 from streamgnn.workers.slotsets import find_marked, union_marked
 
 
@@ -77,30 +78,38 @@ def _held_slots(moved, owned, holders, q, subscribed, subscribers, mark):
 
 
 @njit(cache=True)
-def _gather(table, slots, ext):
-    rows = np.empty((len(slots), table.shape[1]), table.dtype)
-    ids = np.empty(len(slots), np.int64)
+def _gather(table, slots, ext, ids, rows):
     for i in range(len(slots)):
         if i + AHEAD < len(slots):
             prefetch_row(table, slots[i + AHEAD])
         rows[i] = table[slots[i]]
         ids[i] = ext[slots[i]]
-    return ids, rows
 
 
 def rows_for(q: int, moved: np.ndarray, owned: np.ndarray, holders: np.ndarray,
              subscribed: np.ndarray, subscribers: np.ndarray, table: Tensor, ext: np.ndarray,
-             mark: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What partition ``q`` is sent of the rows in ``table`` (by slot): those of the
-    ``moved`` slots that are ``owned`` and that ``q`` holds (`placement.held_by` of
-    ``holders``), and of the ``subscribed`` slots whose ``subscribers`` entry is ``q``
-    (it began to hold them). Returns their slots (sorted), external ids (``ext``) and
-    rows (numpy). ``mark``: `SlotSets`' own."""
+             in_weight: np.ndarray | None, mark: np.ndarray) -> np.ndarray:
+    """What partition ``q`` is sent of the rows in ``table`` (by slot), packed
+    (`exchange.packed`; empty for nothing): those of the ``moved`` slots that are
+    ``owned`` and that ``q`` holds (`placement.held_by` of ``holders``), and of the
+    ``subscribed`` slots whose ``subscribers`` entry is ``q`` (it began to hold them), in
+    slot order, with their external ids (``ext``) and, given ``in_weight``, their
+    in-degrees. ``mark``: `SlotSets`' own."""
     slots = _held_slots(moved, owned, holders, q, subscribed, subscribers, mark)
-    if table.device.type == "cpu":
-        return slots, *_gather(table.numpy(), slots, ext)
-    index = torch.from_numpy(slots).to(table.device)
-    return slots, ext[slots], table.index_select(0, index).cpu().numpy()
+    if not len(slots):
+        return np.zeros(0, np.uint8)
+    on_cpu = table.device.type == "cpu"
+    dtype = (table if on_cpu else torch.empty(0, dtype=table.dtype)).numpy().dtype
+    buffer, into = packed(len(slots), table.shape[1], dtype, in_weight is not None)
+    if on_cpu:
+        _gather(table.numpy(), slots, ext, into.ids, into.rows)
+    else:
+        into.ids[:] = ext[slots]
+        index = torch.from_numpy(slots).to(table.device)
+        into.rows[:] = table.index_select(0, index).cpu().numpy()
+    if in_weight is not None:
+        into.in_weight[:] = in_weight[slots]
+    return buffer
 
 
 @njit(cache=True)

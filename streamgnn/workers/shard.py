@@ -437,29 +437,25 @@ class Shard:
                              ApplyResult(ChangedLabels.empty(), diff.rejected),
                              *subscribed)
 
-    def _outgoing(self, hop: int, partitions: int, me: int) -> list[Ghosts | None]:
-        """Per partition, the rows of layer ``hop`` as stored (features at 0; z where the
-        shard keeps it) it holds as ghosts and whose h changed in this batch (or that it
-        began to hold); None where there are none. A ghost's z may lag its owner's where
-        z moved and h did not: its activation is the same h, bit for bit."""
+    def _outgoing(self, hop: int, partitions: int, me: int) -> list[np.ndarray]:
+        """Per partition, packed (`exchange.packed`; empty for none), the rows of layer
+        ``hop`` as stored (features at 0; z where the shard keeps it) it holds as ghosts
+        and whose h changed in this batch (or that it began to hold). A ghost's z may lag
+        its owner's where z moved and h did not: its activation is the same h, bit for
+        bit."""
         b = self._batch
-        out: list[Ghosts | None] = [None] * partitions
+        none = np.zeros(0, np.uint8)
         if self.holders is None:
-            return out
+            return [none] * partitions
         moved = b.changed.slots
         degree_normalised = hop == 0 and any(layer.degree_normalised for layer in self.layers)
         if degree_normalised:
             moved = self.sets.union(moved, b.edges.degree_changed)
         table = torch.from_numpy(self.graph.x) if hop == 0 else self._stored(hop)
-        for q in range(partitions):
-            if q == me:
-                continue
-            slots, ids, rows = rows_for(q, moved, self.owned, self.holders, b.subscribed,
-                                        b.subscribers, table, self.graph.ext, self.sets.mark)
-            if len(slots):
-                weight = self.graph.in_weight[slots] if degree_normalised else None
-                out[q] = Ghosts(ids, rows, weight)
-        return out
+        in_weight = self.graph.in_weight if degree_normalised else None
+        return [none if q == me else rows_for(
+            q, moved, self.owned, self.holders, b.subscribed, b.subscribers, table,
+            self.graph.ext, in_weight, self.sets.mark) for q in range(partitions)]
 
     def _incoming(self, hop: int, received: Sequence[Ghosts]) -> None:
         """Take the ghost rows of layer ``hop`` other shards sent (as `_outgoing` sends
@@ -506,7 +502,7 @@ class Shard:
         try:
             for hop in range(1, self.num_layers + 1):
                 if partitions > 1:
-                    out = [pack(g) for g in self._outgoing(hop - 1, partitions, me)]
+                    out = self._outgoing(hop - 1, partitions, me)
                     self.busy.append(time.perf_counter() - start)
                     received = yield out
                     start = time.perf_counter()
