@@ -78,11 +78,12 @@ def device_kernels(monkeypatch):
     GPU: where tensors live, and the engine's one row reduction (`_argmax_rows`), which
     branches on the device inside."""
     from streamgnn.models import extremum_ops, inference, layers, rowops, softmax_ops
-    from streamgnn.workers import shard
+    from streamgnn.workers import halo, shard
 
     for module, names in ((rowops, ("combine_rows", "fold_rows", "store_rows", "compare_rows",
                                     "difference_table", "activated_rows", "merge_rows", "fill_rows",
                                     "take_rows")),
+                          (halo, ("take_ghost_rows", "gather_rows")),
                           (softmax_ops, ("fold_softmax", "attend_with_self_loop")),
                           (extremum_ops, ("fold_max", "pull_max_columns"))):
         for name in names:

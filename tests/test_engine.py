@@ -205,11 +205,13 @@ def test_cuda_engine_stays_exact(arch, partitions):
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # patches only
 @given(arch=st.sampled_from(sorted(ARCHS)), seed=st.integers(0, 10_000),
-       batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=4))
-def test_device_kernels_stay_exact_float64(device_kernels, arch, seed, batches):
+       batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=4),
+       partitions=st.sampled_from([1, 2]))
+def test_device_kernels_stay_exact_float64(device_kernels, arch, seed, batches, partitions):
+    """The torch twins a CUDA engine runs, on CPU; with two partitions the halo's too."""
     data = start_graph(seed)
     model = randomise(ARCHS[arch](2), seed).double()
-    engine = Engine.from_pyg(model, data)
+    engine = Engine.from_pyg(model, data, partitions=partitions)
     ref = Reference(data)
     for candidates in batches:
         engine.apply(valid_batch(ref, candidates))

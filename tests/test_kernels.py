@@ -49,7 +49,14 @@ from streamgnn.models.softmax_ops import (
 from streamgnn.updates import AddVertex
 from streamgnn.workers.deltas import difference_rows, linear_delta_messages, message_sources
 from streamgnn.workers.exchange import Ghosts, pack, unpack
-from streamgnn.workers.halo import _take_torch, begin_halo, rows_for, take_ghost_rows
+from streamgnn.workers.halo import (
+    begin_halo,
+    gather_rows_numba,
+    gather_rows_torch,
+    rows_for,
+    take_ghost_rows_numba,
+    take_ghost_rows_torch,
+)
 from streamgnn.workers.placement import bit
 from streamgnn.workers.region import superstep_region
 from streamgnn.workers.slotsets import SlotSets, _find_in_runs
@@ -512,7 +519,7 @@ def test_take_ghost_rows_numba_and_torch_store_rows_and_join_the_moved_ghosts_to
     expected = table.copy()
     expected[slots] = rows
     before = table[slots[replaced]]
-    for kernel in (take_ghost_rows, _take_torch):
+    for kernel in (take_ghost_rows_numba, take_ghost_rows_torch):
         stored = torch.from_numpy(table.copy())
         missing, got_slots, got_sources, got_old_slots, old = kernel(
             graph.id_table, ids, rows, stored, relu, added, sources, old_slots, sets.mark,
@@ -561,6 +568,18 @@ def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_bega
         np.testing.assert_array_equal(sent.in_weight, in_weight[slots])
     else:
         assert sent.in_weight is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gather_rows_numba_and_torch_copy_ids_and_rows(dtype):
+    rng = np.random.default_rng(1)
+    table = torch.from_numpy(rng.normal(size=(30, 4)).astype(dtype))
+    slots, ext = rng.choice(30, 7, replace=False), 100 + 7 * np.arange(30)
+    for gather in (gather_rows_numba, gather_rows_torch):
+        ids, rows = np.empty(7, np.int64), np.empty((7, 4), dtype)
+        gather(table, slots, ext, ids, rows)
+        np.testing.assert_array_equal(ids, ext[slots])
+        np.testing.assert_array_equal(rows, table.numpy()[slots])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -717,6 +736,26 @@ def test_linear_messages_from_differences_sum_as_new_and_old_rows_do(seed, weigh
     np.testing.assert_allclose(got, expected, atol=1e-12)
     read_roots = rows[(rows < 2 * paired) & (rows % 2 == 1)] // 2
     np.testing.assert_array_equal(np.unique(read_roots), np.arange(paired if roots else 0))
+
+
+@given(seed=seeds)
+def test_difference_rows_put_exactly_the_rows_whose_root_term_is_read_first(seed):
+    """Root terms are read of an own source's difference row, or its row after the batch
+    where it has none before, and of a rescaled (extra) source's row before: those rows
+    and no other are the first ``paired`` (`linear_delta_messages`, `Shard._fold`)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 15))
+    prior = np.where(rng.random(n) < 0.4, -1, 0)
+    prior[prior == 0] = rng.permutation(int((prior == 0).sum()))
+    at1, at2 = rng.integers(0, n, 8), rng.integers(0, n, 8)
+    has, had = rng.random(8) < 0.6, rng.random(8) < 0.6
+    own, extra = (np.unique(rng.integers(0, n, int(rng.integers(0, 5)))) for _ in range(2))
+    new, old, delta, fresh, taken, moved, dest, paired = difference_rows(
+        prior, at1, at2, has, had, extra, own)
+    np.testing.assert_array_equal(np.sort(dest), np.arange(len(fresh) + len(taken) + len(moved)))
+    read = {int(delta[a] if delta[a] >= 0 else new[a]) for a in own}
+    read |= {int(old[a]) for a in extra}
+    assert read == set(range(paired))
 
 
 @pytest.mark.parametrize("first", range(1, 17))

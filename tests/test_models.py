@@ -167,3 +167,20 @@ def test_bootstrap_comparison_times_both_and_agrees_with_pyg():
     assert min(report.graph_s, report.layerwise_s, report.pyg_s) > 0
     expected = (pyg_layers(model, data)[-1].argmax(-1).numpy() == data.y).mean()
     assert report.accuracy == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("paired", [0, 3, 7])
+def test_rel_root_pairs_the_first_rows_and_gives_rel_alone_of_the_rest(arch, paired):
+    """`Layer.rel_root(h, paired)`: rows 2i, 2i+1 are rel and root of h[i] below
+    ``paired``, row ``paired + i`` rel of h[i] from there: the whole product's rows."""
+    layers = [layer for layer in decompose(randomise(ARCHS[arch](2), seed=3).double())
+              if layer.keeps_preactivation]
+    if not layers:
+        pytest.skip(f"{arch} keeps no pre-activation")
+    h = torch.randn(7, layers[0].in_dim, dtype=torch.float64)
+    whole = layers[0].rel_root(h, 7)
+    got = layers[0].rel_root(h, paired)
+    assert got.shape == (7 + paired, whole.shape[1])
+    torch.testing.assert_close(got[:2 * paired], whole[:2 * paired])
+    torch.testing.assert_close(got[2 * paired:], whole[2 * paired::2])

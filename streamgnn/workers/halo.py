@@ -1,9 +1,9 @@
 """A shard's side of the halo, one call a step: who holds what as the batch begins
 (`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
 and the ghost rows it is sent taken into its tables, with which of them join the next
-superstep's sources (`take_ghost_rows`). On CPU tables each is one numba kernel (the id
-lookups, the marks, the copies and comparisons, an elementwise activation); a torch twin
-does the same on other devices.
+superstep's sources (`take_ghost_rows`). Each is one numba kernel (the id lookups, the
+marks, the copies and comparisons, an elementwise activation); where the tables are on
+another device, torch twins (``*_torch``) move the rows.
 
 Owns these two steps only; must not import kafka or mpi4py (the buffers' wire format is
 `exchange`'s).
@@ -101,15 +101,23 @@ def rows_for(q: int, moved: np.ndarray, owned: np.ndarray, holders: np.ndarray,
     on_cpu = table.device.type == "cpu"
     dtype = (table if on_cpu else torch.empty(0, dtype=table.dtype)).numpy().dtype
     buffer, into = packed(len(slots), table.shape[1], dtype, in_weight is not None)
-    if on_cpu:
-        _gather(table.numpy(), slots, ext, into.ids, into.rows)
-    else:
-        into.ids[:] = ext[slots]
-        index = torch.from_numpy(slots).to(table.device)
-        into.rows[:] = table.index_select(0, index).cpu().numpy()
+    gather = gather_rows_numba if on_cpu else gather_rows_torch
+    gather(table, slots, ext, into.ids, into.rows)
     if in_weight is not None:
         into.in_weight[:] = in_weight[slots]
     return buffer
+
+
+def gather_rows_numba(table: Tensor, slots: np.ndarray, ext: np.ndarray, ids: np.ndarray,
+                      rows: np.ndarray) -> None:
+    _gather(table.numpy(), slots, ext, ids, rows)
+
+
+def gather_rows_torch(table: Tensor, slots: np.ndarray, ext: np.ndarray, ids: np.ndarray,
+                      rows: np.ndarray) -> None:
+    """``ids[i]``, ``rows[i]``: the external id and the row of ``table`` of ``slots[i]``."""
+    ids[:] = ext[slots]
+    rows[:] = table.index_select(0, torch.from_numpy(slots).to(table.device)).cpu().numpy()
 
 
 @njit(cache=True)
@@ -158,10 +166,20 @@ def _take_loop(id_table, ids, rows, table, relu, added, sources, old_slots, mark
     return -1, slots, joined[:k], joined_old[:m], old[:m - len(old_slots)]
 
 
-def _take_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
-                relu: bool, added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
-                mark: np.ndarray, scratch: np.ndarray
-                ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
+def take_ghost_rows_numba(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+                          relu: bool, added: np.ndarray, sources: np.ndarray,
+                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
+                          ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
+    rows = rows.astype(table.numpy().dtype, copy=False)
+    unknown, slots, joined, joined_old, old = _take_loop(
+        id_table, ids, rows, table.numpy(), relu, added, sources, old_slots, mark)
+    return unknown, slots, joined, joined_old, torch.from_numpy(old)
+
+
+def take_ghost_rows_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+                          relu: bool, added: np.ndarray, sources: np.ndarray,
+                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
+                          ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
     slots = np.empty(len(ids), np.int64)
     get_many(id_table, ids, slots)
     unknown = np.flatnonzero(slots < 0)
@@ -192,10 +210,5 @@ def take_ghost_rows(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: T
     ``old_slots`` then those of them the batch did not add, and those ghosts' rows before
     (ReLU'd where ``relu``). ``mark`` / ``scratch``: `SlotSets`' own (int64 ``sources``,
     ``old_slots`` and ``added``)."""
-    if table.device.type != "cpu":
-        return _take_torch(id_table, ids, rows, table, relu, added, sources, old_slots, mark,
-                           scratch)
-    rows = rows.astype(table.numpy().dtype, copy=False)
-    unknown, slots, joined, joined_old, old = _take_loop(
-        id_table, ids, rows, table.numpy(), relu, added, sources, old_slots, mark)
-    return unknown, slots, joined, joined_old, torch.from_numpy(old)
+    kernel = take_ghost_rows_numba if table.device.type == "cpu" else take_ghost_rows_torch
+    return kernel(id_table, ids, rows, table, relu, added, sources, old_slots, mark, scratch)

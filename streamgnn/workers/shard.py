@@ -171,7 +171,7 @@ class _Sources:
     at2: np.ndarray
     own: np.ndarray | None
     extra: np.ndarray
-    paired: int  # the leading rows of h t has a root term of (`Layer.rel_root`)
+    paired: int  # how many leading rows of h have a root-term row in t (`Layer.rel_root`)
 
 
 @dataclass
@@ -412,6 +412,7 @@ class Shard:
         removed = diff.removed.astype(np.int64)
         subscribed = (removed[:0], removed[:0])
         if routed is not None:
+            assert self.ghost is not None, "a routed batch goes to a partition's shard"
             r = routed
             unknown, slots = begin_halo(
                 self.graph.id_table, removed, added, r.ghosts, r.ghost_owners, r.subscribed,
