@@ -35,10 +35,18 @@ def packed(n: int, dim: int, dtype: np.dtype, weighted: bool) -> tuple[np.ndarra
     ``weighted``) with its header written, and `Ghosts` viewing the ids, rows and
     in-degrees in it, to be filled (a sender writes them in place: no copy)."""
     itemsize = np.dtype(dtype).itemsize
-    size = _HEADER.itemsize + 8 * n + n * dim * itemsize + (8 * n if weighted else 0)
-    buffer = np.empty(size, np.uint8)
-    buffer[:_HEADER.itemsize].view(_HEADER)[0] = (n, dim, itemsize, weighted)
-    return buffer, unpack(buffer)
+    buffer = np.empty(_HEADER.itemsize + n * (8 + dim * itemsize + 8 * weighted), np.uint8)
+    buffer[:_HEADER.itemsize].view("<i8")[:] = (n, dim, itemsize, weighted)  # (`_HEADER`)
+    return buffer, _views(buffer, n, dim, itemsize, weighted)
+
+
+def _views(buffer: np.ndarray, n: int, dim: int, itemsize: int, weighted: bool) -> Ghosts:
+    """The ids, rows and in-degrees in a buffer with this header."""
+    at = _HEADER.itemsize + 8 * n  # where the rows start
+    end = at + n * dim * itemsize
+    return Ghosts(buffer[_HEADER.itemsize:at].view("<i8"),
+                  buffer[at:end].view(f"<f{itemsize}").reshape(n, dim),
+                  buffer[end:end + 8 * n].view("<f8") if weighted else None)
 
 
 def pack(ghosts: Ghosts | None) -> np.ndarray:
@@ -58,14 +66,8 @@ def unpack(buffer: np.ndarray) -> Ghosts | None:
     """The `Ghosts` a `pack` buffer holds (None for an empty one)."""
     if not len(buffer):
         return None
-    n, dim, itemsize, weighted = (int(v) for v in buffer[:_HEADER.itemsize].view(_HEADER)[0])
-    at = _HEADER.itemsize
-    ids = buffer[at:at + 8 * n].view("<i8")
-    at += 8 * n
-    rows = buffer[at:at + n * dim * itemsize].view(f"<f{itemsize}").reshape(n, dim)
-    at += n * dim * itemsize
-    weights = buffer[at:at + 8 * n].view("<f8") if weighted else None
-    return Ghosts(ids, rows, weights)
+    n, dim, itemsize, weighted = buffer[:_HEADER.itemsize].view("<i8").tolist()  # (`_HEADER`)
+    return _views(buffer, n, dim, itemsize, bool(weighted))
 
 
 class Exchange(Protocol):

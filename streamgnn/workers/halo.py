@@ -82,8 +82,10 @@ def _gather(table, slots, ext, ids, rows):
     for i in range(len(slots)):
         if i + AHEAD < len(slots):
             prefetch_row(table, slots[i + AHEAD])
-        rows[i] = table[slots[i]]
-        ids[i] = ext[slots[i]]
+        s = slots[i]
+        for j in range(rows.shape[1]):  # (a row slice a time costs ~100 ns more)
+            rows[i, j] = table[s, j]
+        ids[i] = ext[s]
 
 
 def rows_for(q: int, moved: np.ndarray, owned: np.ndarray, holders: np.ndarray,
