@@ -5,7 +5,7 @@ superstep's sources (`take_ghost_rows`). Each is one numba kernel (the id lookup
 marks, the copies and comparisons, an elementwise activation); where the tables are on
 another device, torch twins (``*_torch``) move the rows.
 
-Owns these two steps only; must not import kafka or mpi4py (the buffers' wire format is
+Owns these three steps only; must not import kafka or mpi4py (the buffers' wire format is
 `exchange`'s).
 """
 
