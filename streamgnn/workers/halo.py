@@ -19,6 +19,7 @@ from torch import Tensor
 from streamgnn.graph.idmap import get_many
 from streamgnn.prefetch import AHEAD, prefetch_row
 from streamgnn.workers.exchange import packed
+from streamgnn.workers.placement import holder_bit
 from streamgnn.workers.slotsets import find_marked, union_marked
 
 
@@ -50,10 +51,10 @@ def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subsc
     for i in range(len(ghosts)):
         ghost[slots[i]], ghost_owner[slots[i]] = True, ghost_owners[i]
     for i in range(len(subscribed)):
-        holders[sub_slots[i]] |= np.uint64(1) << np.uint64(subscribers[i])
+        holders[sub_slots[i]] |= holder_bit(subscribers[i])
     for i in range(len(unsubscribed)):
         s = slots[len(ghosts) + len(subscribed) + i]
-        holders[s] &= ~(np.uint64(1) << np.uint64(unsubscribers[i]))
+        holders[s] &= ~holder_bit(unsubscribers[i])
     for v in added:
         owned[v] = not ghost[v]
     return -1, sub_slots
@@ -63,7 +64,7 @@ def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subsc
 def _held_slots(moved, owned, holders, q, subscribed, subscribers, mark):
     """The sorted distinct slots among ``moved`` that are ``owned`` and held by partition
     ``q`` (bit q of ``holders``), with the ``subscribed`` ones ``q`` subscribed to."""
-    tag = np.uint64(1) << np.uint64(q)
+    tag = holder_bit(q)
     values = np.empty(len(moved) + len(subscribed), np.int64)
     n = 0
     for s in moved:

@@ -270,7 +270,7 @@ def _hold(src, owner, part, holders):
     n = 0
     for i in range(len(src)):
         s, p = src[i], owner[i]
-        flag = np.uint64(1) << np.uint64(p)
+        flag = holder_bit(p)
         if part[s] != p and not holders[s] & flag:
             holders[s] |= flag
             u[n], q[n] = s, p
@@ -289,7 +289,7 @@ def _release(src, lost_at, part, holders, start, deg, nbr):
     n = 0
     for i in range(len(src)):
         s, p = src[i], lost_at[i]
-        flag = np.uint64(1) << np.uint64(p)
+        flag = holder_bit(p)
         if part[s] == p or not holders[s] & flag:
             continue
         linked = False
@@ -426,6 +426,12 @@ def _items(src, dst, before, after, removed, added, placed, changed, part, holde
 
 
 @njit(cache=True, inline="always")
+def holder_bit(q):
+    """Partition ``q``'s bit in a holder mask, in a kernel (`bit` outside one)."""
+    return np.uint64(1) << np.uint64(q)
+
+
+@njit(cache=True, inline="always")
 def _holds(mask, q) -> bool:
     """Whether the holder mask ``mask`` includes partition ``q``."""
-    return ((mask >> np.uint64(q)) & np.uint64(1)) != 0
+    return (mask & holder_bit(q)) != 0

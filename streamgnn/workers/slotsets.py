@@ -149,7 +149,7 @@ class SlotSets:
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""
         return find_marked(np.asarray(members, np.int64), np.asarray(queries, np.int64),
-                     self.scratch, self.mark)
+                           self.scratch, self.mark)
 
     def find_in_runs(self, members: np.ndarray, split: int, queries: np.ndarray
                      ) -> np.ndarray:
