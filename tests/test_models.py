@@ -13,8 +13,9 @@ from torch_geometric.nn.models import GraphSAGE
 
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
-from streamgnn.models import GNN, decompose, layerwise_inference
+from streamgnn.models import GNN, decompose, layerwise_inference, small_product
 from streamgnn.models.inference import aggregate_edgewise, aggregate_spmm
+from streamgnn.models.layers import GINLayer
 from streamgnn.models.zoo import MODELS, Checkpoint, ModelSpec
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
@@ -171,16 +172,25 @@ def test_bootstrap_comparison_times_both_and_agrees_with_pyg():
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("paired", [0, 3, 7])
-def test_rel_root_pairs_the_first_rows_and_gives_rel_alone_of_the_rest(arch, paired):
+@pytest.mark.parametrize("small", [True, False], ids=["numba-loop", "torch-mm"])
+def test_rel_root_pairs_the_first_rows_and_gives_rel_alone_of_the_rest(arch, paired, small,
+                                                                       monkeypatch):
     """`Layer.rel_root(h, paired)`: rows 2i, 2i+1 are rel and root of h[i] below
-    ``paired``, row ``paired + i`` rel of h[i] from there: the whole product's rows."""
+    ``paired``, row ``paired + i`` rel of h[i] from there, against the layer's weights;
+    by the small product's loop and by torch's matmul (`small_product.SMALL`)."""
+    monkeypatch.setattr(small_product, "SMALL", 1 << 40 if small else 0)
     layers = [layer for layer in decompose(randomise(ARCHS[arch](2), seed=3).double())
               if layer.keeps_preactivation]
     if not layers:
         pytest.skip(f"{arch} keeps no pre-activation")
-    h = torch.randn(7, layers[0].in_dim, dtype=torch.float64)
-    whole = layers[0].rel_root(h, 7)
-    got = layers[0].rel_root(h, paired)
-    assert got.shape == (7 + paired, whole.shape[1])
-    torch.testing.assert_close(got[:2 * paired], whole[:2 * paired])
-    torch.testing.assert_close(got[2 * paired:], whole[2 * paired::2])
+    layer = layers[0]
+    h = torch.randn(7, layer.in_dim, dtype=torch.float64)
+    if isinstance(layer, GINLayer):
+        rel, root = h, (1 + layer.conv.eps.detach()) * h
+    else:
+        rel, root = h @ layer.lin_nbr.weight.detach().t(), layer.lin_root(h).detach()
+    got = layer.rel_root(h, paired)
+    assert got.shape == (7 + paired, rel.shape[1])
+    torch.testing.assert_close(got[0:2 * paired:2], rel[:paired])
+    torch.testing.assert_close(got[1:2 * paired:2], root[:paired])
+    torch.testing.assert_close(got[2 * paired:], rel[paired:])

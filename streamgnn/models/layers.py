@@ -30,6 +30,7 @@ from streamgnn.models.aggr import (
     SoftmaxAggregation,
     SumAggregation,
 )
+from streamgnn.models.small_product import is_small, paired_product
 from streamgnn.models.softmax_ops import attend_with_self_loop, reduce_attention_csr
 
 Post = Callable[[Tensor], Tensor] | None
@@ -239,7 +240,8 @@ class _LinearRootLayer(Layer):
         self.keeps_preactivation = (self.aggr.name in ("sum", "mean") and lin_root is not None
                                     and getattr(lin_root, "bias", None) is None)
         self.caches_root = self.pre and lin_root is not None and not self.keeps_preactivation
-        self._stacked: tuple[tuple, Tensor] | None = None  # rel's and root's weights stacked
+        # the weights' key, [rel | root] and rel, transposed ([rel | root] as numpy on cpu)
+        self._stacked: tuple[tuple, Tensor, Tensor, np.ndarray | None] | None = None
 
     def transform(self, h):
         return _linear(self.lin_nbr, h, bias=False) if self.pre else h
@@ -248,16 +250,20 @@ class _LinearRootLayer(Layer):
         return self.lin_root(h)
 
     def rel_root(self, h, paired):
-        parts = (self.lin_nbr.weight, self.lin_root.weight)
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in parts)
+        rel, root = self.lin_nbr.weight, self.lin_root.weight
+        key = (rel.data_ptr(), rel._version, root.data_ptr(), root._version)
         if self._stacked is None or self._stacked[0] != key:  # the weights as they are now
-            self._stacked = key, torch.cat(parts).detach()
-        stacked, n, d = self._stacked[1], h.shape[0], self.out_dim
+            both = torch.cat((rel, root)).detach().t().contiguous()  # (transposed once)
+            self._stacked = key, both, rel.detach().t().contiguous(), (
+                both.numpy() if both.device.type == "cpu" else None)
+        both, n, d = self._stacked[1], h.shape[0], self.out_dim
+        if is_small(h, paired, d):
+            return paired_product(h, self._stacked[3], paired)
         if paired == n:
-            return F.linear(h, stacked).view(2 * n, d)
+            return torch.mm(h, both).view(2 * n, d)
         out = h.new_empty((n + paired, d))
-        torch.mm(h[:paired], stacked.t(), out=out[:2 * paired].view(paired, 2 * d))
-        torch.mm(h[paired:], stacked[:d].t(), out=out[2 * paired:])
+        torch.mm(h[:paired], both, out=out[:2 * paired].view(paired, 2 * d))
+        torch.mm(h[paired:], self._stacked[2], out=out[2 * paired:])
         return out
 
     def combine(self, h, agg, t, in_weight):
