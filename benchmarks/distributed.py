@@ -4,7 +4,8 @@ the engine split into P partitions, each against its baseline in the same run.
     python benchmarks/distributed.py [--preset arxiv-like] [--parts communication ...]
 
 - communication: bytes exchanged per batch by the engine (ghost rows of the sources that
-  changed, sent once per holding partition before each superstep) vs distributed RC (the
+  changed, sent once per holding partition before each superstep but the first, and the
+  ghosts' features the router sends with the batch) vs distributed RC (the
   same affected region recomputed, every remote in-neighbour row fetched on demand: 8-byte
   request + 8-byte id + the row), and what two other designs would send for the same
   batches: the engine with messages combined at the sender plus remote rows fetched for
@@ -38,11 +39,17 @@ console = Console(width=160)
 HIDDEN = 128
 
 
+def exchanged_bytes(engine: Engine) -> int:
+    """What the last batch moved between partitions: the exchanges' buffers and the
+    ghosts' features the router sent with it."""
+    return sum(sum(s["sent_bytes"]) + s["ghost_feature_bytes"] for s in engine.stats())
+
+
 def traffic(engine: Engine, batch) -> dict:
     """Bytes the batch exchanged, and the alternatives' estimates."""
     row = HIDDEN * 4  # float32 rows of every layer's input (features are 128-d too)
     result = engine.apply(batch)
-    return {"exchange": sum(sum(s["sent_bytes"]) for s in engine.stats()),
+    return {"exchange": exchanged_bytes(engine),
             "on_demand": sum(result.remote_reads) * (row + 16),
             "combined": sum(result.combined_messages) * (row + 8)}
 
@@ -147,7 +154,7 @@ def placement(split, p: int, size: int, updates: int) -> list[dict]:
             t = time.perf_counter()
             engine.apply(batch)
             seconds += time.perf_counter() - t
-            sent.append(sum(sum(s["sent_bytes"]) for s in engine.stats()))
+            sent.append(exchanged_bytes(engine))
             created += cut_adds(engine, batch)
         edges = len(engine.edges()[0])
         rows.append({"placement": strategy, "partitions": p,

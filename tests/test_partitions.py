@@ -87,7 +87,8 @@ def test_ghosts_go_with_the_last_edge_that_needed_them():
 @pytest.mark.parametrize("partitions", [2, 4])
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_linkbench_batches_partitioned_float32(arch, partitions):
-    """The production dtype, batches of 100 and 1,000 on a graph with hubs."""
+    """The production dtype, batches of 100 and 1,000 on a graph with hubs; the shards
+    report their exchanges and the ghosts' features their routed batch brought."""
     torch.manual_seed(0)
     data = random_graph(np.random.default_rng(0), n=300, m=1500, d=F_IN, hubs=3)
     model = ARCHS[arch](2).eval()
@@ -99,6 +100,7 @@ def test_linkbench_batches_partitioned_float32(arch, partitions):
     stats = engine.stats()
     assert sum(s["vertices"] for s in stats) == len(engine.vertex_ids())
     assert all(s["halo"] > 0 for s in stats) and any(sum(s["sent_bytes"]) for s in stats)
+    assert any(s["ghost_feature_bytes"] for s in stats)  # ghosts' features came routed
 
 
 def test_partition_of_and_restore():

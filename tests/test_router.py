@@ -17,7 +17,7 @@ from streamgnn.router import Arrivals, Checkpoints
 from streamgnn.router.journal import runs
 from streamgnn.router.pending import Cut, Origin, Pending, Run
 from streamgnn.stream import Record, decode_updates, encode_columns
-from streamgnn.updates import ADD_EDGE, ADD_VERTEX, DELETE_VERTEX, UpdateBatch
+from streamgnn.updates import ADD_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES, UpdateBatch
 from streamgnn.workers import Placement
 from tests.reference import update_strategy
 
@@ -230,14 +230,29 @@ def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
             ours, theirs = getattr(r.batch, name), getattr(checked, name)
             assert ours.dtype == theirs.dtype and ours.flags.c_contiguous
             np.testing.assert_array_equal(ours, theirs)
-    sent = {100: [7.5], 101: [8.5], 12: [1.0]}  # a new ghost starts at zeros (rows follow)
+    sent = {100: [7.5], 101: [8.5], 12: [1.0], 11: [12.0]}  # (a new ghost: its features)
+    assert _featured(routed) == {(a, 100, ADD_VERTEX), (part(101), 101, ADD_VERTEX),
+                                 (a, 11, ADD_VERTEX), (part(12), 12, UPDATE_FEATURES)}
+    _check_rows(routed, sent)
+    # a vertex held as a ghost: its new features go to its owner and its holder
+    routed = p.route(graph, graph.apply([sg.UpdateFeatures(id=11, x=[5.0])]), 1)
+    assert _featured(routed) == {(b, 11, UPDATE_FEATURES), (a, 11, UPDATE_FEATURES)}
+    _check_rows(routed, {11: [5.0]})
+
+
+def _featured(routed) -> set[tuple[int, int, int]]:
+    """(partition, vertex id, op) of the routed items that carry features."""
+    return {(q, int(r.batch.a[i]), int(r.batch.op[i])) for q, r in enumerate(routed)
+            for i in np.flatnonzero(r.batch.xrow >= 0)}
+
+
+def _check_rows(routed, sent: dict[int, list[float]]) -> None:
+    """Every routed feature row is the one ``sent`` names for its vertex."""
     for r in routed:
         featured = np.flatnonzero(r.batch.xrow >= 0)
         assert len(featured) == len(r.batch.x)
         for i in featured:
-            v = int(r.batch.a[i])
-            ghost = r.batch.op[i] == ADD_VERTEX and v in r.ghosts.tolist()
-            assert r.batch.x[r.batch.xrow[i]].tolist() == ([0.0] if ghost else sent[v])
+            assert r.batch.x[r.batch.xrow[i]].tolist() == sent[int(r.batch.a[i])]
 
 
 def test_hash_placement_uses_the_id():

@@ -36,7 +36,6 @@ from streamgnn.updates import (
 
 Strategy = Literal["metis", "hash"]
 STRATEGIES = ("metis", "hash")
-ZERO_ROW = -1  # where a routed item's features come from: a row of zeros (a new ghost's)
 
 
 @dataclass
@@ -197,11 +196,11 @@ class Placement:
 def _split(owner, op, a, b, w, xfrom, parts, ext, x):
     """The routed items (owner partition, op code, vertex slot ``a``; and for the items
     with one, in order: the slot ``b`` of edges, the weight ``w`` of added and updated
-    edges, the slot ``xfrom`` whose features added vertices and new features carry
-    (ZERO_ROW: zeros)) as each partition's columns of an `UpdateBatch`, partitions one
-    after the other and each's items in the given order: how many of ``b``, ``w`` and
-    ``xfrom`` it read, the bounds of each partition's items and of its feature rows, then
-    op, a, b (external ids; 0 where absent), w, xrow (into the partition's rows) and x."""
+    edges, the slot ``xfrom`` whose features added vertices and new features carry) as
+    each partition's columns of an `UpdateBatch`, partitions one after the other and
+    each's items in the given order: how many of ``b``, ``w`` and ``xfrom`` it read, the
+    bounds of each partition's items and of its feature rows, then op, a, b (external
+    ids; 0 where absent), w, xrow (into the partition's rows) and x."""
     n = len(owner)
     has_x = (op == ADD_VERTEX) | (op == UPDATE_FEATURES)
     bounds, xbounds = np.zeros(parts + 1, np.int64), np.zeros(parts + 1, np.int64)
@@ -229,8 +228,7 @@ def _split(owner, op, a, b, w, xfrom, parts, ext, x):
             r = xat[q]
             xat[q] += 1
             xrow[i] = r - xbounds[q]
-            if xfrom[kx] != ZERO_ROW:
-                x_out[r] = x[xfrom[kx]]
+            x_out[r] = x[xfrom[kx]]
             kx += 1
     return (kb, kw, kx), bounds, xbounds, op_out, a_out, b_out, w_out, xrow, x_out
 
@@ -353,11 +351,12 @@ def _items(src, dst, before, after, removed, added, placed, changed, part, holde
     `_split` in the order every graph accepts: edge deletions between live vertices,
     weight updates, the removed vertices at their owner and every holder (a vertex's in
     partition order), ghosts no edge needs any more (`_release`, by the out-adjacency
-    ``start``/``deg``/``nbr`` after the batch), the added vertices, the feature changes,
-    the new ghosts (`_hold`) and the new edges. Returns owner, op and a of each item, b
-    of the edges, w of the added and updated ones, the feature sources of the vertex
-    items (ZERO_ROW for a new ghost), then the new ghosts and the dropped ones (slot,
-    partition)."""
+    ``start``/``deg``/``nbr`` after the batch), the added vertices, the feature changes
+    (at the owner and every partition holding the vertex before and after the batch: a
+    ghost's features come with the batch, not through the exchange), the new ghosts
+    (`_hold`, with their features) and the new edges. Returns owner, op and a of each
+    item, b of the edges, w of the added and updated ones, the feature sources of the
+    vertex items, then the new ghosts and the dropped ones (slot, partition)."""
     m = len(src)
     gone = np.sort(removed.astype(np.int64))
     dst_part = np.empty(m, np.int64)  # before the batch's removals: where each edge lived
@@ -377,6 +376,7 @@ def _items(src, dst, before, after, removed, added, placed, changed, part, holde
     had, has = ~np.isnan(before), ~np.isnan(after)
     new = np.flatnonzero(has & ~had)
     new_src = src[new].astype(np.int64)
+    held_before = holders[changed]
     new_owner = np.empty(len(new), np.int64)
     for i in range(len(new)):
         new_owner[i] = part[dst[new[i]]]
@@ -385,11 +385,11 @@ def _items(src, dst, before, after, removed, added, placed, changed, part, holde
     drop_src, drop_at = _release(src[lost].astype(np.int64), dst_part[lost], part, holders,
                                  start, deg, nbr)
     parts = len(load)
-    size = 2 * m + parts * len(removed) + len(drop_src) + len(added) + len(changed) + len(
-        ghost_src)
+    featured = len(added) + parts * len(changed) + len(ghost_src)
+    size = 2 * m + parts * len(removed) + len(drop_src) + featured
     owner, op, a = np.empty(size, np.int64), np.empty(size, np.int8), np.empty(size, np.int64)
     b, w = np.empty(m, np.int64), np.empty(m, np.float32)
-    xfrom = np.empty(len(added) + len(changed) + len(ghost_src), np.int64)
+    xfrom = np.empty(featured, np.int64)
     n = nb = nw = nx = 0
     for k in range(m):  # deletions between live vertices (the rest: cascades)
         if had[k] and not has[k] and src_lives[k] and dst_lives[k]:
@@ -411,11 +411,14 @@ def _items(src, dst, before, after, removed, added, placed, changed, part, holde
     for v in added:
         owner[n], op[n], a[n], xfrom[nx] = part[v], ADD_VERTEX, v, v
         n, nx = n + 1, nx + 1
-    for v in changed:
-        owner[n], op[n], a[n], xfrom[nx] = part[v], UPDATE_FEATURES, v, v
-        n, nx = n + 1, nx + 1
+    for i in range(len(changed)):
+        v = changed[i]
+        for q in range(parts):
+            if q == part[v] or (_holds(held_before[i], q) and _holds(holders[v], q)):
+                owner[n], op[n], a[n], xfrom[nx] = q, UPDATE_FEATURES, v, v
+                n, nx = n + 1, nx + 1
     for i in range(len(ghost_src)):
-        owner[n], op[n], a[n], xfrom[nx] = ghost_at[i], ADD_VERTEX, ghost_src[i], ZERO_ROW
+        owner[n], op[n], a[n], xfrom[nx] = ghost_at[i], ADD_VERTEX, ghost_src[i], ghost_src[i]
         n, nx = n + 1, nx + 1
     for i, k in enumerate(new):
         owner[n], op[n], a[n] = new_owner[i], ADD_EDGE, src[k]

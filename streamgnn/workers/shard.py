@@ -244,6 +244,7 @@ class Shard:
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
+        self.ghost_feature_bytes = 0   # the last routed batch's features of ghosts (+ ids)
         self.ties: list[Tensor | None] = [None] * len(layers)
         self._keep_ties()
         self._tables_on_huge_pages()
@@ -307,6 +308,12 @@ class Shard:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def _sends_in_degrees(self) -> bool:
+        """Whether a layer reads its sources' in-degrees (GCN's normalisation): then the
+        ghosts' are exchanged before the first superstep."""
+        return any(layer.degree_normalised for layer in self.layers)
 
     @property
     def owned(self) -> np.ndarray:
@@ -423,6 +430,9 @@ class Shard:
                 raise RuntimeError(f"the router named vertex {named}, which this partition "
                                    "does not hold")
             subscribed = (slots, r.subscribers)
+            ghost_rows = len(r.ghosts) + int(np.count_nonzero(self.ghost[diff.changed]))
+            self.ghost_feature_bytes = ghost_rows * (8 + self.graph.x.itemsize
+                                                     * self.graph.num_features)
         if len(added):  # reused slots: start empty
             for layer, rows, z in zip(self.layers, self.state, self._z, strict=True):
                 if rows is not None:
@@ -440,20 +450,20 @@ class Shard:
 
     def _outgoing(self, hop: int, partitions: int, me: int) -> list[np.ndarray]:
         """Per partition, packed (`exchange.packed`; empty for none), the rows of layer
-        ``hop`` as stored (features at 0; z where the shard keeps it) it holds as ghosts
-        and whose h changed in this batch (or that it began to hold). A ghost's z may lag
-        its owner's where z moved and h did not: its activation is the same h, bit for
-        bit."""
+        ``hop`` as stored (z where the shard keeps it) it holds as ghosts and whose h
+        changed in this batch (or that it began to hold). A ghost's z may lag its owner's
+        where z moved and h did not: its activation is the same h, bit for bit. Features
+        come with the routed batch: at layer 0 (degree-normalised layers only,
+        `_sends_in_degrees`) the rows whose in-degree changed go, with it."""
         b = self._batch
         none = np.zeros(0, np.uint8)
         if self.holders is None:
             return [none] * partitions
-        moved = b.changed.slots
-        degree_normalised = hop == 0 and any(layer.degree_normalised for layer in self.layers)
-        if degree_normalised:
-            moved = self.sets.union(moved, b.edges.degree_changed)
-        table = torch.from_numpy(self.graph.x) if hop == 0 else self._stored(hop)
-        in_weight = self.graph.in_weight if degree_normalised else None
+        if hop == 0:
+            moved, table, in_weight = (b.edges.degree_changed, torch.from_numpy(self.graph.x),
+                                       self.graph.in_weight)
+        else:
+            moved, table, in_weight = b.changed.slots, self._stored(hop), None
         return [none if q == me else rows_for(
             q, moved, self.owned, self.holders, b.subscribed, b.subscribers, table,
             self.graph.ext, in_weight, self.sets.mark) for q in range(partitions)]
@@ -495,14 +505,16 @@ class Shard:
         """The batch's BSP program on this shard (partition ``me`` of ``partitions``): a
         generator that, before each superstep, yields the packed buffers this shard sends
         every partition and is sent back those every partition sent it (`Exchange`); it
-        returns the shard's `ApplyResult`. One partition exchanges nothing. Records the
-        bytes sent and received per exchange and the compute time between them."""
+        returns the shard's `ApplyResult`. One partition exchanges nothing, and the first
+        superstep needs no exchange but for degree-normalised layers: the routed batch
+        brought the ghosts' features. Records the bytes sent and received per exchange
+        and the compute time between them."""
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
         self._begin(diff, routed)
         try:
             for hop in range(1, self.num_layers + 1):
-                if partitions > 1:
+                if partitions > 1 and (hop > 1 or self._sends_in_degrees):
                     out = self._outgoing(hop - 1, partitions, me)
                     self.busy.append(time.perf_counter() - start)
                     received = yield out
@@ -531,12 +543,13 @@ class Shard:
 
     def summary(self) -> dict:
         """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and
-        received per exchange and the compute seconds per step between them."""
+        received per exchange, the compute seconds per step between them and the bytes of
+        ghosts' features (and ids) its routed batch brought (instead of an exchange)."""
         alive = self.graph.alive[:self.graph.num_slots]
         halo = 0 if self.ghost is None else int((alive & self.ghost[:len(alive)]).sum())
         return {"vertices": int(alive.sum()) - halo, "halo": halo,
                 "sent_bytes": list(self.sent), "received_bytes": list(self.received),
-                "busy_s": list(self.busy)}
+                "busy_s": list(self.busy), "ghost_feature_bytes": self.ghost_feature_bytes}
 
     def _step(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
