@@ -35,9 +35,13 @@ def assert_same(graph: DynamicGraph, ref: Reference) -> None:
         np.testing.assert_array_equal(graph.out_degree[slots], [outdeg[v] for v in order])
         np.testing.assert_allclose(graph.in_weight[slots], [wsum[v] for v in order], rtol=1e-12)
         begin, end, src, w = graph.in_blocks(slots)  # in place: the same in-edges
-        for v, a, b in zip(order, begin, end, strict=True):
+        for i, v, a, b in zip(slots, order, begin, end, strict=True):
             assert sorted(zip(graph.ext[src[a:b]].tolist(), w[a:b].tolist())) == sorted(
                 (u, wt) for (u, t), wt in ref.e.items() if t == v)
+            summed = 0.0  # the block summed in float64, in order: what a fresh count gives
+            for wt in w[a:b].tolist():
+                summed += wt
+            assert graph.in_weight[i] == summed, v  # bit for bit, kept up or summed again
     assert graph.num_vertices == len(ref.x)
     assert graph.num_edges == len(ref.e)
 
@@ -52,17 +56,19 @@ feats = st.one_of(*[_row] * 8, st.lists(st.floats(-3, 3, width=32), min_size=1, 
 updates = update_strategy(ids, weights, feats)
 
 
-def _start(seed: int) -> sg.GraphData:
-    """A random graph on ids 0..9 (inside the update id pool)."""
+def _start(seed: int, whole: bool = False) -> sg.GraphData:
+    """A random graph on ids 0..9 (inside the update id pool); ``whole``: its weights
+    rounded to whole numbers (the weighted in-degrees then follow by their changes)."""
     data = random_graph(np.random.default_rng(seed), n=10, m=30, d=D)
+    weight = np.round(2 * data.weight) if whole else data.weight
     return sg.GraphData(ids=np.arange(10), src=data.positions(data.src),
-                        dst=data.positions(data.dst), x=data.x, weight=data.weight)
+                        dst=data.positions(data.dst), x=data.x, weight=weight)
 
 
 @given(seed=st.integers(0, 1000), batches=st.lists(st.lists(updates, max_size=12),
-                                                   min_size=1, max_size=8))
-def test_random_batches_match_reference(seed, batches):
-    data = _start(seed)
+                                                   min_size=1, max_size=8), whole=st.booleans())
+def test_random_batches_match_reference(seed, batches, whole):
+    data = _start(seed, whole)
     graph, ref = DynamicGraph.from_data(data), Reference(data)
     for batch in batches:
         before = ref.snapshot()

@@ -267,6 +267,12 @@ def sorted_position(sorted_values, x) -> int:
     return j if j < len(sorted_values) and sorted_values[j] == x else -1
 
 
+@njit(cache=True, inline="always")
+def _whole(x) -> bool:
+    """Whether ``x`` is a whole number small enough that float64 sums of such are exact."""
+    return abs(x) < 2.0 ** 50 and x == np.floor(x)
+
+
 @njit(cache=True)
 def net_kernel(log, alive, x, xsave, inn, in_weight):
     """The net effect of a logged batch, as slots and weights: ``src``/``dst`` (int32)
@@ -276,18 +282,30 @@ def net_kernel(log, alive, x, xsave, inn, in_weight):
     their features before the batch (from ``xsave`` where the batch updated them, else
     still in ``x``); ``changed`` (int32): slots alive throughout whose features differ
     after the batch (sorted), with ``changed_x`` those before it (features rewritten to
-    the same values are left out). Refreshes ``in_weight`` (the weighted in-degree, from
-    the in-adjacency ``inn``) of every destination an edge entry touched."""
+    the same values are left out). Brings ``in_weight`` (the weighted in-degree: the sum
+    of the in-adjacency ``inn``'s block, in float64) up to date for every destination of
+    a changed pair: by the pair's change where its weights and the sum are whole numbers
+    (exact: most graphs have unit weights), else summed again."""
     kinds, ints, floats, count = log
     m = count[0]
     edge = np.flatnonzero(kinds[:m] == EDGE)
     keys = (ints[edge, 0] << 32) | ints[edge, 1]
     first, last = _firsts(keys)
     keep = np.empty(len(first), np.bool_)
+    recount = np.empty(len(first), np.int64)
+    r = 0
     for k in range(len(first)):
         b, a = floats[edge[first[k]], 0], floats[edge[last[k]], 1]
         keep[k] = not (b == a or (np.isnan(b) and np.isnan(a)))
-    for v in np.unique(ints[edge, 1]):
+        if keep[k]:
+            v = ints[edge[first[k]], 1]
+            b, a = 0.0 if np.isnan(b) else b, 0.0 if np.isnan(a) else a  # (NaN: absent)
+            if _whole(b) and _whole(a) and _whole(in_weight[v]):
+                in_weight[v] += a - b
+            else:
+                recount[r] = v
+                r += 1
+    for v in np.unique(recount[:r]):
         in_weight[v] = weight_sum1(inn, v)
 
     vadd = np.sort(ints[np.flatnonzero(kinds[:m] == VADD), 0])
