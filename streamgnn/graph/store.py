@@ -321,11 +321,12 @@ class DynamicGraph:
         the edges its vertex deletions can cascade to): every edge op, every feature
         change, every vertex op, and every edge a vertex deletion can cascade to."""
         size = len(enc.op) + int(counts[ADD_EDGE]) + int(cascade) + 1
-        log = (np.zeros(size, np.int8), np.zeros((size, 2), np.int64),
-               np.zeros((size, 2), np.float32), np.zeros(1, np.int64))
+        # (filled up to the log's count before anything reads them: not zeroed)
+        log = (np.empty(size, np.int8), np.empty((size, 2), np.int64),
+               np.empty((size, 2), np.float32), np.zeros(1, np.int64))
         self._counts[3] = 0
         self._limbo = np.zeros(int(counts[DELETE_VERTEX]), np.int32)
-        return log, np.zeros((int(counts[UPDATE_FEATURES]), self.num_features), np.float32)
+        return log, np.empty((int(counts[UPDATE_FEATURES]), self.num_features), np.float32)
 
     @property
     def _verts(self) -> tuple:
