@@ -33,6 +33,8 @@ from streamgnn.models.rowops import (
     fill_rows_torch,
     fold_rows_numba,
     fold_rows_torch,
+    in_row_sums_numba,
+    in_row_sums_torch,
     merge_rows_numba,
     merge_rows_torch,
     store_rows_numba,
@@ -93,6 +95,33 @@ def test_combine_rows_numba_and_torch_equal_the_reference(seed, dtype, messages,
         got = kernel(t, rows, coef, dst, num)
         assert got.dtype == torch.float64
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+@given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
+       degrees=st.lists(st.integers(0, 6), max_size=8), relu=st.booleans(),
+       weighted=st.booleans())
+def test_in_row_sums_numba_and_torch_sum_each_vertexs_block(seed, dtype, degrees, relu,
+                                                             weighted):
+    """Blocks of in-edges laid out with gaps between them and out of order, as the
+    adjacency stores them; sums in float64, returned in the dtype asked for."""
+    rng = np.random.default_rng(seed)
+    table = torch.from_numpy(rng.normal(size=(9, 5))).to(dtype)
+    degrees = np.array(degrees, np.int64)
+    spans = degrees + rng.integers(0, 3, len(degrees))
+    begin = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+    order = rng.permutation(len(degrees))
+    begin, end = begin[order], (begin + degrees)[order]
+    size = int(end.max(initial=0)) + 2
+    src, w = rng.integers(0, 9, size), rng.normal(size=size)
+    rows = table.double().numpy()
+    rows = np.maximum(rows, 0) if relu else rows
+    expected = np.array([(rows[src[b:e]] * (w[b:e, None] if weighted else 1)).sum(0)
+                         for b, e in zip(begin, end, strict=True)]).reshape(-1, 5)
+    for kernel in (in_row_sums_numba, in_row_sums_torch):
+        got = kernel(table, relu, begin, end, src, w if weighted else None, torch.float32,
+                     torch.device("cpu"))
+        assert got.dtype == torch.float32
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
 @given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),

@@ -137,8 +137,9 @@ class SumAggregation(Aggregation):
         """The rounding bounds (float32) of state rows just computed from all
         in-neighbours."""
         unit = torch.finfo(rows.dtype).eps / 2
-        chunks = [r.abs().amax(dim=1) for r in rows.split(1 << 16)] if len(rows) else []
-        top = torch.cat(chunks) if chunks else rows.new_zeros(0)
+        chunk = 1 << 16  # rows at a time (a bootstrap's |rows| would double its peak)
+        top = (rows.abs().amax(dim=1) if len(rows) <= chunk else
+               torch.cat([r.abs().amax(dim=1) for r in rows.split(chunk)]))
         return (top * (self.fresh_roundings * unit)).to(torch.float32)
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:

@@ -1,6 +1,7 @@
 """Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
-(``fold_rows_``), the store of a superstep's new rows that reports which changed
+(``fold_rows_``), in-neighbours' rows summed per vertex where they are stored
+(``in_row_sums``: a linear pull), the store of a superstep's new rows that reports which changed
 (``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), the
 rows of a layer kept as z activated and compared in one pass (``activated_rows``), rows
 taken from a table (``take_rows``) or from two (``merge_rows``), rows reset to one value
@@ -56,6 +57,59 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
     in float64."""
     kernel = combine_rows_numba if t.device.type == "cpu" else combine_rows_torch
     return kernel(t, rows, coef, dst, num)
+
+
+@njit(cache=True)
+def _in_sums_loop(table, relu, begin, end, src, w, weighted, out):
+    zero = table.dtype.type(0)
+    acc = np.empty(table.shape[1], np.float64)
+    for i in range(len(begin)):
+        acc[:] = 0.0
+        for k in range(begin[i], end[i]):
+            if k + AHEAD < end[i]:
+                prefetch_row(table, src[k + AHEAD])
+            r, c = src[k], w[k] if weighted else 1.0
+            for j in range(table.shape[1]):
+                acc[j] += c * _act(table[r, j], relu, zero)
+        for j in range(table.shape[1]):
+            out[i, j] = acc[j]
+
+
+def in_row_sums_numba(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndarray,
+                      src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
+                      device: torch.device) -> Tensor:
+    out = torch.empty((len(begin), table.shape[1]), dtype=dtype)
+    _in_sums_loop(table.numpy(), relu, begin, end, src, src[:0] if w is None else w,
+                  w is not None, out.numpy())
+    return out
+
+
+def in_row_sums_torch(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndarray,
+                      src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
+                      device: torch.device) -> Tensor:
+    count = end - begin
+    ptr = np.concatenate([[0], np.cumsum(count)])
+    edge = np.repeat(begin - ptr[:-1], count) + np.arange(ptr[-1])  # edge k's place
+    rows = table[torch.from_numpy(src[edge]).to(table.device)].to(device, torch.float64)
+    if relu:
+        rows = torch.relu(rows)
+    if w is not None:
+        rows *= torch.from_numpy(w[edge]).to(device, torch.float64).unsqueeze(-1)
+    local = torch.from_numpy(np.repeat(np.arange(len(begin)), count)).to(device)
+    sums = rows.new_zeros((len(begin), table.shape[1])).index_add_(0, local, rows)
+    return sums.to(dtype)
+
+
+def in_row_sums(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndarray,
+                src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
+                device: torch.device) -> Tensor:
+    """Per vertex i, the rows ``src[begin[i]:end[i]]`` of ``table`` (ReLU of them where
+    ``relu``: the table is z), each times its weight in ``w`` (None: 1), summed in float64;
+    returned in ``dtype`` on ``device``: a linear aggregation's pull from all in-neighbours
+    without gathering their rows first."""
+    on_cpu = table.device.type == device.type == "cpu"
+    kernel = in_row_sums_numba if on_cpu else in_row_sums_torch
+    return kernel(table, relu, begin, end, src, w, dtype, device)
 
 
 @njit(cache=True)

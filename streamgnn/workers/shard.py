@@ -52,6 +52,7 @@ from streamgnn.models.rowops import (
     compare_rows,
     difference_table,
     fill_rows_,
+    in_row_sums,
     merge_rows,
     store_rows_,
     take_rows,
@@ -829,7 +830,48 @@ class Shard:
         """Recompute the states of ``pull`` from all their in-neighbours; also returns how
         many distinct ghosts they read. A linear aggregation sums the rows of h and
         transforms the sums (its transform is linear without bias, so it commutes with
-        them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbour."""
+        them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbour:
+        where h is a stored table, summed in place (`_pull_sums`), else from rows gathered
+        (`_pull_gathered`)."""
+        state, count, remote = (self._pull_sums(hop, layer, pull)
+                                or self._pull_gathered(hop, layer, pull))
+        if self._z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
+            agg = layer.aggr.finalize(state, self._index(count))
+            state = layer.preactivation(self._rows(hop - 1, self._index(pull)),
+                                        self._ours(agg))
+        if self.state[hop - 1] is not None:
+            self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
+            if self.drift[hop - 1] is not None:
+                self.drift[hop - 1][self._index(pull)] = layer.aggr.fresh_drift(state)
+        return state, remote
+
+    def _pull_sums(self, hop: int, layer: Layer, pull: np.ndarray
+                   ) -> tuple[Tensor, np.ndarray, int] | None:
+        """`_pull`'s aggregation where it is a sum of rows of a table h^(hop-1) is read
+        from (`_h_table_of`), weighted by the edges' weights alone (a linear aggregation,
+        not degree-normalised, whose t is not kept): summed where the rows and in-edges
+        are stored (`in_row_sums`), then transformed. Returns the states, the in-degrees
+        and the distinct ghosts read; None where the pull must gather rows."""
+        if not layer.aggr.linear or layer.degree_normalised or self.t[hop - 1] is not None:
+            return None
+        source = self._h_table_of(hop - 1)
+        if source is None:
+            return None
+        if self.ghost is None:
+            begin, end, src, w = self.graph.in_blocks(pull)
+            remote = 0
+        else:  # the sources listed, to count the ghosts among them
+            ptr, src, w = self.graph.in_edges(pull)
+            begin, end, remote = ptr[:-1], ptr[1:], self._ghosts_read(src)
+        table, relu = source
+        state = in_row_sums(table, relu, begin, end, src, w if layer.edge_weighted else None,
+                            self.dtype, self.device)
+        return (layer.transform(state) if layer.transforms else state), end - begin, remote
+
+    def _pull_gathered(self, hop: int, layer: Layer, pull: np.ndarray
+                       ) -> tuple[Tensor, np.ndarray, int]:
+        """`_pull`'s aggregation from the rows of t its in-neighbours read, gathered (and
+        transformed unless the sums will be), or read in place where t is kept."""
         g = self.graph
         ptr, src, w = g.in_edges(pull)
         remote = self._ghosts_read(src)
@@ -847,17 +889,7 @@ class Shard:
                  if layer.degree_normalised else None)
         state = aggregate(layer, t, ptr, self._index(src_at), self._tensor(w).to(t.dtype),
                           scale, self._index(pull_at))
-        if raw:
-            state = layer.transform(state)
-        if self._z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
-            agg = layer.aggr.finalize(state, self._index(np.diff(ptr)))
-            state = layer.preactivation(self._rows(hop - 1, self._index(pull)),
-                                        self._ours(agg))
-        if self.state[hop - 1] is not None:
-            self.state[hop - 1][self._index(pull)] = state.to(self.state[hop - 1].dtype)
-            if self.drift[hop - 1] is not None:
-                self.drift[hop - 1][self._index(pull)] = layer.aggr.fresh_drift(state)
-        return state, remote
+        return (layer.transform(state) if raw else state), np.diff(ptr), remote
 
     def _pull_columns(self, hop: int, layer: Layer, pull: Pull) -> int:
         """Re-aggregate the columns ``pull.cols`` of ``pull.dst`` from all their
