@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch_geometric.nn import GINConv
 
 import streamgnn as sg
+from streamgnn.models.aggr import SumAggregation
 from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
@@ -100,9 +101,17 @@ def test_drift_after_100k_updates(name):
     model = ModelSpec(name, data.num_features, data.num_classes, hidden=32).build().eval()
     engine = Engine.from_pyg(model, data)
     workload = LinkBenchWorkload(engine.graph, seed=1)
-    for _ in range(100):
-        engine.apply(workload.batch(1000))
+    pulled = sum(sum(engine.apply(workload.batch(1000)).pulled) for _ in range(100))
+    assert pulled > 0  # (re-anchored, for the sum family)
     assert_exact(engine, model, torch.float32, 1e-4)
+
+
+def test_re_anchoring_waits_for_a_stale_row_then_takes_every_ripe_one():
+    aggr = SumAggregation()
+    assert not len(aggr.re_anchored(np.array([0.9, 1.0, aggr.ripe + 0.1])))
+    assert not len(aggr.re_anchored(np.zeros(0)))
+    worn = np.array([aggr.ripe + 0.1, 1.5, aggr.ripe / 2, aggr.ripe])
+    np.testing.assert_array_equal(aggr.re_anchored(worn), [0, 1])
 
 
 def test_vertices_outside_the_l_hop_region_are_not_touched():

@@ -152,10 +152,10 @@ def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_a
     grown[region] = np.maximum(scale, 1.0) * grown[region] + unit * np.maximum(  # grown
         top, np.maximum(scale, 1.0) * before)
     grown = grown.astype(np.float32)
-    stale = grown[region] > limit * unit * np.maximum(top, 1.0)
+    wear = grown[region] / (limit * unit * np.maximum(top, 1.0))
     for kernel in (fold_rows_numba, fold_rows_torch):
         state, bound = base.clone(), drift.clone()
-        out, got_stale, got_before = kernel(state, bound, t, rows, coef, local, region,
+        out, got_wear, got_before = kernel(state, bound, t, rows, coef, local, region,
                                             divisor, limit, scale, bias, keep)
         if keep:  # the region's rows as they were
             assert got_before.dtype == dtype
@@ -164,7 +164,7 @@ def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_a
             assert got_before is None
         np.testing.assert_allclose(state.numpy(), expected, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(bound.numpy(), grown, rtol=1e-6)
-        np.testing.assert_array_equal(got_stale, stale)
+        np.testing.assert_allclose(got_wear, wear, rtol=1e-6)
         assert out.dtype == dtype
         np.testing.assert_allclose(out.double().numpy(), expected[region] / divisor[:, None],
                                    rtol=1e-6 if dtype == torch.float32 else 1e-12)

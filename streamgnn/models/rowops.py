@@ -130,7 +130,7 @@ def by_destination(at, num):
 
 
 @njit(cache=True)
-def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, stale,
+def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, wear,
                scale, bias, before):
     bits = _bits(state)
     keep = len(before) > 0  # (rows for every region row, or none: nothing to keep)
@@ -168,7 +168,7 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
         top = _largest(bits, r)
         g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
         drift[r] = g * drift[r] + unit * max(top, g * largest)
-        stale[i] = drift[r] > limit * unit * max(top, 1.0)
+        wear[i] = drift[r] / (limit * unit * max(top, 1.0))
 
 
 @njit(cache=True, inline="always")
@@ -211,18 +211,18 @@ def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray,
                     keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
     out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
-    stale = np.empty(len(region), np.bool_)
+    wear = np.empty(len(region))
     before = np.empty((len(region) if keep else 0, state.shape[1]), state.numpy().dtype)
     _fold_loop(state.numpy(), drift.numpy(), t.numpy(), rows, coef, local, region, divisor,
-               limit, out, stale, scale, bias, before)
-    return torch.from_numpy(out), stale, torch.from_numpy(before) if keep else None
+               limit, out, wear, scale, bias, before)
+    return torch.from_numpy(out), wear, torch.from_numpy(before) if keep else None
 
 
 def fold_rows_tensors(state: Tensor, drift: Tensor, t: Tensor, rows: Tensor, coef: Tensor,
                       local: Tensor, region: Tensor, divisor: Tensor, scale: Tensor,
                       bias: Tensor, limit: float) -> tuple[Tensor, Tensor, Tensor]:
     """`fold_rows_` on tensors alone, all on the tables' device and ``region`` not empty
-    (what `torch.compile` can take whole: `benchmarks/kernels.py`); the stale flags as a
+    (what `torch.compile` can take whole: `benchmarks/kernels.py`); the wear as a
     tensor, and the region's state rows before, always."""
     msg = t.index_select(0, rows).double() * coef.unsqueeze(-1)
     delta = msg.new_zeros((region.shape[0], t.shape[1])).index_add_(0, local, msg)
@@ -236,8 +236,8 @@ def fold_rows_tensors(state: Tensor, drift: Tensor, t: Tensor, rows: Tensor, coe
     grown = (g * drift.index_select(0, region).double()
              + unit * torch.maximum(top, g * kept.abs().amax(dim=1).double())).to(drift.dtype)
     drift.index_copy_(0, region, grown)
-    stale = grown > limit * unit * top.clamp(min=1.0)
-    return (stored / divisor[:, None]).to(t.dtype), stale, kept
+    wear = grown.double() / (limit * unit * top.clamp(min=1.0))
+    return (stored / divisor[:, None]).to(t.dtype), wear, kept
 
 
 def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
@@ -245,15 +245,15 @@ def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray,
                     keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
     if not len(region):
-        return t.new_zeros((0, state.shape[1])), np.zeros(0, np.bool_), (
+        return t.new_zeros((0, state.shape[1])), np.zeros(0), (
             state.new_empty((0, state.shape[1])) if keep else None)
 
     def device(a: np.ndarray) -> Tensor:
         return torch.from_numpy(a).to(state.device)
 
-    out, stale, kept = fold_rows_tensors(state, drift, t, *map(device, (
+    out, wear, kept = fold_rows_tensors(state, drift, t, *map(device, (
         rows, coef, local, region, divisor, scale, bias)), limit)
-    return out, stale.cpu().numpy(), kept if keep else None
+    return out, wear.cpu().numpy(), kept if keep else None
 
 
 def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
@@ -270,9 +270,10 @@ def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: 
     add, whichever is larger (a row falling from large values keeps the error it carried
     at that size: the old messages subtracted were computed to that size's precision).
     Returns the state rows of ``region`` (distinct slots), each divided by
-    ``divisor[i]``, in ``t``'s dtype, and which rows are stale: their drift above
-    ``limit`` roundings at their size (or at 1 if smaller), to be recomputed; with
-    ``keep``, the state rows of ``region`` as they were before (else None)."""
+    ``divisor[i]``, in ``t``'s dtype, each row's wear (float64): its drift as a fraction
+    of ``limit`` roundings at its size (or at 1 if smaller), above 1 stale, to be
+    recomputed; with ``keep``, the state rows of ``region`` as they were before (else
+    None)."""
     kernel = fold_rows_numba if state.device.type == "cpu" else fold_rows_torch
     return kernel(state, drift, t, rows, coef, local, region, divisor, limit, scale, bias,
                   keep)

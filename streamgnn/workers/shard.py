@@ -607,14 +607,15 @@ class Shard:
             pulled, remote = self._pull(hop, layer, pull)
             agg = layer.aggr.finalize(pulled, self._index(count))
         elif layer.aggr.linear:  # messages fold into the states, read back in one pass
-            agg, stale, z_old = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
-                                           removed_rows, edges, region, count,
-                                           keep=keeps_z and not last)
-            pull, remote = region[stale], 0
+            agg, wear, z_old = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
+                                          removed_rows, edges, region, count,
+                                          keep=keeps_z and not last)
+            anchored = layer.aggr.re_anchored(wear)
+            pull, remote = region[anchored], 0
             if len(pull):  # re-anchored: summed again from all in-neighbours
                 pulled, remote = self._pull(hop, layer, pull)
-                agg[self._index(np.flatnonzero(stale))] = (pulled if keeps_z else
-                    layer.aggr.finalize(pulled, self._index(count[stale]))).to(agg.dtype)
+                agg[self._index(anchored)] = (pulled if keeps_z else
+                    layer.aggr.finalize(pulled, self._index(count[anchored]))).to(agg.dtype)
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
@@ -662,7 +663,7 @@ class Shard:
         """A linear aggregation's superstep: the messages that stop and start arriving in
         the region (along the unchanged edges ``sources[at] -> v1``, weights ``w1``, and
         the changed edges), one per row of t they carry, folded into the states; returns
-        the region's finalized states (``count``: in-degrees), which are stale and with
+        the region's finalized states (``count``: in-degrees), their wear and with
         ``keep`` their states before (`SumAggregation.fold`). Where the shard keeps the
         pre-activation, the root terms of sources whose input changed fold in too; a
         mean's messages then arrive divided by the in-degree, and the z of a vertex whose
@@ -1004,13 +1005,15 @@ class Shard:
     def _activated(self, layer: int, index: Tensor) -> Tensor:
         """h^layer of the slots ``index`` where the shard keeps z: `Layer.activate` of
         their rows, but for the rows the open batch's last superstep activated (of that
-        layer, `_Step.activated`), which are taken as they are (an activation with
-        products, GIN's, would otherwise run again on a few rows)."""
+        layer, `_Step.activated`), which are taken as they are where the activation has
+        products (GIN's would otherwise run again on a few rows; an activation value by
+        value costs less than finding them)."""
         activate, z = self.layers[layer - 1].activate, self.state[layer - 1]
         if not index.shape[0]:
             return z.new_empty((0, self.layers[layer - 1].out_dim))
         b = self._batch
-        if b is None or b.hop != layer or b.step.activated is None:
+        if (b is None or b.hop != layer or b.step.activated is None
+                or self.layers[layer - 1].elementwise is not None):
             return activate(z.index_select(0, index))
         after = b.step.after
         at = self.sets.find_in_runs(b.step.activated, len(b.step.region),
