@@ -210,11 +210,12 @@ def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
                     divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray,
                     keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
-    out = np.empty((len(region), state.shape[1]), t.numpy().dtype)
+    states, rows_t = state.numpy(), t.numpy()  # (a view costs ~2.5 us: one each)
+    out = np.empty((len(region), states.shape[1]), rows_t.dtype)
     wear = np.empty(len(region))
-    before = np.empty((len(region) if keep else 0, state.shape[1]), state.numpy().dtype)
-    _fold_loop(state.numpy(), drift.numpy(), t.numpy(), rows, coef, local, region, divisor,
-               limit, out, wear, scale, bias, before)
+    before = np.empty((len(region) if keep else 0, states.shape[1]), states.dtype)
+    _fold_loop(states, drift.numpy(), rows_t, rows, coef, local, region, divisor, limit, out,
+               wear, scale, bias, before)
     return torch.from_numpy(out), wear, torch.from_numpy(before) if keep else None
 
 
