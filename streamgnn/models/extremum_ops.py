@@ -25,7 +25,7 @@ import torch
 from numba import njit
 from torch import Tensor
 
-from streamgnn.models.rowops import by_destination
+from streamgnn.models.rowops import block_edges, by_destination
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 MAX_TIES = 255  # uint8: more carriers are counted as this many (a lower bound)
@@ -188,14 +188,12 @@ def pull_max_columns_numba(state: Tensor, ties: Tensor, dst: Tensor, cols: Tenso
 def pull_max_columns_torch(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor,
                            table: Tensor, begin: np.ndarray, end: np.ndarray,
                            src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
-    counts = end - begin
-    ptr = np.concatenate([[0], np.cumsum(counts)])
-    edges = np.arange(ptr[-1]) + np.repeat(begin - ptr[:-1], counts)  # positions in src
+    edges, local = block_edges(begin, end)  # positions in src, and their destination
 
     def device(a: np.ndarray) -> Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(state.device)
 
-    local = device(np.repeat(np.arange(len(counts)), counts))
+    local = device(local)
     msg = table.index_select(0, device(src[edges].astype(np.int64))).to(state.dtype)
     if factor is not None:
         msg *= device(factor[edges]).to(state.dtype).unsqueeze(-1)

@@ -59,6 +59,15 @@ def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
     return kernel(t, rows, coef, dst, num)
 
 
+def block_edges(begin: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks ``[begin[i], end[i])`` of an edge list listed one after the other: each
+    edge's place in the list and the block it is in (the torch versions' gathers)."""
+    count = end - begin
+    ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    return (np.repeat(begin - ptr[:-1], count) + np.arange(ptr[-1]),
+            np.repeat(np.arange(len(count)), count))
+
+
 @njit(cache=True)
 def _in_sums_loop(table, relu, begin, end, src, w, weighted, out):
     zero = table.dtype.type(0)
@@ -87,16 +96,14 @@ def in_row_sums_numba(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndar
 def in_row_sums_torch(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndarray,
                       src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
                       device: torch.device) -> Tensor:
-    count = end - begin
-    ptr = np.concatenate([[0], np.cumsum(count)])
-    edge = np.repeat(begin - ptr[:-1], count) + np.arange(ptr[-1])  # edge k's place
+    edge, local = block_edges(begin, end)
     rows = table[torch.from_numpy(src[edge]).to(table.device)].to(device, torch.float64)
     if relu:
         rows = torch.relu(rows)
     if w is not None:
         rows *= torch.from_numpy(w[edge]).to(device, torch.float64).unsqueeze(-1)
-    local = torch.from_numpy(np.repeat(np.arange(len(begin)), count)).to(device)
-    sums = rows.new_zeros((len(begin), table.shape[1])).index_add_(0, local, rows)
+    sums = rows.new_zeros((len(begin), table.shape[1])).index_add_(
+        0, torch.from_numpy(local).to(device), rows)
     return sums.to(dtype)
 
 
