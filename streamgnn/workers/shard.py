@@ -858,12 +858,7 @@ class Shard:
         source = self._h_table_of(hop - 1)
         if source is None:
             return None
-        if self.ghost is None:
-            begin, end, src, w = self.graph.in_blocks(pull)
-            remote = 0
-        else:  # the sources listed, to count the ghosts among them
-            ptr, src, w = self.graph.in_edges(pull)
-            begin, end, remote = ptr[:-1], ptr[1:], self._ghosts_read(src)
+        begin, end, src, w, remote = self._in_edges(pull)
         table, relu = source
         state = in_row_sums(table, relu, begin, end, src, w if layer.edge_weighted else None,
                             self.dtype, self.device)
@@ -897,19 +892,13 @@ class Shard:
         in-neighbours (`Aggregation.pull_columns`), reading their rows of t in place where
         t is h as stored (and, without ghosts to count, the in-edges where the graph keeps
         them); returns how many distinct ghosts they read."""
-        g = self.graph
         slots = pull.dst.cpu().numpy()
         table = None if layer.transforms else self._h_table(hop - 1)
-        if table is not None and self.ghost is None:
-            begin, end, src, w = g.in_blocks(slots)
-            remote = 0
-        else:
-            ptr, src, w = g.in_edges(slots)
-            begin, end, remote = ptr[:-1], ptr[1:], self._ghosts_read(src)
-            if table is None:  # t of the rows read
-                rows = self.sets.union(src)
-                table = self._t(hop, layer, self._index(rows))
-                src = self.sets.positions(rows, src)
+        begin, end, src, w, remote = self._in_edges(slots, listed=table is None)
+        if table is None:  # t of the rows read
+            rows = self.sets.union(src)
+            table = self._t(hop, layer, self._index(rows))
+            src = self.sets.positions(rows, src)
         layer.aggr.pull_columns(self.state[hop - 1], self.ties[hop - 1], pull, table, begin,
                                 end, src, w if layer.edge_weighted else None)
         return remote
@@ -935,6 +924,18 @@ class Shard:
             self._pull_columns(hop, self.layers[hop - 1], Pull(self._index(owned[a:b]), cols))
 
     # ---------------------------------------------------------------- helpers
+    def _in_edges(self, slots: np.ndarray, listed: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        """The in-edges of ``slots`` as blocks: vertex i's sources are
+        ``src[begin[i]:end[i]]``, weights alongside in ``w``; and how many distinct ghosts
+        they name. Read where the graph stores them (no copy) unless ``listed`` (the
+        blocks one after another, `DynamicGraph.in_edges`) or there are ghosts to count."""
+        if self.ghost is None and not listed:
+            begin, end, src, w = self.graph.in_blocks(slots)
+            return begin, end, src, w, 0
+        ptr, src, w = self.graph.in_edges(slots)
+        return ptr[:-1], ptr[1:], src, w, self._ghosts_read(src)
+
     def _ghosts_read(self, src: np.ndarray) -> int:
         """How many distinct ghosts the slots ``src`` name."""
         return 0 if self.ghost is None else len(np.unique(src[self.ghost[src]]))
