@@ -4,12 +4,15 @@ out-edges except a set of pairs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamgnn import cores
 from streamgnn.graph import DynamicGraph, pair_keys
 from streamgnn.graph.adjacency import entries_except
 from streamgnn.models.extremum_ops import (
@@ -67,6 +70,20 @@ from tests.conftest import random_graph
 seeds = st.integers(0, 2**32 - 1)
 
 
+def threaded(kernel: Callable, chunks: int = 3) -> Callable:
+    """``kernel`` with its row loops split into ``chunks`` ranges over threads whatever
+    the work's size (`cores.RowLoop`; the tests run torch, and so the loops, on one
+    thread): they must give the serial loop's bits."""
+    def run(*args):
+        serial = cores.threads_for
+        cores.threads_for = lambda work: chunks
+        try:
+            return kernel(*args)
+        finally:
+            cores.threads_for = serial
+    return run
+
+
 @given(seed=seeds, dtype=st.sampled_from([torch.float32, torch.float64]),
        rows=st.integers(0, 50), cols=st.integers(1, 45), levels=st.integers(1, 6))
 def test_argmax_rows_numba_and_torch_pick_the_first_largest_column(seed, dtype, rows, cols,
@@ -77,7 +94,7 @@ def test_argmax_rows_numba_and_torch_pick_the_first_largest_column(seed, dtype, 
     table = torch.from_numpy(rng.integers(0, levels, (rows, cols))).to(dtype)
     for values in (table, table[:, ::2]):
         expected = values.numpy().argmax(axis=1)
-        for kernel in (argmax_rows_numba, argmax_rows_torch):
+        for kernel in (argmax_rows_numba, threaded(argmax_rows_numba), argmax_rows_torch):
             np.testing.assert_array_equal(kernel(values), expected)
 
 
@@ -117,7 +134,7 @@ def test_in_row_sums_numba_and_torch_sum_each_vertexs_block(seed, dtype, degrees
     rows = np.maximum(rows, 0) if relu else rows
     expected = np.array([(rows[src[b:e]] * (w[b:e, None] if weighted else 1)).sum(0)
                          for b, e in zip(begin, end, strict=True)]).reshape(-1, 5)
-    for kernel in (in_row_sums_numba, in_row_sums_torch):
+    for kernel in (in_row_sums_numba, threaded(in_row_sums_numba), in_row_sums_torch):
         got = kernel(table, relu, begin, end, src, w if weighted else None, torch.float32,
                      torch.device("cpu"))
         assert got.dtype == torch.float32
@@ -153,7 +170,7 @@ def test_fold_rows_numba_and_torch_add_messages_to_states_bound_their_rounding_a
         top, np.maximum(scale, 1.0) * before)
     grown = grown.astype(np.float32)
     wear = grown[region] / (limit * unit * np.maximum(top, 1.0))
-    for kernel in (fold_rows_numba, fold_rows_torch):
+    for kernel in (fold_rows_numba, threaded(fold_rows_numba), fold_rows_torch):
         state, bound = base.clone(), drift.clone()
         out, got_wear, got_before = kernel(state, bound, t, rows, coef, local, region,
                                             divisor, limit, scale, bias, keep)
@@ -462,7 +479,8 @@ def test_max_column_pulls_numba_and_torch_equal_the_reference(seed, sign, weight
         f = factor[begin[i]:end[i], None] if weighted else 1.0
         best, count = _extremum(f * table.double().numpy()[src[begin[i]:end[i]]], sign, d)
         expected[v, cols[i]], expected_ties[v, cols[i]] = best[cols[i]], count[cols[i]]
-    for kernel in (pull_max_columns_numba, pull_max_columns_torch):
+    for kernel in (pull_max_columns_numba, threaded(pull_max_columns_numba),
+                   pull_max_columns_torch):
         state = torch.from_numpy(base).to(dtype)
         ties = torch.from_numpy(base_ties.copy())
         kernel(state, ties, torch.from_numpy(dst), torch.from_numpy(cols), table, begin, end,

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, prange
 from torch import Tensor
 
+from streamgnn.cores import row_loop
 from streamgnn.models.rowops import block_edges, by_destination
 from streamgnn.prefetch import AHEAD, prefetch_row
 
@@ -128,61 +129,65 @@ def fold_max_(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
 
 
 @njit(cache=True, inline="always")
-def _next_edge(begin, end, i, k):
-    """The in-edge after in-edge ``k`` of destination ``i``, across destinations (``i``
-    past the last: none)."""
+def _next_edge(begin, end, last, i, k):
+    """The in-edge after in-edge ``k`` of destination ``i``, across destinations up to
+    ``last`` (``i`` at ``last``: none)."""
     k += 1
-    while i < len(begin) and k >= end[i]:
+    while i < last and k >= end[i]:
         i += 1
-        if i < len(begin):
+        if i < last:
             k = begin[i]
     return i, k
 
 
-@njit(cache=True)
-def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weighted, sign):
+@row_loop
+def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weighted, sign,
+                  chunks):
     d = state.shape[1]
-    at = np.empty(d, np.int64)
-    best = np.empty(d, state.dtype)
-    count = np.empty(d, np.int64)
-    # the row read AHEAD in-edges on, across destinations (most have fewer in-edges)
-    ahead_i, ahead_k = 0, (begin[0] - 1 if len(begin) else 0)
-    for _ in range(AHEAD + 1):
-        ahead_i, ahead_k = _next_edge(begin, end, ahead_i, ahead_k)
-    for i in range(len(dst)):
-        n = 0
-        for j in range(d):
-            if cols[i, j]:
-                at[n] = j
-                n += 1
-        best[:n] = -np.inf if end[i] > begin[i] else 0.0  # no in-edge: 0, as in PyG
-        count[:n] = 0
-        for k in range(begin[i], end[i]):
-            if ahead_i < len(begin):
-                prefetch_row(table, src[ahead_k])
-                ahead_i, ahead_k = _next_edge(begin, end, ahead_i, ahead_k)
-            row = table[src[k]]
-            f = table.dtype.type(sign * factor[k] if weighted else sign)
-            for c in range(n):  # a new max is rare after the first few: branches pay
-                m = f * row[at[c]]  # the layer's message, rounded
-                if m > best[c]:
-                    best[c] = m
-                    count[c] = 1
-                elif m == best[c]:
-                    count[c] += 1
-        s_row, ties_row = state[dst[i]], ties[dst[i]]
-        for c in range(n):
-            s_row[at[c]] = best[c]
-            ties_row[at[c]] = min(count[c], MAX_TIES)
+    num = len(dst)
+    for chunk in prange(chunks):
+        at = np.empty(d, np.int64)
+        best = np.empty(d, state.dtype)
+        count = np.empty(d, np.int64)
+        first, last = chunk * num // chunks, (chunk + 1) * num // chunks
+        # the row read AHEAD in-edges on, across destinations (most have fewer in-edges)
+        ahead_i, ahead_k = first, (begin[first] - 1 if first < last else 0)
+        for _ in range(AHEAD + 1):
+            ahead_i, ahead_k = _next_edge(begin, end, last, ahead_i, ahead_k)
+        for i in range(first, last):
+            n = 0
+            for j in range(d):
+                if cols[i, j]:
+                    at[n] = j
+                    n += 1
+            best[:n] = -np.inf if end[i] > begin[i] else 0.0  # no in-edge: 0, as in PyG
+            count[:n] = 0
+            for k in range(begin[i], end[i]):
+                if ahead_i < last:
+                    prefetch_row(table, src[ahead_k])
+                    ahead_i, ahead_k = _next_edge(begin, end, last, ahead_i, ahead_k)
+                row = table[src[k]]
+                f = table.dtype.type(sign * factor[k] if weighted else sign)
+                for c in range(n):  # a new max is rare after the first few: branches pay
+                    m = f * row[at[c]]  # the layer's message, rounded
+                    if m > best[c]:
+                        best[c] = m
+                        count[c] = 1
+                    elif m == best[c]:
+                        count[c] += 1
+            s_row, ties_row = state[dst[i]], ties[dst[i]]
+            for c in range(n):
+                s_row[at[c]] = best[c]
+                ties_row[at[c]] = min(count[c], MAX_TIES)
 
 
 def pull_max_columns_numba(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor,
                            table: Tensor, begin: np.ndarray, end: np.ndarray,
                            src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
     weighted = factor is not None
-    _columns_loop(state.numpy(), ties.numpy(), dst.numpy(), cols.numpy(), table.numpy(),
-                  begin, end, src, factor if weighted else np.zeros(0, np.float32), weighted,
-                  sign)
+    _columns_loop(len(src) * state.shape[1], state.numpy(), ties.numpy(), dst.numpy(),
+                  cols.numpy(), table.numpy(), begin, end, src,
+                  factor if weighted else np.zeros(0, np.float32), weighted, sign)
 
 
 def pull_max_columns_torch(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor,

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
+from streamgnn.cores import row_loop
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 
@@ -68,28 +69,30 @@ def block_edges(begin: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndar
             np.repeat(np.arange(len(count)), count))
 
 
-@njit(cache=True)
-def _in_sums_loop(table, relu, begin, end, src, w, weighted, out):
+@row_loop
+def _in_sums_loop(table, relu, begin, end, src, w, weighted, out, chunks):
     zero = table.dtype.type(0)
-    acc = np.empty(table.shape[1], np.float64)
-    for i in range(len(begin)):
-        acc[:] = 0.0
-        for k in range(begin[i], end[i]):
-            if k + AHEAD < end[i]:
-                prefetch_row(table, src[k + AHEAD])
-            r, c = src[k], w[k] if weighted else 1.0
+    n = len(begin)
+    for chunk in prange(chunks):
+        acc = np.empty(table.shape[1], np.float64)
+        for i in range(chunk * n // chunks, (chunk + 1) * n // chunks):
+            acc[:] = 0.0
+            for k in range(begin[i], end[i]):
+                if k + AHEAD < end[i]:
+                    prefetch_row(table, src[k + AHEAD])
+                r, c = src[k], w[k] if weighted else 1.0
+                for j in range(table.shape[1]):
+                    acc[j] += c * _act(table[r, j], relu, zero)
             for j in range(table.shape[1]):
-                acc[j] += c * _act(table[r, j], relu, zero)
-        for j in range(table.shape[1]):
-            out[i, j] = acc[j]
+                out[i, j] = acc[j]
 
 
 def in_row_sums_numba(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndarray,
                       src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
                       device: torch.device) -> Tensor:
     out = torch.empty((len(begin), table.shape[1]), dtype=dtype)
-    _in_sums_loop(table.numpy(), relu, begin, end, src, src[:0] if w is None else w,
-                  w is not None, out.numpy())
+    _in_sums_loop(len(src) * table.shape[1], table.numpy(), relu, begin, end, src,
+                  src[:0] if w is None else w, w is not None, out.numpy())
     return out
 
 
@@ -136,46 +139,49 @@ def by_destination(at, num):
     return ptr, order
 
 
-@njit(cache=True)
+@row_loop
 def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, wear,
-               scale, bias, before):
+               scale, bias, before, chunks):
     bits = _bits(state)
     keep = len(before) > 0  # (rows for every region row, or none: nothing to keep)
     # each destination's messages summed in one row (no table of the region's deltas:
     # 1 KB a row written, then read, on top of the state's)
     first, order = by_destination(local, len(region))
-    delta = np.empty(state.shape[1], np.float64)
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
-    for i in range(len(region)):
-        if i + AHEAD < len(region):
-            prefetch_row(state, region[i + AHEAD])
-            prefetch_row(drift, region[i + AHEAD])  # a miss of its own: 8-15 % of the loop
-        delta[:] = 0.0
-        for q in range(first[i], first[i + 1]):
-            k = order[q]
-            c, m = coef[k], rows[k]
-            for j in range(t.shape[1]):
-                delta[j] += c * t[m, j]
-        r, s, a = region[i], divisor[i], scale[i]
-        if keep:
-            before[i] = state[r]
-        largest = _largest(bits, r)
-        if a == 1.0:
-            for j in range(state.shape[1]):
-                state[r, j] += delta[j]
-        else:
-            for j in range(state.shape[1]):
-                state[r, j] = a * state[r, j] + (1.0 - a) * bias[j] + delta[j]
-        if s == 1.0:  # (a sum's: x / 1 is x)
-            for j in range(state.shape[1]):
-                out[i, j] = state[r, j]
-        else:
-            for j in range(state.shape[1]):
-                out[i, j] = state[r, j] / s
-        top = _largest(bits, r)
-        g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
-        drift[r] = g * drift[r] + unit * max(top, g * largest)
-        wear[i] = drift[r] / (limit * unit * max(top, 1.0))
+    n = len(region)
+    for chunk in prange(chunks):
+        delta = np.empty(state.shape[1], np.float64)
+        end = (chunk + 1) * n // chunks
+        for i in range(chunk * n // chunks, end):
+            if i + AHEAD < end:
+                prefetch_row(state, region[i + AHEAD])
+                prefetch_row(drift, region[i + AHEAD])  # a miss of its own: 8-15 % of the loop
+            delta[:] = 0.0
+            for q in range(first[i], first[i + 1]):
+                k = order[q]
+                c, m = coef[k], rows[k]
+                for j in range(t.shape[1]):
+                    delta[j] += c * t[m, j]
+            r, s, a = region[i], divisor[i], scale[i]
+            if keep:
+                before[i] = state[r]
+            largest = _largest(bits, r)
+            if a == 1.0:
+                for j in range(state.shape[1]):
+                    state[r, j] += delta[j]
+            else:
+                for j in range(state.shape[1]):
+                    state[r, j] = a * state[r, j] + (1.0 - a) * bias[j] + delta[j]
+            if s == 1.0:  # (a sum's: x / 1 is x)
+                for j in range(state.shape[1]):
+                    out[i, j] = state[r, j]
+            else:
+                for j in range(state.shape[1]):
+                    out[i, j] = state[r, j] / s
+            top = _largest(bits, r)
+            g = max(a, 1.0)  # the bound grows with the row; never shrunk (see fold_rows_)
+            drift[r] = g * drift[r] + unit * max(top, g * largest)
+            wear[i] = drift[r] / (limit * unit * max(top, 1.0))
 
 
 @njit(cache=True, inline="always")
@@ -221,8 +227,8 @@ def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
     out = np.empty((len(region), states.shape[1]), rows_t.dtype)
     wear = np.empty(len(region))
     before = np.empty((len(region) if keep else 0, states.shape[1]), states.dtype)
-    _fold_loop(states, drift.numpy(), rows_t, rows, coef, local, region, divisor, limit, out,
-               wear, scale, bias, before)
+    _fold_loop((len(rows) + len(region)) * states.shape[1], states, drift.numpy(), rows_t,
+               rows, coef, local, region, divisor, limit, out, wear, scale, bias, before)
     return torch.from_numpy(out), wear, torch.from_numpy(before) if keep else None
 
 
@@ -600,22 +606,25 @@ def fill_rows_(table: Tensor, index: np.ndarray, row: Tensor | None) -> None:
     kernel(table, index, row)
 
 
-@njit(cache=True)
-def _argmax_loop(rows):
-    out = np.empty(rows.shape[0], np.int64)
-    for i in range(rows.shape[0]):
-        best, k = rows[i, 0], 0
-        for j in range(1, rows.shape[1]):  # selects, not branches: 3x quicker on 40 columns
-            v = rows[i, j]
-            better = v > best
-            k = j if better else k
-            best = v if better else best
-        out[i] = k
-    return out
+@row_loop
+def _argmax_loop(rows, out, chunks):
+    n = rows.shape[0]
+    for chunk in prange(chunks):
+        for i in range(chunk * n // chunks, (chunk + 1) * n // chunks):
+            best, k = rows[i, 0], 0
+            for j in range(1, rows.shape[1]):  # selects, not branches: 3x quicker on 40
+                v = rows[i, j]
+                better = v > best
+                k = j if better else k
+                best = v if better else best
+            out[i] = k
 
 
 def argmax_rows_numba(rows: Tensor) -> np.ndarray:
-    return _argmax_loop(rows.numpy())
+    values = rows.numpy()
+    out = np.empty(values.shape[0], np.int64)
+    _argmax_loop(values.size, values, out)
+    return out
 
 
 def argmax_rows_torch(rows: Tensor) -> np.ndarray:
