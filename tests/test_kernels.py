@@ -279,7 +279,8 @@ def test_activated_rows_numba_and_torch_activate_compare_and_keep_the_old_rows(
     after = act(np.concatenate([z, table[slots_ahead]]))
     moved = ((act(z_old) != after[:count]).any(axis=1) | fresh if with_old
              else np.ones(count, bool))
-    for kernel in (activated_rows_numba, activated_rows_torch):
+    for kernel in (activated_rows_numba, threaded(activated_rows_numba),
+                   activated_rows_torch):
         got, got_moved, old, finite = kernel(
             torch.from_numpy(z), torch.from_numpy(table), slots_ahead, relu,
             torch.from_numpy(z_old) if with_old else None, fresh)

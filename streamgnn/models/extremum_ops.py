@@ -25,7 +25,7 @@ import torch
 from numba import njit, prange
 from torch import Tensor
 
-from streamgnn.cores import row_loop
+from streamgnn.cores import block_costs, chunk_rows, row_loop
 from streamgnn.models.rowops import block_edges, by_destination
 from streamgnn.prefetch import AHEAD, prefetch_row
 
@@ -144,12 +144,12 @@ def _next_edge(begin, end, last, i, k):
 def _columns_loop(state, ties, dst, cols, table, begin, end, src, factor, weighted, sign,
                   chunks):
     d = state.shape[1]
-    num = len(dst)
+    cost = block_costs(begin, end, 1)
     for chunk in prange(chunks):
         at = np.empty(d, np.int64)
         best = np.empty(d, state.dtype)
         count = np.empty(d, np.int64)
-        first, last = chunk * num // chunks, (chunk + 1) * num // chunks
+        first, last = chunk_rows(cost, chunks, chunk)
         # the row read AHEAD in-edges on, across destinations (most have fewer in-edges)
         ahead_i, ahead_k = first, (begin[first] - 1 if first < last else 0)
         for _ in range(AHEAD + 1):

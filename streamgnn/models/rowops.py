@@ -23,7 +23,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
-from streamgnn.cores import row_loop
+from streamgnn.cores import block_costs, chunk_rows, row_loop
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 
@@ -72,10 +72,11 @@ def block_edges(begin: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndar
 @row_loop
 def _in_sums_loop(table, relu, begin, end, src, w, weighted, out, chunks):
     zero = table.dtype.type(0)
-    n = len(begin)
+    cost = block_costs(begin, end, 1)
     for chunk in prange(chunks):
         acc = np.empty(table.shape[1], np.float64)
-        for i in range(chunk * n // chunks, (chunk + 1) * n // chunks):
+        first, last = chunk_rows(cost, chunks, chunk)
+        for i in range(first, last):
             acc[:] = 0.0
             for k in range(begin[i], end[i]):
                 if k + AHEAD < end[i]:
@@ -148,11 +149,11 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
     # 1 KB a row written, then read, on top of the state's)
     first, order = by_destination(local, len(region))
     unit = np.finfo(state.dtype).eps / 2  # a rounding's relative error, at most
-    n = len(region)
+    cost = block_costs(first[:-1], first[1:], 3)  # its messages, and the state row twice
     for chunk in prange(chunks):
         delta = np.empty(state.shape[1], np.float64)
-        end = (chunk + 1) * n // chunks
-        for i in range(chunk * n // chunks, end):
+        start, end = chunk_rows(cost, chunks, chunk)
+        for i in range(start, end):
             if i + AHEAD < end:
                 prefetch_row(state, region[i + AHEAD])
                 prefetch_row(drift, region[i + AHEAD])  # a miss of its own: 8-15 % of the loop
@@ -444,32 +445,34 @@ def difference_table(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
     return kernel(table, slots, relu, old, taken, moved, dest)
 
 
-@njit(cache=True)
-def _activated_loop(z, table, ahead, relu, compare, z_old, fresh, out, moved, old):
+@row_loop
+def _activated_loop(z, table, ahead, relu, compare, z_old, fresh, out, moved, ok, old,
+                    chunks):
     zero = z.dtype.type(0)
-    n = z.shape[0]
-    finite = True
-    for i in range(n):
-        for j in range(out.shape[1]):
-            out[i, j] = _act(z[i, j], relu, zero)
-            finite &= np.isfinite(out[i, j])
-    for i in range(len(ahead)):
-        if i + AHEAD < len(ahead):
-            prefetch_row(table, ahead[i + AHEAD])
-        for j in range(out.shape[1]):
-            out[n + i, j] = _act(table[ahead[i], j], relu, zero)
-    k = 0
-    for i in range(n):
-        differs = fresh[i] or not compare
-        if compare:
+    n, m = z.shape[0], len(ahead)
+    for chunk in prange(chunks):  # each chunk its share of the region and of the rows ahead
+        for i in range(chunk * n // chunks, (chunk + 1) * n // chunks):
+            differs = fresh[i] or not compare
+            finite = True
             for j in range(out.shape[1]):
-                differs |= _act(z_old[i, j], relu, zero) != out[i, j]
-        moved[i] = differs
-        if compare and differs and not fresh[i]:
+                out[i, j] = _act(z[i, j], relu, zero)
+                finite &= np.isfinite(out[i, j])
+                if compare:
+                    differs |= _act(z_old[i, j], relu, zero) != out[i, j]
+            moved[i], ok[i] = differs, finite
+        last = (chunk + 1) * m // chunks
+        for i in range(chunk * m // chunks, last):
+            if i + AHEAD < last:
+                prefetch_row(table, ahead[i + AHEAD])
+            for j in range(out.shape[1]):
+                out[n + i, j] = _act(table[ahead[i], j], relu, zero)
+    k = 0  # the old rows of those that moved, in order (on the calling thread)
+    for i in range(n if compare else 0):
+        if moved[i] and not fresh[i]:
             for j in range(out.shape[1]):
                 old[k, j] = _act(z_old[i, j], relu, zero)
             k += 1
-    return finite, k
+    return ok.all(), k
 
 
 def activated_rows_numba(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool,
@@ -477,11 +480,11 @@ def activated_rows_numba(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool
                          ) -> tuple[Tensor, np.ndarray, Tensor, bool]:
     rows = z.numpy()
     out = np.empty((len(rows) + len(ahead), rows.shape[1]), rows.dtype)
-    moved = np.empty(len(rows), np.bool_)
+    moved, ok = np.empty(len(rows), np.bool_), np.empty(len(rows), np.bool_)
     before = rows[:0] if z_old is None else z_old.numpy()
     old = np.empty_like(before)
-    finite, kept = _activated_loop(rows, table.numpy(), ahead, relu, z_old is not None,
-                                   before, fresh, out, moved, old)
+    finite, kept = _activated_loop(out.size, rows, table.numpy(), ahead, relu,
+                                   z_old is not None, before, fresh, out, moved, ok, old)
     return torch.from_numpy(out), moved, torch.from_numpy(old[:kept]), bool(finite)
 
 
