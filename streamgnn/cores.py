@@ -2,9 +2,10 @@
 (each destination or slot read and written by one iteration) is written once, over
 ``chunks`` contiguous ranges of its rows in a ``prange``, and compiled twice: serially,
 and split over threads (`RowLoop`). Each call picks one by the work's size and torch's
-thread count, the project's one thread setting (`torch.set_num_threads`, the CLI's
-``--threads``): loops touching fewer than `MIN_WORK` elements run serially, larger ones
-on as many threads as torch uses, in chunks of about equal cost (`chunk_rows`). Waking
+thread count, the project's one thread setting (`torch.set_num_threads`: `serve
+--torch-threads`, the benchmarks' ``--threads``): loops touching fewer than `MIN_WORK`
+elements run serially, larger ones on as many threads as torch uses, in chunks of about
+equal cost (`chunk_rows`). Waking
 threads that went to sleep costs ~0.1 ms: the sum fold of a bs=100 batch (50-120K
 elements, 0.1-0.26 ms) ran slower threaded, that of a bs=1000 batch (0.5-0.9M elements,
 0.9-1.9 ms) 1.4-1.6x quicker. The chunks cover the same rows as the serial loop, each
