@@ -86,6 +86,12 @@ def block_costs(begin, end, row):
     return cost
 
 
+def block_work(begin: np.ndarray, end: np.ndarray, width: int) -> int:
+    """The elements a loop over blocks ``[begin[i], end[i])`` of edges touches, ``width``
+    each (the blocks' own sizes: their edge list may be a whole adjacency's storage)."""
+    return int(np.sum(end - begin)) * width
+
+
 def row_loop(fn: Callable) -> RowLoop:
     """Decorator: `RowLoop` of ``fn``."""
     return RowLoop(fn)

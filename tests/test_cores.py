@@ -57,3 +57,11 @@ def test_a_forked_child_runs_every_loop_serially(two_threads):
     os.waitpid(pid, 0)
     assert os.read(read, 1) == bytes([1])
     os.close(read)
+
+
+def test_the_work_of_blocks_in_a_long_edge_list_is_the_blocks_own():
+    """A pull reads its in-edges where the adjacency stores them: a few blocks of a long
+    list, which must not count as a large loop."""
+    begin, end = np.array([5, 900, 40]), np.array([8, 900, 44])
+    assert cores.block_work(begin, end, 128) == (3 + 0 + 4) * 128
+    assert cores.threads_for(cores.block_work(begin, end, 128)) == 1

@@ -25,7 +25,7 @@ import torch
 from numba import njit, prange
 from torch import Tensor
 
-from streamgnn.cores import block_costs, chunk_rows, row_loop
+from streamgnn.cores import block_costs, block_work, chunk_rows, row_loop
 from streamgnn.models.rowops import block_edges, by_destination
 from streamgnn.prefetch import AHEAD, prefetch_row
 
@@ -185,7 +185,8 @@ def pull_max_columns_numba(state: Tensor, ties: Tensor, dst: Tensor, cols: Tenso
                            table: Tensor, begin: np.ndarray, end: np.ndarray,
                            src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
     weighted = factor is not None
-    _columns_loop(len(src) * state.shape[1], state.numpy(), ties.numpy(), dst.numpy(),
+    _columns_loop(block_work(begin, end, state.shape[1]), state.numpy(), ties.numpy(),
+                  dst.numpy(),
                   cols.numpy(), table.numpy(), begin, end, src,
                   factor if weighted else np.zeros(0, np.float32), weighted, sign)
 

@@ -23,7 +23,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 from torch import Tensor
 
-from streamgnn.cores import block_costs, chunk_rows, row_loop
+from streamgnn.cores import block_costs, block_work, chunk_rows, row_loop
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 
@@ -92,7 +92,7 @@ def in_row_sums_numba(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndar
                       src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
                       device: torch.device) -> Tensor:
     out = torch.empty((len(begin), table.shape[1]), dtype=dtype)
-    _in_sums_loop(len(src) * table.shape[1], table.numpy(), relu, begin, end, src,
+    _in_sums_loop(block_work(begin, end, table.shape[1]), table.numpy(), relu, begin, end, src,
                   src[:0] if w is None else w, w is not None, out.numpy())
     return out
 
