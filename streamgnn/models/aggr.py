@@ -25,8 +25,10 @@ import torch
 from torch import Tensor
 
 from streamgnn.models.extremum_ops import fold_max_, pull_max_columns_
-from streamgnn.models.rowops import combine_rows, fold_rows_
+from streamgnn.models.rowops import any_above, combine_rows, fold_rows_, ones
 from streamgnn.models.softmax_ops import fold_softmax_
+
+_NONE = np.zeros(0, np.int64)  # no rows (read only)
 
 
 def _scatter(src: Tensor, index: Tensor, num: int, reduce: str) -> Tensor:
@@ -170,22 +172,22 @@ class SumAggregation(Aggregation):
         layer's pre-activation, which nothing divides) in ``t``'s dtype, in one pass,
         how worn their rounding bounds are (`re_anchored` picks the rows to recompute
         from all in-neighbours), and with ``keep`` their states before (`fold_rows_`)."""
-        divisor = np.ones(len(region)) if count is None else self.divisor(count)
+        divisor = ones(len(region)) if count is None else self.divisor(count)
         if scale is None:
-            scale, bias = np.ones(len(region)), np.zeros(state.shape[1])
+            scale, bias = ones(len(region)), np.zeros(state.shape[1])
         return fold_rows_(state, drift, t, rows, coef, local, region, divisor,
                           self.drift_limit, scale, bias, keep)
 
     def re_anchored(self, wear: np.ndarray) -> np.ndarray:
         """Positions of the rows to recompute from all in-neighbours, given each row's
         `fold` wear: none unless one is stale (wear above 1), then all the ripe ones."""
-        if not len(wear) or wear.max() <= 1.0:
-            return np.zeros(0, np.int64)
+        if not any_above(wear, 1.0):
+            return _NONE
         return np.flatnonzero(wear > self.ripe)
 
     def divisor(self, count: np.ndarray) -> np.ndarray:
-        """What `finalize` divides each state row by (float64)."""
-        return np.ones(len(count))
+        """What `finalize` divides each state row by (float64; not to be written)."""
+        return ones(len(count))
 
     def merge(self, a, a_count, b, b_count) -> Tensor:
         return a + b

@@ -5,8 +5,9 @@ gather-scale-scatter (``combine_rows``), the same folded into stored states and 
 (``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), the
 rows of a layer kept as z activated and compared in one pass (``activated_rows``), rows
 taken from a table (``take_rows``) or from two (``merge_rows``), rows reset to one value
-(``fill_rows_``) and each row's largest column (``argmax_rows``: the labels); and the
-grouping of messages by destination (``by_destination``) the folds share.
+(``fill_rows_``) and each row's largest column (``argmax_rows``: the labels); the
+grouping of messages by destination (``by_destination``) the folds share, and the factors
+of one a kernel reads where nothing scales (``ones``).
 Each has a numba loop for CPU tensors (quicker than torch's indexing ops on the few hundred
 rows of a batch) and a torch version for other devices; tests hold the two to each other.
 The loops that read and write rows of large tables at random ask for the row they will
@@ -25,6 +26,28 @@ from torch import Tensor
 
 from streamgnn.cores import block_costs, block_work, chunk_rows, row_loop
 from streamgnn.prefetch import AHEAD, prefetch_row
+
+_ONES = np.ones(1024)
+
+
+def ones(n: int) -> np.ndarray:
+    """``n`` float64 ones for a kernel to read (never to write: every caller gets a view of
+    one array). A batch's kernels take several such all-ones factors; np.ones costs ~9 us a
+    call amid a batch's work, a view ~1."""
+    global _ONES
+    if len(_ONES) < n:  # (a race between threads grows it twice, both all ones)
+        _ONES = np.ones(max(n, 2 * len(_ONES)))
+    return _ONES[:n]
+
+
+@njit(cache=True)
+def any_above(values, limit):
+    """Whether some of ``values`` is above ``limit``: the max of a small batch's few
+    values costs numpy ~20 us amid its work, this loop ~2."""
+    for v in values:  # noqa: SIM110 (numba compiles no generator expression)
+        if v > limit:
+            return True
+    return False
 
 
 @njit(cache=True)

@@ -31,6 +31,7 @@ Owns per-layer state and propagation; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from streamgnn.models.rowops import (
     fill_rows_,
     in_row_sums,
     merge_rows,
+    ones,
     store_rows_,
     take_rows,
 )
@@ -595,17 +597,16 @@ class Shard:
             result.pulled_columns.append(0)
             result.remote_reads.append(0)
             result.combined_messages.append(0)
-            nothing = torch.empty((0, layer.out_dim), dtype=self.dtype, device=self.device)
-            result.rewritten.append((region, nothing.cpu().numpy()))
-            return _Step(region, nothing, np.zeros(0, bool), np.zeros(0, bool), nothing)
+            nothing, none = _no_rows(layer.out_dim, self.dtype, self.device)
+            result.rewritten.append((region, none))
+            return _Step(region, nothing, _NOT_ANY, _NOT_ANY, nothing)
 
-        index = self._index(region)
         columns = None  # a pull of some columns only
         z_old = None  # the region's z before the batch, where z is kept (not at the last)
         if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
             pulled, remote = self._pull(hop, layer, pull)
-            agg = layer.aggr.finalize(pulled, self._index(count))
+            agg = layer.aggr.finalize(pulled, self._index(count)).to(self.dtype)
         elif layer.aggr.linear:  # messages fold into the states, read back in one pass
             agg, wear, z_old = self._fold(hop, layer, sources, at, v1, w1, changed, removed,
                                           removed_rows, edges, region, count,
@@ -616,6 +617,7 @@ class Shard:
                 pulled, remote = self._pull(hop, layer, pull)
                 agg[self._index(anchored)] = (pulled if keeps_z else
                     layer.aggr.finalize(pulled, self._index(count[anchored]))).to(agg.dtype)
+            agg = self._ours(agg)  # (in t's dtype)
         else:
             outbox = self._messages(hop, layer, sources, at, v1, w1, changed, removed,
                                     removed_rows, edges, region)
@@ -627,16 +629,16 @@ class Shard:
             remote = self._pull(hop, layer, pull)[1] if len(pull) else 0
             if columns is not None and len(columns.dst):
                 remote += self._pull_columns(hop, layer, columns)
-            agg = layer.aggr.finalize_stored(self.state[hop - 1], index, self._index(count))
-        agg = agg.to(self.dtype)  # (a tensor, or packed attention states)
+            agg = layer.aggr.finalize_stored(self.state[hop - 1], self._index(region),
+                                             self._index(count))
+            agg = agg.to(self.dtype)  # (a tensor, or packed attention states)
         activated = None
         if keeps_z:  # agg is z, stored already; h activated here, with rows read next
             activated = np.concatenate([region, ahead])
             after, moved, old_rows, finite = _compared(layer, z_old, agg,
                                                        self.state[hop - 1], ahead, fresh)
-            new = after[:len(region)]
         else:
-            root = self.root[hop - 1]
+            root, index = self.root[hop - 1], self._index(region)
             if root is None:
                 rows = self._rows(hop - 1, index)
                 t = self._t(hop, layer, index) if layer.self_transform else None
@@ -653,7 +655,7 @@ class Shard:
         result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources, at, v1, edges))
-        result.rewritten.append((region, new.cpu().numpy()))
+        result.rewritten.append((region, after.cpu().numpy()[:len(region)]))
         return _Step(region, after, fresh, moved, old_rows, finite, activated)
 
     def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
@@ -676,7 +678,7 @@ class Shard:
         # the sources' root terms fold into their own z too
         own_slots = changed.slots[self.owned[changed.slots]] if keeps_z else None
         dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
-                     if mean_z else np.ones(len(region)))
+                     if mean_z else ones(len(region)))
         source = self._h_table_of(hop - 1) if keeps_z and _one_kernel(self.device) else None
         if source is not None:  # all but the product in one kernel
             table, relu = source
@@ -809,8 +811,7 @@ class Shard:
         """The per-source message factor after and before the batch (degree-normalised
         layers; ones otherwise), in float64."""
         if not layer.degree_normalised:
-            ones = np.ones(len(slots))
-            return ones, ones
+            return ones(len(slots)), ones(len(slots))
         return tuple(layer.source_scale(torch.from_numpy(w[slots])).numpy()
                      for w in (self.graph.in_weight, self._in_weight))
 
@@ -1092,6 +1093,17 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
     if old is None:
         return after, moved, after[:0], finite
     return after, moved, take_rows(old, np.flatnonzero(moved & ~fresh)), finite
+
+
+_NOT_ANY = np.zeros(0, bool)  # no vertex marked (read only)
+
+
+@functools.cache
+def _no_rows(width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, np.ndarray]:
+    """No rows of ``width`` columns, as a tensor and on the host: shared (a superstep
+    that reaches no vertex returns them; creating them costs more than its other work)."""
+    rows = torch.empty((0, width), dtype=dtype, device=device)
+    return rows, rows.cpu().numpy()
 
 
 def _one_kernel(device: torch.device) -> bool:
