@@ -256,14 +256,15 @@ class _LinearRootLayer(Layer):
             both = torch.cat((rel, root)).detach().t().contiguous()  # (transposed once)
             self._stacked = key, both, rel.detach().t().contiguous(), (
                 both.numpy() if both.device.type == "cpu" else None)
-        both, n, d = self._stacked[1], h.shape[0], self.out_dim
-        if is_small(h, paired, d):
-            return paired_product(h, self._stacked[3], paired)
+        _, both, rel_t, host = self._stacked
+        (n, width), d = h.shape, self.out_dim
+        if host is not None and is_small((n + paired) * d * width):  # (on the CPU)
+            return paired_product(h, host, paired)
         if paired == n:
             return torch.mm(h, both).view(2 * n, d)
         out = h.new_empty((n + paired, d))
         torch.mm(h[:paired], both, out=out[:2 * paired].view(paired, 2 * d))
-        torch.mm(h[paired:], self._stacked[2], out=out[2 * paired:])
+        torch.mm(h[paired:], rel_t, out=out[2 * paired:])
         return out
 
     def combine(self, h, agg, t, in_weight):

@@ -34,9 +34,10 @@ def _paired_loop(h, wt, paired, out):
             out[paired + i] = acc[:d]
 
 
-def is_small(h: Tensor, paired: int, out_dim: int) -> bool:
-    """Whether `paired_product` should take ``h`` (on the CPU, few multiply-adds)."""
-    return h.device.type == "cpu" and (len(h) + paired) * out_dim * h.shape[1] <= SMALL
+def is_small(multiply_adds: int) -> bool:
+    """Whether `paired_product` should take a product of so many multiply-adds (on the
+    CPU: the caller's to check)."""
+    return multiply_adds <= SMALL
 
 
 def paired_product(h: Tensor, stacked_t: np.ndarray, paired: int) -> Tensor:

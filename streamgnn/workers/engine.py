@@ -350,9 +350,11 @@ class Engine:
                 self._in_flight.popleft().results()
             raise NonFiniteEmbeddingError(self._poisoned)
         labels = ChangedLabels.concat([r.changed_labels for r in results])
-        counts = {name: [sum(c) for c in zip(*(getattr(r, name) for r in results), strict=True)]
-                  for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
-                               "combined_messages")}  # per layer, summed over the shards
+        names = ("recomputed", "pulled", "pulled_columns", "remote_reads", "combined_messages")
+        counts = ({name: getattr(results[0], name) for name in names} if len(results) == 1
+                  else {name: [sum(c) for c in zip(*(getattr(r, name) for r in results),
+                                                    strict=True)]
+                        for name in names})  # per layer, summed over the shards
         return ApplyResult(labels, flight.diff.rejected, removed=flight.removed, **counts)
 
     @property
