@@ -655,7 +655,8 @@ class Shard:
         result.pulled_columns.append(0 if columns is None else _count(columns.cols))
         result.remote_reads.append(remote)
         result.combined_messages.append(self._combined_messages(sources, at, v1, edges))
-        result.rewritten.append((region, after.cpu().numpy()[:len(region)]))
+        result.rewritten.append((region, after.numpy()[:len(region)] if self.device.type == "cpu"
+                                 else after[:len(region)].cpu().numpy()))
         return _Step(region, after, fresh, moved, old_rows, finite, activated)
 
     def _fold(self, hop: int, layer: Layer, sources: np.ndarray, at: np.ndarray,
