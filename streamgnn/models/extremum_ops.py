@@ -186,8 +186,7 @@ def pull_max_columns_numba(state: Tensor, ties: Tensor, dst: Tensor, cols: Tenso
                            src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
     weighted = factor is not None
     _columns_loop(block_work(begin, end, state.shape[1]), state.numpy(), ties.numpy(),
-                  dst.numpy(),
-                  cols.numpy(), table.numpy(), begin, end, src,
+                  dst.numpy(), cols.numpy(), table.numpy(), begin, end, src,
                   factor if weighted else np.zeros(0, np.float32), weighted, sign)
 
 
