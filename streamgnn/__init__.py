@@ -3,7 +3,8 @@
 The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
 ``sg.DynamicGraph``, the six update types, ``sg.UpdateBatch``, queries
 (``sg.QueryRequest``, ``sg.QueryVertex``, ``sg.QueryEdge``, ``sg.QueryColumns``,
-``sg.QueryAnswer``) and the errors. Each name is imported on first use (PEP 562), so
+``sg.QueryAnswer``), ``sg.warm_up`` (compile the kernels before the first batch) and
+the errors. Each name is imported on first use (PEP 562), so
 ``import streamgnn.updates`` or the CLI's Kafka commands never pay for torch. Importing
 streamgnn must not import torch, kafka or mpi4py.
 """
@@ -30,6 +31,7 @@ _WHERE: dict[str, str | None] = {
     **dict.fromkeys(("ApplyResult", "ChangedLabels", "Engine", "QueryAnswer"),
                    "streamgnn.workers"),
     "GraphData": "streamgnn.datasets",
+    "warm_up": "streamgnn.workers.warm_up",
     "datasets": None,
     "models": None,
 }

@@ -19,9 +19,10 @@ Owns that choice; must not import kafka, mpi4py or the engine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numba
 import numpy as np
@@ -101,9 +102,27 @@ def threads_for(work: int) -> int:
     """How many threads a loop touching ``work`` elements runs on: torch's thread count,
     or 1 below `MIN_WORK` and in a child forked from a process whose loops used threads
     (OpenMP's threads do not survive a fork: a checkpoint's writer)."""
-    if work < MIN_WORK or (_threads_pid is not None and os.getpid() != _threads_pid):
+    if _threads_pid is not None and os.getpid() != _threads_pid:
         return 1
-    return torch.get_num_threads()
+    if _every_loop_chunks:
+        return _every_loop_chunks
+    return 1 if work < MIN_WORK else torch.get_num_threads()
+
+
+_every_loop_chunks = 0  # `threads_whatever_the_size`'s chunks (0: by the work's size)
+
+
+@contextlib.contextmanager
+def threads_whatever_the_size(chunks: int = 2) -> Iterator[None]:
+    """Within it, every row loop runs split into ``chunks`` ranges over threads, however
+    small its work (the threaded build compiles on its first call: `warm_up` calls them
+    all; the tests check their bits against the serial loop's)."""
+    global _every_loop_chunks
+    before, _every_loop_chunks = _every_loop_chunks, chunks
+    try:
+        yield
+    finally:
+        _every_loop_chunks = before
 
 
 def _renamed(fn: Callable, suffix: str) -> Callable:

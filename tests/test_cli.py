@@ -150,8 +150,9 @@ def test_query_asks_the_running_service_and_prints_its_answer(tmp_path, broker, 
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "COLUMNS": "200"})
     try:
-        out = run("query", "good.json", "--budget", "0.5", "--embeddings", "--timeout", "60",
-                  *common, cwd=tmp_path)
+        # (serve compiles its kernels first: over a minute where numba's cache is empty)
+        out = run("query", "good.json", "--budget", "0.5", "--embeddings", "--timeout",
+                  "400", *common, cwd=tmp_path)
         assert "SRPE gamma=0.5 (top-ratio), state after batch 0" in out
         assert "-7" in out and "-8" in out
         bad = subprocess.run([sys.executable, "-m", "streamgnn.cli", "query", "bad.json",

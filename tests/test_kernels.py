@@ -75,12 +75,8 @@ def threaded(kernel: Callable, chunks: int = 3) -> Callable:
     the work's size (`cores.RowLoop`; the tests run torch, and so the loops, on one
     thread): they must give the serial loop's bits."""
     def run(*args):
-        serial = cores.threads_for
-        cores.threads_for = lambda work: chunks
-        try:
+        with cores.threads_whatever_the_size(chunks):
             return kernel(*args)
-        finally:
-            cores.threads_for = serial
     return run
 
 

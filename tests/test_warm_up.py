@@ -1,0 +1,65 @@
+"""`warm_up` compiles every kernel a stream goes on to run: after it, an engine of the same
+model on another graph, at one partition and at three, fed every update type at several
+batch sizes with its row loops serial and threaded, and asked an exact and a selective
+query, compiles nothing more."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import numba
+import numpy as np
+import pytest
+
+import streamgnn as sg
+from streamgnn import cores
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.workers import Engine
+from tests.archs import ARCHS, F_IN, randomise
+from tests.test_engine import start_graph
+
+
+def compiled() -> dict[str, int]:
+    """Per numba kernel of streamgnn's loaded modules (a row loop's serial and threaded
+    builds apart), how many argument types it is compiled for."""
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("streamgnn"):
+            continue
+        for value in list(vars(module).values()):
+            builds = ((value.serial, value._parallel) if isinstance(value, cores.RowLoop)
+                      else (value,))
+            for build in builds:
+                if isinstance(build, numba.core.dispatcher.Dispatcher):
+                    fn = build.py_func
+                    out[f"{fn.__module__}.{fn.__qualname__}"] = len(build.signatures)
+    return out
+
+
+# one per kind of aggregation state: sum, a mean's rescaled z, degree-normalised (in-degrees
+# exchanged), max and GIN's MLP, attention
+@pytest.mark.parametrize("arch", ["graphconv-add", "graphconv-mean", "pyg-gcn",
+                                  "graphconv-max", "pyg-gin", "pyg-gat"])
+def test_after_warm_up_a_stream_compiles_nothing(arch):
+    model = randomise(ARCHS[arch](2), 0)
+    seconds = sg.warm_up(model, partitions=3)
+    assert seconds > 0
+    before = compiled()
+    assert before, "no kernel found: the check would pass whatever warm_up did"
+    for partitions in (1, 3):
+        engine = Engine.from_pyg(model, start_graph(partitions), partitions=partitions)
+        workload = LinkBenchWorkload(engine.graph, seed=partitions)
+        for threaded in (False, True):
+            with cores.threads_whatever_the_size() if threaded else contextlib.nullcontext():
+                for size in (1, 6, 25):
+                    engine.apply(workload.batch(size))
+                new = int(engine.vertex_ids().max()) + 1
+                for budget in (None, 0.3):
+                    engine.query(sg.QueryRequest(
+                        vertices=[sg.QueryVertex(id=new, x=np.ones(F_IN).tolist())],
+                        edges=[sg.QueryEdge(src=int(engine.vertex_ids()[0]), dst=new)],
+                        budget=budget))
+    after = compiled()
+    assert after == before, {k: (before.get(k, 0), v) for k, v in after.items()
+                             if v != before.get(k, 0)}
