@@ -1,6 +1,6 @@
 """How the engine's process asks the C library and the kernel for memory: malloc keeping
 freed memory (`keep_freed_memory`) but for a bootstrap's (`freed_memory_returned`), and
-tables on 2 MB pages (`huge_pages`).
+tables on 2 MB pages (`huge_pages`) that grow in place (`lengthened`).
 
 By default malloc hands blocks above 128 KB back to the kernel on free (mmap) and trims
 the heap's free top, so every batch's temporaries (message rows, gathered states) fault
@@ -15,6 +15,9 @@ costs a TLB miss. `huge_pages` puts such a table in its own mapping, aligned to 
 advised as huge-page memory (transparent huge pages in "madvise" mode, the common default):
 1,800 random rows of a 169K x 128 table 564 -> 335 us cold; in place, a GraphConv-sum
 batch's fold and store passes 1.1-1.2x quicker (the graph's own tables gained nothing).
+Such a mapping reserves room after the table (address space, no memory until written), so
+that a table growing with the graph (`lengthened`) takes its new rows in place instead of
+being copied whole, with the old and the new copy both resident, at every growth.
 
 Owns these process settings only; must not import torch, kafka or mpi4py.
 """
@@ -27,6 +30,7 @@ import ctypes.util
 import functools
 import mmap
 import sys
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -40,6 +44,10 @@ _RETURNED_MMAP_THRESHOLD = 1 << 20  # blocks from 1 MB up: their own mappings, u
 _MADV_HUGEPAGE = 14  # from the kernel's mman-common.h
 _HUGE_PAGE = 2 << 20
 _HUGE_MIN_BYTES = 8 * _HUGE_PAGE  # smaller tables: as numpy allocates them
+_MAP_NORESERVE = 0x4000  # Linux's mmap flag (Python's mmap module does not name it)
+# `huge_zeros` tables with room to grow: [where the rows in use end, where the room ends,
+# the mapping]
+_rooms: list[list] = []
 
 
 _kept = False  # whether keep_freed_memory took
@@ -85,27 +93,60 @@ def _mallopt(mmap_max: int, trim_threshold: int) -> bool:
         mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
-def huge_pages(array: np.ndarray) -> np.ndarray:
-    """``array`` copied into a `huge_zeros` table (else ``array`` itself)."""
-    out = huge_zeros(array.shape, array.dtype)
+def huge_pages(array: np.ndarray, room: int = 0) -> np.ndarray:
+    """``array`` copied into a `huge_zeros` table with ``room`` (else ``array`` itself)."""
+    out = huge_zeros(array.shape, array.dtype, room)
     if out is None:
         return array
     out[...] = array
     return out
 
 
-def huge_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+def huge_zeros(shape: tuple[int, ...], dtype: np.dtype, room: int = 0) -> np.ndarray | None:
     """A zero table that the kernel backs with 2 MB pages where it can, in its own mapping
-    (returned to the system once no longer referenced); None when it would be under 16 MB
-    or this is not Linux."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    (returned to the system once no longer referenced), with ``room`` rows more mapped
+    after it for `lengthened` to take without copying (address space: no memory until
+    written); None when it would be under 16 MB or this is not Linux."""
+    row = int(np.prod(shape[1:])) * np.dtype(dtype).itemsize
+    nbytes, mapped = shape[0] * row, (shape[0] + room) * row
     if nbytes < _HUGE_MIN_BYTES or not sys.platform.startswith("linux"):
         return None
-    mapping = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping = mmap.mmap(-1, mapped + _HUGE_PAGE,
+                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     raw = np.frombuffer(mapping, np.uint8)
     start = -raw.ctypes.data % _HUGE_PAGE
-    _advise_huge(raw.ctypes.data + start, nbytes - nbytes % _HUGE_PAGE)
+    _advise_huge(raw.ctypes.data + start, mapped - mapped % _HUGE_PAGE)
+    if room:
+        _rooms.append([raw.ctypes.data + start + nbytes, raw.ctypes.data + start + mapped,
+                       weakref.ref(mapping)])
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def lengthened(table: np.ndarray, rows: int) -> np.ndarray:
+    """``table`` (C-contiguous) with ``rows`` rows, the new ones zero: the same memory,
+    lengthened, where it is a `huge_zeros` table with room for them (nothing copied;
+    ``table`` itself then sees the rows it had change); else a copy onto a new table with
+    as much room again after it (where large enough for `huge_zeros`)."""
+    row = int(np.prod(table.shape[1:])) * table.itemsize
+    end, new_end = (table.ctypes.data + n * row for n in (len(table), rows))
+    _rooms[:] = [r for r in _rooms if r[2]() is not None]
+    for room in _rooms:
+        used, limit, mapping = room
+        if end == used and new_end <= limit:  # (a shorter view of it is copied)
+            room[0] = new_end
+            raw = np.frombuffer(mapping(), np.uint8)
+            at = table.ctypes.data - raw.ctypes.data
+            return raw[at:at + rows * row].view(table.dtype).reshape((rows, *table.shape[1:]))
+    out = growable_zeros((rows, *table.shape[1:]), table.dtype)
+    out[:len(table)] = table
+    return out
+
+
+def growable_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero table with room for as many rows again after it (`huge_zeros`), or as numpy
+    allocates it where it is small."""
+    out = huge_zeros(shape, dtype, room=shape[0])
+    return np.zeros(shape, dtype) if out is None else out
 
 
 def _advise_huge(address: int, length: int) -> None:

@@ -87,6 +87,28 @@ def test_huge_pages_copies_large_tables_and_leaves_small_ones():
     assert zeros.shape == (200_000, 128) and not zeros.any()
 
 
+def test_lengthened_grows_a_table_in_its_room_and_copies_past_it():
+    """New rows are zero; in the room mapped after a `huge_zeros` table the same memory
+    (its rows kept without a copy), past it or from a stale shorter view a copy with room
+    again; a small table is copied as numpy allocates it."""
+    from streamgnn.allocator import huge_zeros, lengthened
+
+    table = huge_zeros((100_000, 64), np.float32, room=100_000)  # 25 MB, room as much
+    table[:] = 1
+    longer = lengthened(table, 150_000)
+    assert longer.ctypes.data == table.ctypes.data and longer.shape == (150_000, 64)
+    assert longer[:100_000].min() == 1 and not longer[100_000:].any()
+    stale = lengthened(table, 120_000)  # rows 100K.. are longer's: copied
+    assert stale.ctypes.data != table.ctypes.data and not stale[100_000:].any()
+    past = lengthened(longer, 250_000)
+    assert past.ctypes.data != longer.ctypes.data and past[:100_000].min() == 1
+    assert not past[100_000:].any() and past.ctypes.data % (2 << 20) == 0
+    assert lengthened(past, 400_000).ctypes.data == past.ctypes.data  # room as much again
+    small = np.ones((10, 3), np.int32)
+    grown = lengthened(small, 20)
+    assert grown.dtype == np.int32 and grown[:10].all() and not grown[10:].any()
+
+
 THP_PROBE = """
 import re
 import numpy as np

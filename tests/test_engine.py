@@ -148,7 +148,8 @@ def test_vertices_outside_the_l_hop_region_are_not_touched():
 @pytest.mark.parametrize("arch", ["graphconv-narrowing", "graphconv-max", "pyg-gat"])
 def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
     """Every per-vertex table on a mapping of its own (`huge_pages`; the threshold set to 0
-    so this small graph takes the path arxiv-size tables take), grown by added vertices."""
+    so this small graph takes the path arxiv-size tables take), grown by added vertices in
+    place (the room mapped after each), then past that room onto new mappings."""
     from streamgnn import allocator
 
     monkeypatch.setattr(allocator, "_HUGE_MIN_BYTES", 0)
@@ -156,13 +157,25 @@ def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
     model = randomise(ARCHS[arch](2), 3)
     engine = Engine.from_pyg(model, data)
     shard = engine.shards[0]
-    workload = LinkBenchWorkload(engine.graph, seed=3)
-    for _ in range(4):
-        engine.apply(workload.batch(300))
-    assert len(shard.state[0]) > 300  # grown
-    tables = [t for name in ("h", "state", "ties", "root", "t")
-              for t in getattr(shard, name) if t is not None]
-    assert all(t.data_ptr() % (2 << 20) == 0 for t in tables)
+
+    def tables():
+        return [t for name in ("h", "state", "ties", "root", "t")
+                for t in getattr(shard, name) if t is not None]
+
+    where = [t.data_ptr() for t in tables()]
+    assert all(p % (2 << 20) == 0 for p in where)
+    adds = {sg.AddVertex: 1.0, sg.AddEdge: 2.0, sg.UpdateFeatures: 1.0}
+    workload = LinkBenchWorkload(engine.graph, seed=3, mix=adds)
+    while len(shard.state[0]) <= 400:
+        engine.apply(workload.batch(50))
+    assert [t.data_ptr() for t in tables()] == where  # grown in place
+    assert_exact(engine, model, torch.float32, 1e-4)
+    while len(shard.state[0]) <= 600:  # past the room: copied
+        engine.apply(workload.batch(100))
+    assert [t.data_ptr() for t in tables()] != where
+    assert all(t.data_ptr() % (2 << 20) == 0 for t in tables())
+    for _ in range(2):
+        engine.apply(LinkBenchWorkload(engine.graph, seed=4).batch(200))
     assert_exact(engine, model, torch.float32, 1e-4)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamgnn.allocator import lengthened
 from streamgnn.prefetch import AHEAD, prefetch
 
 _MIN_ROOM = 4  # room of a block that moves, at least
@@ -229,10 +230,7 @@ class Adjacency:
 
     def grow_vertices(self, capacity: int) -> None:
         for name in ("start", "deg", "room"):
-            old = getattr(self, name)
-            new = np.zeros(capacity, old.dtype)
-            new[:len(old)] = old
-            setattr(self, name, new)
+            setattr(self, name, lengthened(getattr(self, name), capacity))
 
     @property
     def num_edges(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streamgnn.allocator import lengthened
 from streamgnn.prefetch import prefetch
 
 _EMPTY, _GONE = -1, -2
@@ -143,9 +144,7 @@ class IdMap:
         self.table = table
 
     def grow_slots(self, capacity: int) -> None:
-        ext = np.zeros(capacity, np.int64)
-        ext[:len(self.ext)] = self.ext
-        self.ext = ext
+        ext = self.ext = lengthened(self.ext, capacity)
         self.table = (self.table[0], ext, self.table[2])
 
     def insert(self, ext: np.ndarray, slots: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from streamgnn.allocator import growable_zeros, lengthened
 from streamgnn.datasets.graph_data import GraphData
 from streamgnn.errors import (
     DuplicateEdgeError,
@@ -97,7 +98,7 @@ class DynamicGraph:
         self.num_features = num_features
         self._ids = IdMap(vertex_capacity)
         self.alive = np.zeros(vertex_capacity, bool)
-        self.x = np.zeros((vertex_capacity, num_features), np.float32)
+        self.x = growable_zeros((vertex_capacity, num_features), np.float32)
         self.in_weight = np.zeros(vertex_capacity, np.float64)  # weighted in-degree
         self.out = Adjacency(vertex_capacity)
         self.inn = Adjacency(vertex_capacity)
@@ -345,10 +346,7 @@ class DynamicGraph:
     def _grow(self, capacity: int) -> None:
         self._ids.grow_slots(capacity)
         for name in ("alive", "in_weight", "x", "_free"):
-            old = getattr(self, name)
-            new = np.zeros((capacity, *old.shape[1:]), old.dtype)
-            new[:len(old)] = old
-            setattr(self, name, new)
+            setattr(self, name, lengthened(getattr(self, name), capacity))
         self.out.grow_vertices(capacity)
         self.inn.grow_vertices(capacity)
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamgnn.allocator import huge_pages, huge_zeros
+from streamgnn.allocator import huge_pages, lengthened
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.aggr import Pull, RowMessages
@@ -305,8 +305,9 @@ class Shard:
         for name in ("h", "state", "ties", "root", "t"):
             tables = getattr(self, name)
             for k, rows in enumerate(tables):  # in place: each original goes once copied
-                if rows is not None:
-                    tables[k] = torch.from_numpy(huge_pages(rows.contiguous().numpy()))
+                if rows is not None:  # (room to grow as much again: `_grown`)
+                    tables[k] = torch.from_numpy(huge_pages(rows.contiguous().numpy(),
+                                                            room=len(rows)))
 
     @property
     def num_layers(self) -> int:
@@ -1050,9 +1051,7 @@ class Shard:
         for name in ("_in_weight", "ghost", "holders", "ghost_owner"):
             old = getattr(self, name)
             if old is not None and len(old) < len(self.graph.in_weight):
-                grown = np.zeros(len(self.graph.in_weight), old.dtype)
-                grown[:len(old)] = old
-                setattr(self, name, grown)
+                setattr(self, name, lengthened(old, len(self.graph.in_weight)))
         need = self.graph.num_slots
         have = len(self._labels)
         if need <= have:
@@ -1064,8 +1063,7 @@ class Shard:
         self.root = [None if r is None else _grown(r, size) for r in self.root]
         self.t = [None if t is None else _grown(t, size) for t in self.t]
         self.ties = [None if t is None else _grown(t, size) for t in self.ties]
-        self._labels = np.concatenate([self._labels,
-                                       np.zeros(size - len(self._labels), np.int64)])
+        self._labels = lengthened(self._labels, size)
 
 
 def _keeps_z(layer: Layer, state: Tensor | None) -> bool:
@@ -1128,10 +1126,11 @@ def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
-    """``t`` with ``size`` rows, the new ones zero (large CPU tables on 2 MB pages)."""
-    shape = (size, *t.shape[1:])
-    table = huge_zeros(shape, t.numpy().dtype) if t.device.type == "cpu" else None
-    out = t.new_zeros(shape) if table is None else torch.from_numpy(table)
+    """``t`` with ``size`` rows, the new ones zero: on the CPU in place where its mapping
+    has room (`lengthened`), else a copy."""
+    if t.device.type == "cpu":
+        return torch.from_numpy(lengthened(t.numpy(), size))
+    out = t.new_zeros((size, *t.shape[1:]))
     out[:len(t)] = t
     return out
 
