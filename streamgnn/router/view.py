@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from streamgnn.allocator import growable_zeros, lengthened
 from streamgnn.errors import InvalidQueryError, UnknownVertexError
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.graph.idmap import IdMap
@@ -150,7 +151,7 @@ class ReadView:
         tables = []
         for layer in range(engine.num_layers + 1):
             rows = engine.lookup(ids, layer)
-            table = np.zeros((len(graph.ext), rows.shape[1]), rows.dtype)
+            table = growable_zeros((len(graph.ext), rows.shape[1]), rows.dtype)
             table[slots] = rows
             tables.append(table)
         none = np.zeros(0, np.int64)
@@ -218,7 +219,7 @@ class ReadView:
         removed = np.sort(result.removed)
         tables = self._current.tables
         if len(graph.ext) > len(tables[0]):  # the graph grew: the tables grow with it
-            tables = [_grown(t, len(graph.ext)) for t in tables]
+            tables = [lengthened(t, len(graph.ext)) for t in tables]  # (in place mostly)
             self._ids.grow_slots(len(graph.ext))
         state = ViewState(batch, self.num_layers, self._ids, tables, keys, rows, removed,
                           added, added_slots)
@@ -282,8 +283,3 @@ def _find(sorted_keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     at = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
     return at, sorted_keys[at] == values
 
-
-def _grown(table: np.ndarray, rows: int) -> np.ndarray:
-    out = np.zeros((rows, *table.shape[1:]), table.dtype)
-    out[:len(table)] = table
-    return out
