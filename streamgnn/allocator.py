@@ -111,8 +111,11 @@ def huge_zeros(shape: tuple[int, ...], dtype: np.dtype, room: int = 0) -> np.nda
     nbytes, mapped = shape[0] * row, (shape[0] + room) * row
     if nbytes < _HUGE_MIN_BYTES or not sys.platform.startswith("linux"):
         return None
-    mapping = mmap.mmap(-1, mapped + _HUGE_PAGE,
-                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    try:
+        mapping = mmap.mmap(-1, mapped + _HUGE_PAGE,
+                            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    except OSError:  # the room refused (strict overcommit, a limit on address space)
+        return huge_zeros(shape, dtype) if room else None
     raw = np.frombuffer(mapping, np.uint8)
     start = -raw.ctypes.data % _HUGE_PAGE
     _advise_huge(raw.ctypes.data + start, mapped - mapped % _HUGE_PAGE)
@@ -127,12 +130,15 @@ def lengthened(table: np.ndarray, rows: int) -> np.ndarray:
     lengthened, where it is a `huge_zeros` table with room for them (nothing copied;
     ``table`` itself then sees the rows it had change); else a copy onto a new table with
     as much room again after it (where large enough for `huge_zeros`)."""
+    if rows < len(table):
+        raise ValueError(f"lengthened to {rows} rows: the table has {len(table)}")
     row = int(np.prod(table.shape[1:])) * table.itemsize
     end, new_end = (table.ctypes.data + n * row for n in (len(table), rows))
-    _rooms[:] = [r for r in _rooms if r[2]() is not None]
+    _rooms[:] = [r for r in _rooms if r[2]() is not None]  # (the batch loop's thread only)
     for room in _rooms:
         used, limit, mapping = room
-        if end == used and new_end <= limit:  # (a shorter view of it is copied)
+        # (a shorter or strided view of a table ends elsewhere, or is not contiguous: copied)
+        if end == used and new_end <= limit and table.flags.c_contiguous:
             room[0] = new_end
             raw = np.frombuffer(mapping(), np.uint8)
             at = table.ctypes.data - raw.ctypes.data

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -538,23 +539,33 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
     a fresh start), then one partition until rank 0 says stop. Signals are rank 0's to
     act on (it stops the workers at a batch boundary)."""
     from streamgnn.allocator import keep_freed_memory
+    from streamgnn.models.zoo import Checkpoint
+    from streamgnn.router.checkpoint import Checkpoints
+    from streamgnn.router.service import saved_model
     from streamgnn.workers.mpi import run_worker
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     keep_freed_memory()  # the shard's batches run here: as rank 0 does in one process
-    run_worker(_served_model(checkpoint, state_dir).model(), comm, device)
-
-
-def _served_model(checkpoint: Path, state_dir: Path):
-    """The model the service runs: its last checkpoint's, or the model file's on a fresh
-    start."""
-    from streamgnn.models.zoo import Checkpoint
-    from streamgnn.router.checkpoint import Checkpoints
-    from streamgnn.router.service import saved_model
-
     saved = Checkpoints(state_dir).load(names=("model",))
-    return Checkpoint.load(checkpoint) if saved is None else saved_model(saved)
+    model = (Checkpoint.load(checkpoint) if saved is None else saved_model(saved)).model()
+    _warm_up(model, device, 2, lambda text: None)  # (another host has its own cache)
+    run_worker(model, comm, device)
+
+
+def _warm_up(model, device: str, partitions: int, say: Callable[[str], None]) -> None:
+    """Compile the engine's kernels before the first batch (`warm_up`). It only saves
+    time: where it fails, that is said and the kernels compile where first used."""
+    from streamgnn.workers.warm_up import WARMING_UP, warm_up
+
+    say(WARMING_UP)
+    try:
+        seconds = warm_up(model, device, partitions)
+    except Exception as e:  # (the service runs as well without it)
+        Console(stderr=True).print(f"warm-up failed ({type(e).__name__}: {e}); kernels "
+                                   "compile where first used")
+        return
+    say(f"kernels ready in {seconds:.1f} s")
 
 
 def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
@@ -572,7 +583,6 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
     from streamgnn.stream.kafka_tools import ensure_topics
     from streamgnn.workers import Engine
     from streamgnn.workers.executors import Calibration
-    from streamgnn.workers.warm_up import WARMING_UP, warm_up
 
     keep_freed_memory()
     topics = _topics(topic_prefix)
@@ -616,6 +626,9 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
                                KafkaTransport(kafka, topics.queries), reads)
         if calibration.exists():
             service.engine.executors.calibration = Calibration.load(calibration)
+        if not current and not stopping.is_set():  # once a process, before consuming
+            _warm_up(service.model.model(), device, partitions if mpi_workers is None else 2,
+                     bar.write)
         bar.write(f"serving {topics.updates} -> {topics.labels}, {topics.dead_letters} and "
                   f"{topics.queries} -> {topics.results} at "
                   f"{kafka.bootstrap_servers} (batch {batch_size}, from batch "
@@ -633,10 +646,6 @@ def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,
 
     server = _http_server(reads, listen, http_token)  # /healthz answers while bootstrapping
     try:
-        bar.write(WARMING_UP)
-        seconds = warm_up(_served_model(checkpoint, state_dir).model(), device,
-                          partitions if mpi_workers is None else 2)
-        bar.write(f"kernels ready in {seconds:.1f} s")
         service = run_recovering(
             open_service, lambda e: bar.write(f"{e}\nrecovering from the last checkpoint"),
             stop=stopping.is_set, idle_exit_s=until_idle, on_batch=progress)

@@ -107,6 +107,8 @@ def test_lengthened_grows_a_table_in_its_room_and_copies_past_it():
     small = np.ones((10, 3), np.int32)
     grown = lengthened(small, 20)
     assert grown.dtype == np.int32 and grown[:10].all() and not grown[10:].any()
+    with pytest.raises(ValueError, match="has 20"):
+        lengthened(grown, 5)
 
 
 THP_PROBE = """

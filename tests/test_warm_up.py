@@ -11,6 +11,7 @@ import sys
 import numba
 import numpy as np
 import pytest
+import torch
 
 import streamgnn as sg
 from streamgnn import cores
@@ -43,6 +44,15 @@ def compiled() -> dict[str, int]:
                                   "graphconv-max", "pyg-gin", "pyg-gat"])
 def test_after_warm_up_a_stream_compiles_nothing(arch):
     model = randomise(ARCHS[arch](2), 0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # (the tests run torch on one; the threaded builds then wait)
+    try:
+        _warm_up_then_stream(model)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _warm_up_then_stream(model: torch.nn.Module) -> None:
     seconds = sg.warm_up(model, partitions=3)
     assert seconds > 0
     before = compiled()

@@ -11,9 +11,10 @@ calls this before it consumes, so the stall comes once, at start-up, and a strea
 latency holds from its first batch.
 
 It runs the engine on a small random graph of the model's feature width: bootstrap,
-LinkBench batches of every update type (with every row loop on threads, whatever its
-size, so the threaded builds compile too), two partitions' halo exchange where the
-service is partitioned, and an exact and a selective query.
+LinkBench batches of every update type and an exact and a selective query, once with the
+row loops serial and, where torch may use more than one thread, once with every one on
+threads whatever its size (the threaded builds); with two partitions too where the
+service is partitioned.
 
 Owns that start-up step; must not import kafka or mpi4py.
 """
@@ -51,7 +52,7 @@ def warm_up(model: torch.nn.Module, device: str = "cpu", partitions: int = 1,
     for parts in (1, 2) if partitions > 1 else (1,):
         engine = Engine.from_pyg(model, data, device, recompute=recompute, partitions=parts)
         workload = LinkBenchWorkload(engine.graph, seed=parts)
-        for threaded in (False, True):
+        for threaded in (False, True) if torch.get_num_threads() > 1 else (False,):
             with cores.threads_whatever_the_size() if threaded else contextlib.nullcontext():
                 for size in BATCH_SIZES:
                     engine.apply(workload.batch(size))
