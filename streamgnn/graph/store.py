@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamgnn.allocator import growable_zeros, lengthened
+from streamgnn.allocator import lengthened
 from streamgnn.datasets.graph_data import GraphData
 from streamgnn.errors import (
     DuplicateEdgeError,
@@ -98,7 +98,9 @@ class DynamicGraph:
         self.num_features = num_features
         self._ids = IdMap(vertex_capacity)
         self.alive = np.zeros(vertex_capacity, bool)
-        self.x = growable_zeros((vertex_capacity, num_features), np.float32)
+        # (on the heap, where a loaded dataset's freed rows are reused: a table with room
+        # here raised products-like's peak by its 0.75 GB; its first growth moves it)
+        self.x = np.zeros((vertex_capacity, num_features), np.float32)
         self.in_weight = np.zeros(vertex_capacity, np.float64)  # weighted in-degree
         self.out = Adjacency(vertex_capacity)
         self.inn = Adjacency(vertex_capacity)
