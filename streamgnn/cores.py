@@ -101,7 +101,8 @@ def row_loop(fn: Callable) -> RowLoop:
 def threads_for(work: int) -> int:
     """How many threads a loop touching ``work`` elements runs on: torch's thread count,
     or 1 below `MIN_WORK` and in a child forked from a process whose loops used threads
-    (OpenMP's threads do not survive a fork: a checkpoint's writer)."""
+    (OpenMP's threads do not survive a fork: a checkpoint's writer); within
+    `threads_whatever_the_size`, its count at any size."""
     if _threads_pid is not None and os.getpid() != _threads_pid:
         return 1
     if _every_loop_chunks:
