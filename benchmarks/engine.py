@@ -74,6 +74,11 @@ def table_bytes(engine: Engine) -> int:
         if t is not None)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def engine_bytes(engine: Engine) -> int:
     graph = engine.graph.nbytes()
     return table_bytes(engine) + graph["structure"] + graph["features"]
@@ -344,9 +349,9 @@ def main() -> None:
             args.out.write_text(json.dumps({
                 "preset": args.preset, "device": args.device, "threads": args.threads,
                 "machine": host, "rows": results,
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
+                "peak_rss_mb": peak_rss_mb()},
                 indent=2))
-    console.print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    console.print(f"peak RSS {peak_rss_mb():.0f} MB"
                   f" -> {args.out}")
 
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from engine import engine_bytes
+from engine import engine_bytes, peak_rss_mb
 from mpi4py import MPI
 
 import streamgnn as sg
@@ -34,10 +33,6 @@ from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
 from streamgnn.workers.mpi import spmd
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:
