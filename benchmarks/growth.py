@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from engine import model_for
+from engine import model_for, peak_rss_mb
 from rich.console import Console
 from rich.table import Table
 
@@ -37,10 +36,6 @@ BATCH = 1000
 MIX = {sg.AddVertex: 1.0, sg.AddEdge: 3.0}
 
 
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure(preset: str, name: str, growths: int) -> dict:
     """One model's run (in this process)."""
     keep_freed_memory()
@@ -52,8 +47,8 @@ def measure(preset: str, name: str, growths: int) -> dict:
     shard = engine.shards[0]
     workload = LinkBenchWorkload(engine.graph, seed=0, mix=MIX)
     grew, other = [], []
-    while len(grew) < growths:
-        batch, rows, peak = workload.batch(BATCH), len(shard.state[-1]), peak_mb()
+    while len(grew) < growths or len(other) < 10:  # (ordinary batches to compare with)
+        batch, rows, peak = workload.batch(BATCH), len(shard.state[-1]), peak_rss_mb()
         start = time.perf_counter()
         engine.apply(batch)
         ms = (time.perf_counter() - start) * 1000
@@ -61,10 +56,10 @@ def measure(preset: str, name: str, growths: int) -> dict:
             other.append(ms)
         else:
             grew.append({"ms": ms, "rows_before": rows, "rows_after": len(shard.state[-1]),
-                         "peak_mb_added": peak_mb() - peak})
+                         "peak_mb_added": peak_rss_mb() - peak})
     return {"model": name, "preset": preset, "growth_batches": grew,
             "other_batches": len(other), "other_median_ms": float(np.median(other)),
-            "peak_mb": peak_mb()}
+            "peak_mb": peak_rss_mb()}
 
 
 def main() -> None:
