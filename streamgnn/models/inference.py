@@ -18,7 +18,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from streamgnn.graph import DynamicGraph
-from streamgnn.models.layers import Layer, keeps_state
+from streamgnn.models.layers import Layer
 
 
 def chunk_bounds(in_degree: np.ndarray, max_edges: int) -> np.ndarray:
@@ -50,8 +50,8 @@ def layerwise_states(layers: Sequence[Layer], graph: DynamicGraph, device: str =
                      dtype: torch.dtype = torch.float32, keep_states: bool = True
                      ) -> tuple[list[Tensor], list[Tensor | None]]:
     """:func:`layerwise_inference` plus each layer's aggregation state rows (None
-    without ``keep_states``, and where an engine keeps none: `keeps_state`; a layer that
-    `Layer.keeps_preactivation` keeps that as its state)."""
+    without ``keep_states``; a layer that `Layer.keeps_preactivation` keeps that as its
+    state)."""
     outputs = [torch.from_numpy(graph.x[:graph.num_slots]).to(device, dtype)]
     states = []
     for h, state in layer_by_layer(layers, graph, device, max_edges, progress, dtype,
@@ -76,7 +76,6 @@ def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "
               unit="chunk", disable=not progress, leave=False) as bar:
         for i, layer in enumerate(layers):
             bar.set_postfix(layer=i + 1)
-            keep = keep_states and keeps_state(layers, i)
             with torch.inference_mode():
                 t = layer.transform(h)
                 scale = layer.source_scale(in_weight)
@@ -90,12 +89,12 @@ def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "
                                       torch.arange(a, b, device=device))
                     count = torch.from_numpy(np.diff(ptr)).to(device)
                     agg = layer.aggr.finalize(state, count).to(dtype)
-                    if keep and layer.keeps_preactivation:
+                    if keep_states and layer.keeps_preactivation:
                         state = layer.preactivation(h[a:b], agg)
                         out[a:b] = layer.activate(state)
                     else:
                         out[a:b] = layer.update(h[a:b], agg, t[a:b], in_weight[a:b])
-                    if keep:
+                    if keep_states:
                         if kept is None:
                             kept = state.new_zeros(
                                 (n, *state.shape[1:]),

@@ -12,7 +12,7 @@ Owns these decompositions only; must not import kafka, mpi4py or the graph store
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -176,18 +176,6 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.in_dim}->{self.out_dim}, aggr={self.aggr.name})"
-
-
-def keeps_state(layers: Sequence[Layer], i: int) -> bool:
-    """Whether an engine keeps layer ``i``'s aggregation state: every layer's but the
-    first attention layer of a model of several. That one's region is the batch's own
-    endpoints (and the out-neighbours of vertices whose features changed), each
-    re-aggregated every batch from its in-neighbours' kept t in one pass: quicker than
-    folding deltas into softmax states, and those states, in float64, were the largest
-    table an attention engine kept (GAT, 2 layers, arxiv-like: 141 of 558 MB). A hub
-    costs no more than before: a vertex whose first-layer embedding changes is pulled at
-    the second layer anyway (its own logits all change)."""
-    return not (i == 0 and len(layers) > 1 and layers[0].caches_t)
 
 
 def _linear(lin: torch.nn.Module, x: Tensor, bias: bool = True) -> Tensor:

@@ -226,12 +226,11 @@ class Shard:
         self.drift = [_fresh_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
         self._labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
         self._z = [_keeps_z(layer, s) for layer, s in zip(layers, states, strict=True)]
-        engine = any(s is not None for s in states)  # (RC keeps none)
         with torch.inference_mode():
             self.root = [layer.root(h) if layer.caches_root and s is not None else None
                          for layer, h, s in zip(layers, hs, states, strict=False)]
-            self.t = [layer.transform(h) if layer.caches_t and engine else None
-                      for layer, h in zip(layers, hs, strict=False)]
+            self.t = [layer.transform(h) if layer.caches_t and s is not None else None
+                      for layer, h, s in zip(layers, hs, states, strict=False)]
         # the shard takes the lists over: moved onto huge pages in place, each original
         # table goes as soon as it is copied (a products-like worker's are GBs)
         self.h: list[Tensor | None] = hs
@@ -605,9 +604,7 @@ class Shard:
 
         columns = None  # a pull of some columns only
         z_old = None  # the region's z before the batch, where z is kept (not at the last)
-        if self.state[hop - 1] is None:  # every destination pulled: RC, or no state kept
-            if self.t[hop - 1] is not None and len(changed.slots):  # (`keeps_state`)
-                self._transformed_anew(hop, layer, changed.slots)
+        if self.state[hop - 1] is None:  # RC: every destination pulled, no states kept
             pull = region
             pulled, remote = self._pull(hop, layer, pull)
             agg = layer.aggr.finalize(pulled, self._index(count)).to(self.dtype)
@@ -804,18 +801,13 @@ class Shard:
         (of ``olds``), read from it but for the sources whose input changed (the sources
         include all of them), whose new rows it then takes: the old rows subtracted are
         then the very values once added."""
-        t = self.t[hop - 1].index_select(0, self._index(np.concatenate([slots, olds])))
-        new = self._transformed_anew(hop, layer, changed.slots)
-        t[self._index(self.sets.positions(slots, changed.slots))] = new
-        return t
-
-    def _transformed_anew(self, hop: int, layer: Layer, slots: np.ndarray) -> Tensor:
-        """Where t is kept: the rows of ``slots``, whose input changed, transformed again,
-        stored in it and returned."""
-        index = self._index(slots)
+        kept = self.t[hop - 1]
+        t = kept.index_select(0, self._index(np.concatenate([slots, olds])))
+        index = self._index(changed.slots)
         new = layer.transform(self._rows(hop - 1, index))
-        self.t[hop - 1][index] = new
-        return new
+        t[self._index(self.sets.positions(slots, changed.slots))] = new
+        kept[index] = new
+        return t
 
     def _source_scales(self, layer: Layer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The per-source message factor after and before the batch (degree-normalised
