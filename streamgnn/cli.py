@@ -554,18 +554,12 @@ def _serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
 
 
 def _warm_up(model, device: str, partitions: int, say: Callable[[str], None]) -> None:
-    """Compile the engine's kernels before the first batch (`warm_up`). It only saves
-    time: where it fails, that is said and the kernels compile where first used."""
-    from streamgnn.workers.warm_up import WARMING_UP, warm_up
+    """Compile the engine's kernels before the first batch (`warm_up_if_possible`)."""
+    from streamgnn.workers.warm_up import WARMING_UP, warm_up_if_possible
 
     say(WARMING_UP)
-    try:
-        seconds = warm_up(model, device, partitions)
-    except Exception as e:  # (the service runs as well without it)
-        Console(stderr=True).print(f"warm-up failed ({type(e).__name__}: {e}); kernels "
-                                   "compile where first used")
-        return
-    say(f"kernels ready in {seconds:.1f} s")
+    if (seconds := warm_up_if_possible(model, device, partitions)) is not None:
+        say(f"kernels ready in {seconds:.1f} s")
 
 
 def _serve(checkpoint, dataset, holdout, seed, state_dir, batch_size, max_wait,

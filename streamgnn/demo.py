@@ -37,7 +37,7 @@ from streamgnn.stream.kafka_config import KafkaConfig
 from streamgnn.stream.kafka_tools import ensure_topics, follow, reachable
 from streamgnn.updates import Update
 from streamgnn.workers import Engine
-from streamgnn.workers.warm_up import WARMING_UP, warm_up
+from streamgnn.workers.warm_up import WARMING_UP, warm_up_if_possible
 
 READ_BACK_S = 30.0  # how long the summary waits for the last label changes to be read
 
@@ -100,8 +100,9 @@ def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
         stream = Path(tmp) / "held-out.jsonl"
         stream.write_bytes(b"".join(encode(u) + b"\n" for u in events))
         with console.status(WARMING_UP):
-            seconds = warm_up(checkpoint.model(), device)
-        console.print(f"kernels ready in {seconds:.1f} s")
+            seconds = warm_up_if_possible(checkpoint.model(), device)
+        if seconds is not None:
+            console.print(f"kernels ready in {seconds:.1f} s")
         engine = Engine.from_pyg(checkpoint.model(), snapshot, device=device)
         service = Service(engine, checkpoint, KafkaTransport(kafka, topics.updates),
                           ServiceConfig(batch_size=batch_size, topics=topics))

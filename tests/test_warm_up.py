@@ -73,3 +73,16 @@ def _warm_up_then_stream(model: torch.nn.Module) -> None:
     after = compiled()
     assert after == before, {k: (before.get(k, 0), v) for k, v in after.items()
                              if v != before.get(k, 0)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warm-up must fail: no CUDA here")
+def test_a_failed_warm_up_says_why_and_lets_the_caller_go_on(capsys):
+    """`serve`, its workers and the demo call `warm_up_if_possible`: a warm-up that cannot
+    run (here on a CUDA device this machine lacks) is reported on stderr with its reason,
+    and the caller gets None instead of an exception."""
+    from streamgnn.workers.warm_up import warm_up_if_possible
+
+    model = randomise(ARCHS["graphconv-add"](1), 0)
+    assert warm_up_if_possible(model, "cuda") is None
+    err = capsys.readouterr().err
+    assert "warm-up failed" in err and "compile where first used" in err

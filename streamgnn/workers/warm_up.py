@@ -22,6 +22,7 @@ Owns that start-up step; must not import kafka or mpi4py.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import numpy as np
@@ -60,6 +61,19 @@ def warm_up(model: torch.nn.Module, device: str = "cpu", partitions: int = 1,
                     engine.query(_query(engine.vertex_ids(), data.num_features, budget),
                                  device="cpu")
     return time.perf_counter() - start
+
+
+def warm_up_if_possible(model: torch.nn.Module, device: str = "cpu",
+                        partitions: int = 1) -> float | None:
+    """`warm_up`, which only saves time: where it fails, the reason goes to stderr, the
+    kernels compile where first used, and None is returned (what `serve`, its MPI
+    workers and the demo call: none of them stops for it)."""
+    try:
+        return warm_up(model, device, partitions)
+    except Exception as e:  # (the engine runs as well without it)
+        print(f"warm-up failed ({type(e).__name__}: {e}); kernels compile where first used",
+              file=sys.stderr)
+        return None
 
 
 def _random_graph(features: int) -> GraphData:
