@@ -215,8 +215,10 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
 
 def profile(label: str, name: str, weighted: bool, layers: int, split, size: int,
             batches: int, device: str, top: int = 30) -> None:
-    """cProfile of ``engine.apply`` over ``batches`` batches (after 10 unprofiled ones)."""
-    _, engine, _, trace = bootstrap(name, weighted, layers, split, device, recompute=False)
+    """cProfile of ``engine.apply`` over ``batches`` batches (after a warm-up and 10
+    unprofiled batches)."""
+    model, engine, _, trace = bootstrap(name, weighted, layers, split, device, recompute=False)
+    sg.warm_up(model, device)  # every kernel compiled, threaded builds too (unprofiled)
     for _ in range(10):
         engine.apply(trace.batch(size))
     profiler, spent = cProfile.Profile(), 0.0
