@@ -4,6 +4,7 @@ batches, one model, P partitions in one process.
 
     python benchmarks/phases.py [--model graphconv-sum] [--layers 2] [--partitions 1]
                                 [--batch-size 100] [--batches 300]
+    python benchmarks/phases.py --floor [--batch-size 100]
 
 Prints per step the microseconds a batch, the calls a batch and the microseconds a call,
 largest first. Timers nest (a superstep's row includes its fold's), so rows do not add
@@ -12,6 +13,12 @@ top. A small step costs several times its cost in a loop here: the step after a 
 that streams megabytes finds the interpreter's code and data evicted (docs/tuning.md,
 twenty-second round), so read these as the steps' costs in place. The batches are made
 before the clock starts (the trace's own graph is not timed).
+
+``--floor`` instead times only the compiled work: every numba kernel the engine calls from
+Python and torch's matrix products, with RC (`recompute=True`) run on the same batches in
+alternating blocks of 10, as `benchmarks/engine.py` does. The engine's time with no
+Python at all would be that work's: RC's time over it bounds the ratio engine/RC any
+removal of Python overhead can reach.
 """
 
 from __future__ import annotations
@@ -19,13 +26,18 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import sys
 import time
 
+import numba
+import numpy as np
 import torch
 from engine import Trace, model_for, stream_split
 from rich.console import Console
 from rich.table import Table
 
+import streamgnn as sg
+from streamgnn import cores
 from streamgnn.graph import DynamicGraph
 from streamgnn.models import aggr
 from streamgnn.workers import Engine, Placement, shard
@@ -53,6 +65,80 @@ def timed(owner, name: str, spent: collections.Counter, calls: collections.Count
     setattr(owner, name, wrapper)
 
 
+def compiled_timed(spent: collections.Counter, on: list[bool]) -> None:
+    """Wrap every numba kernel bound in a streamgnn module (each module's own name for it)
+    and `torch.mm` with a timer adding to ``spent`` while ``on[0]``. Only calls from
+    Python pass through the wrappers; kernels calling kernels are timed with their caller.
+    Every kernel must be compiled already (`sg.warm_up`): one compiled later would find a
+    wrapper where it expects a kernel."""
+    wrappers = {}
+
+    def wrap(kernel, label):
+        def wrapper(*args, **kwargs):
+            if not on[0]:
+                return kernel(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - start
+        return wrapper
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("streamgnn"):
+            continue
+        for key, value in list(vars(module).items()):
+            if isinstance(value, cores.RowLoop | numba.core.dispatcher.Dispatcher):
+                fn = value.fn if isinstance(value, cores.RowLoop) else value.py_func
+                if id(value) not in wrappers:
+                    wrappers[id(value)] = wrap(value, f"{fn.__module__}.{fn.__qualname__}")
+                setattr(module, key, wrappers[id(value)])
+    torch.mm = wrap(torch.mm, "torch.mm")
+
+
+def floor(args: argparse.Namespace) -> None:
+    """`--floor`: the engine's compiled work against its batch and RC's."""
+    snapshot, events = stream_split("arxiv-like", False)
+    model = model_for(args.model, snapshot, args.layers)
+    engine = Engine.from_pyg(model, snapshot, partitions=args.partitions)
+    rc = Engine.from_pyg(model, snapshot, partitions=args.partitions, recompute=True)
+    for recompute in (False, True):
+        sg.warm_up(model, partitions=args.partitions, recompute=recompute)
+    trace = Trace(snapshot, events, False)
+    for _ in range(args.warm_up):
+        batch = trace.batch(args.batch_size)
+        engine.apply(batch)
+        rc.apply(batch)
+    spent, on = collections.Counter(), [False]
+    compiled_timed(spent, on)
+    times = {"engine": [], "rc": []}
+    for _ in range(max(1, args.batches // 10)):
+        block = [trace.batch(args.batch_size) for _ in range(10)]
+        for key, target in (("engine", engine), ("rc", rc)):
+            on[0] = key == "engine"
+            for batch in block:
+                start = time.perf_counter()
+                target.apply(batch)
+                times[key].append(time.perf_counter() - start)
+    on[0] = False
+    n = len(times["engine"])
+    batch_ms, rc_ms = (float(np.mean(times[k])) * 1e3 for k in ("engine", "rc"))
+    compiled_ms = sum(spent.values()) / n * 1e3
+    table = Table(title=f"{args.model}, {args.layers} layers, P={args.partitions}, "
+                        f"bs={args.batch_size}, {n} batches: engine {batch_ms:.3f} ms a "
+                        f"batch (mean), RC {rc_ms:.3f} ms, engine/RC {rc_ms / batch_ms:.2f}x; "
+                        f"compiled work {compiled_ms:.3f} ms "
+                        f"({100 * compiled_ms / batch_ms:.0f} % of the batch): RC / compiled "
+                        f"{rc_ms / compiled_ms:.2f}x")
+    for column in ("compiled step", "ms a batch", "share of the batch"):
+        table.add_column(column, justify="left" if column == "compiled step" else "right")
+    for label, seconds in spent.most_common():
+        ms = seconds / n * 1e3
+        table.add_row(label.removeprefix("streamgnn."), f"{ms:.3f}",
+                      f"{100 * ms / batch_ms:.1f} %")
+    Console(width=140).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="graphconv-sum")
@@ -61,8 +147,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--warm-up", type=int, default=30)
+    parser.add_argument("--floor", action="store_true",
+                        help="time the compiled work alone, against the batch and RC's")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.floor:
+        floor(args)
+        return
     snapshot, events = stream_split("arxiv-like", False)
     model = model_for(args.model, snapshot, args.layers)
     engine = Engine.from_pyg(model, snapshot, partitions=args.partitions)
