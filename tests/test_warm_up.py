@@ -1,7 +1,7 @@
 """`warm_up` compiles every kernel a stream goes on to run: after it, an engine of the same
 model on another graph, at one partition and at three, fed every update type at several
-batch sizes (and a batch that re-anchors its states) with its row loops serial and
-threaded, and asked an exact and a selective
+batch sizes (and a batch that re-anchors its states, and one refused and undone) with its
+row loops serial and threaded, and asked an exact and a selective
 query, compiles nothing more."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import streamgnn as sg
 from streamgnn import cores
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
-from streamgnn.workers.warm_up import worn_out
+from streamgnn.workers.warm_up import refused, worn_out
 from tests.archs import ARCHS, F_IN, randomise
 from tests.test_engine import start_graph
 
@@ -68,6 +68,7 @@ def _warm_up_then_stream(model: torch.nn.Module) -> None:
                     engine.apply(workload.batch(size))
                 worn_out(engine)  # (a stream re-anchors after hundreds of batches)
                 engine.apply(workload.batch(25))
+                refused(engine, F_IN)  # (a library user's bad batch, undone)
                 new = int(engine.vertex_ids().max()) + 1
                 for budget in (None, 0.3):
                     engine.query(sg.QueryRequest(

@@ -11,12 +11,13 @@ calls this before it consumes, so the stall comes once, at start-up, and a strea
 latency holds from its first batch.
 
 It runs the engine on a small random graph of the model's feature width: bootstrap,
-LinkBench batches of every update type (then one that re-anchors the states it touches:
-`worn_out`; measured: without it, the first re-anchoring batch of a stream stalled 1.4 s and
-the first large one 3.3 s more) and an exact and a selective query, once with the
-row loops serial and, where torch may use more than one thread, once with every one on
-threads whatever its size (the threaded builds); with two partitions too where the
-service is partitioned.
+LinkBench batches of every update type, then one that re-anchors the states it touches
+(`worn_out`) and one refused as a whole (`refused`), and an exact and a selective query,
+once with the row loops serial and, where torch may use more than one thread, once with
+every one on threads whatever its size (the threaded builds); with two partitions too
+where the service is partitioned. Measured without the last two batches: the first
+re-anchoring batch of a stream stalled 1.4 s and the first large one 3.3 s more; the
+first bad batch a library user applied, 1.5 s (its undo kernel).
 
 Owns that start-up step; must not import kafka or mpi4py.
 """
@@ -32,9 +33,11 @@ import torch
 
 from streamgnn import cores
 from streamgnn.datasets import GraphData
+from streamgnn.errors import InvalidUpdateError
 from streamgnn.models.convert import decompose
 from streamgnn.queries import QueryEdge, QueryRequest, QueryVertex
 from streamgnn.replay.linkbench import LinkBenchWorkload
+from streamgnn.updates import AddEdge, AddVertex
 from streamgnn.workers.engine import Engine
 
 VERTICES = 48  # the random graph's size: every kernel runs, none for long
@@ -61,6 +64,7 @@ def warm_up(model: torch.nn.Module, device: str = "cpu", partitions: int = 1,
                     engine.apply(workload.batch(size))
                 worn_out(engine)  # and one that re-anchors
                 engine.apply(workload.batch(BATCH_SIZES[-1]))
+                refused(engine, data.num_features)
                 for budget in (None, 0.5):
                     engine.query(_query(engine.vertex_ids(), data.num_features, budget),
                                  device="cpu")
@@ -77,6 +81,15 @@ def worn_out(engine: Engine) -> None:
             for drift in shard.drift:
                 if drift is not None:
                     drift.fill_(float("inf"))
+
+
+def refused(engine: Engine, features: int) -> None:
+    """Apply a batch that ``engine`` refuses as a whole (a vertex, then an edge from it to
+    a vertex that does not exist): the graph undoes the vertex (`DynamicGraph.apply`'s
+    undo kernel, which a stream of valid batches never runs)."""
+    new = int(engine.vertex_ids().max()) + 1
+    with contextlib.suppress(InvalidUpdateError):
+        engine.apply([AddVertex(id=new, x=[0.0] * features), AddEdge(src=new, dst=new + 1)])
 
 
 def warm_up_if_possible(model: torch.nn.Module, device: str = "cpu",
