@@ -30,6 +30,7 @@ import collections
 import functools
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -50,13 +51,15 @@ KERNELS = ("superstep_region", "linear_step_inputs", "_compared", "activated_row
            "unpack")
 
 
-def timed(owner, name: str, spent: collections.Counter, calls: collections.Counter) -> None:
-    """Replace ``owner.name`` by a wrapper adding its inclusive time to ``spent``."""
-    inner = getattr(owner, name)
-    label = f"{getattr(owner, '__name__', owner)}.{name}"
+def stopwatch(inner, label: str, spent: collections.Counter, calls: collections.Counter,
+              on: Sequence[bool] = (True,)) -> Callable:
+    """``inner`` wrapped to add its inclusive time and a call to ``spent`` and ``calls``
+    under ``label`` while ``on[0]``."""
 
     @functools.wraps(inner)
     def wrapper(*args, **kwargs):
+        if not on[0]:
+            return inner(*args, **kwargs)
         start = time.perf_counter()
         try:
             return inner(*args, **kwargs)
@@ -64,7 +67,13 @@ def timed(owner, name: str, spent: collections.Counter, calls: collections.Count
             spent[label] += time.perf_counter() - start
             calls[label] += 1
 
-    setattr(owner, name, wrapper)
+    return wrapper
+
+
+def timed(owner, name: str, spent: collections.Counter, calls: collections.Counter) -> None:
+    """Replace ``owner.name`` by a wrapper adding its inclusive time to ``spent``."""
+    label = f"{getattr(owner, '__name__', owner)}.{name}"
+    setattr(owner, name, stopwatch(getattr(owner, name), label, spent, calls))
 
 
 def compiled_timed(spent: collections.Counter, on: list[bool]) -> None:
@@ -73,19 +82,7 @@ def compiled_timed(spent: collections.Counter, on: list[bool]) -> None:
     Python pass through the wrappers; kernels calling kernels are timed with their caller.
     Every kernel must be compiled already (`sg.warm_up`): one compiled later would find a
     wrapper where it expects a kernel."""
-    wrappers = {}
-
-    def wrap(kernel, label):
-        def wrapper(*args, **kwargs):
-            if not on[0]:
-                return kernel(*args, **kwargs)
-            start = time.perf_counter()
-            try:
-                return kernel(*args, **kwargs)
-            finally:
-                spent[label] += time.perf_counter() - start
-        return wrapper
-
+    wrappers, calls = {}, collections.Counter()
     for name, module in list(sys.modules.items()):
         if not name.startswith("streamgnn"):
             continue
@@ -93,9 +90,10 @@ def compiled_timed(spent: collections.Counter, on: list[bool]) -> None:
             if isinstance(value, cores.RowLoop | numba.core.dispatcher.Dispatcher):
                 fn = value.fn if isinstance(value, cores.RowLoop) else value.py_func
                 if id(value) not in wrappers:
-                    wrappers[id(value)] = wrap(value, f"{fn.__module__}.{fn.__qualname__}")
+                    wrappers[id(value)] = stopwatch(value, f"{fn.__module__}.{fn.__qualname__}",
+                                                    spent, calls, on)
                 setattr(module, key, wrappers[id(value)])
-    torch.mm = wrap(torch.mm, "torch.mm")
+    torch.mm = stopwatch(torch.mm, "torch.mm", spent, calls, on)
 
 
 def floor(args: argparse.Namespace) -> None:
