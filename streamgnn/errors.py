@@ -102,3 +102,14 @@ class KafkaConfigError(StreamGNNError, ValueError):
     """A Kafka client setting (from ``--kafka-config`` or a ``STREAMGNN_KAFKA_*`` variable)
     that is unknown, owned by streamgnn, or of the wrong type; the message names it and
     where it came from."""
+
+
+class UserError(StreamGNNError):
+    """A mistake the user can fix (a missing file, an unknown choice, no broker, a state
+    directory that would lose data if used). The ``streamgnn`` command prints ``message``
+    and ``hint`` in a few lines, without a traceback (unless ``--debug``), and exits 2."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if not hint else f"{message}\n{hint}")
