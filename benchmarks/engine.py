@@ -69,9 +69,9 @@ def stream_split(preset: str, weighted: bool):
 def table_bytes(engine: Engine) -> int:
     """The engine's per-vertex tables beside the graph: embeddings, states and what it
     keeps with them."""
-    return sum(t.nbytes for shard in engine.shards for t in (
-        *shard.h[1:], *shard.state, *shard.drift, *shard.ties, *shard.root, *shard.t)
-        if t is not None)
+    return sum(t.nbytes for tb in (shard.tables for shard in engine.shards)
+               for t in (*tb.h[1:], *tb.state, *tb.drift, *tb.ties, *tb.root, *tb.t)
+               if t is not None)
 
 
 def peak_rss_mb() -> float:

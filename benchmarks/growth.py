@@ -44,18 +44,18 @@ def measure(preset: str, name: str, growths: int) -> dict:
     model = model_for(name, data, 2)
     engine = Engine.from_pyg(model, data)
     sg.warm_up(model)
-    shard = engine.shards[0]
+    tables = engine.shards[0].tables
     workload = LinkBenchWorkload(engine.graph, seed=0, mix=MIX)
     grew, other = [], []
     while len(grew) < growths or len(other) < 10:  # (ordinary batches to compare with)
-        batch, rows, peak = workload.batch(BATCH), len(shard.state[-1]), peak_rss_mb()
+        batch, rows, peak = workload.batch(BATCH), len(tables.state[-1]), peak_rss_mb()
         start = time.perf_counter()
         engine.apply(batch)
         ms = (time.perf_counter() - start) * 1000
-        if len(shard.state[-1]) == rows:
+        if len(tables.state[-1]) == rows:
             other.append(ms)
         else:
-            grew.append({"ms": ms, "rows_before": rows, "rows_after": len(shard.state[-1]),
+            grew.append({"ms": ms, "rows_before": rows, "rows_after": len(tables.state[-1]),
                          "peak_mb_added": peak_rss_mb() - peak})
     return {"model": name, "preset": preset, "growth_batches": grew,
             "other_batches": len(other), "other_median_ms": float(np.median(other)),

@@ -43,12 +43,15 @@ import streamgnn as sg
 from streamgnn import cores
 from streamgnn.graph import DynamicGraph
 from streamgnn.models import aggr
-from streamgnn.workers import Engine, Placement, shard
+from streamgnn.workers import Engine, Placement, fold, ghost_rows, shard, superstep, tables
 
-SHARD_STEPS = ("_begin", "_superstep", "_fold", "_finish", "_label_changes", "_incoming",
-               "_outgoing", "_rows", "_pull")
-KERNELS = ("superstep_region", "linear_step_inputs", "_compared", "activated_rows", "pack",
-           "unpack")
+# a batch's steps and kernels, each timed where its callers look it up
+STEPS = ((shard.Shard, ("_begin", "_finish", "_label_changes")),
+         (shard, ("superstep", "incoming", "outgoing")),
+         (tables.Tables, ("h_rows",)),
+         (superstep, ("fold", "pull", "superstep_region", "_compared", "activated_rows")),
+         (fold, ("linear_step_inputs",)),
+         (ghost_rows, ("pack", "unpack")))
 
 
 def stopwatch(inner, label: str, spent: collections.Counter, calls: collections.Counter,
@@ -163,10 +166,9 @@ def main() -> None:
     batches = [trace.batch(args.batch_size) for _ in range(args.batches)]
 
     spent, calls = collections.Counter(), collections.Counter()
-    for name in SHARD_STEPS:
-        timed(shard.Shard, name, spent, calls)
-    for name in KERNELS:
-        timed(shard, name, spent, calls)
+    for owner, names in STEPS:
+        for name in names:
+            timed(owner, name, spent, calls)
     for owner, name in ((Engine, "submit"), (Engine, "collect"), (DynamicGraph, "apply"),
                         (Placement, "route"), (aggr.SumAggregation, "fold"),
                         (type(engine.layers[0]), "rel_root")):

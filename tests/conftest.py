@@ -78,7 +78,7 @@ def device_kernels(monkeypatch):
     GPU: where tensors live, and the engine's one row reduction (`_argmax_rows`), which
     branches on the device inside."""
     from streamgnn.models import extremum_ops, inference, layers, rowops, softmax_ops
-    from streamgnn.workers import halo, shard
+    from streamgnn.workers import fold, halo
 
     for module, names in ((rowops, ("combine_rows", "fold_rows", "store_rows", "compare_rows",
                                     "difference_table", "activated_rows", "merge_rows", "fill_rows",
@@ -97,7 +97,7 @@ def device_kernels(monkeypatch):
 
     monkeypatch.setattr(inference, "aggregate_spmm", sum_only)
     monkeypatch.setattr(inference, "_reduces_on_cpu", lambda t: False)
-    monkeypatch.setattr(shard, "_one_kernel", lambda device: False)
+    monkeypatch.setattr(fold, "_one_kernel", lambda device: False)
 
 
 from tests.kafka_fixtures import (  # noqa: E402, F401  (fixtures for every test module)

@@ -132,7 +132,7 @@ def test_vertices_outside_the_l_hop_region_are_not_touched():
     shard = engine.shards[0]
 
     def tables() -> list[torch.Tensor]:  # embeddings and states, where the shard keeps them
-        return [t for t in (*shard.h[1:], *shard.state) if t is not None]
+        return [t for t in (*shard.tables.h[1:], *shard.tables.state) if t is not None]
 
     before = [t.clone() for t in tables()]
     assert len(before) >= 2
@@ -160,17 +160,17 @@ def test_tables_on_huge_pages_stay_exact(monkeypatch, arch):
 
     def tables():
         return [t for name in ("h", "state", "ties", "root", "t")
-                for t in getattr(shard, name) if t is not None]
+                for t in getattr(shard.tables, name) if t is not None]
 
     where = [t.data_ptr() for t in tables()]
     assert all(p % (2 << 20) == 0 for p in where)
     adds = {sg.AddVertex: 1.0, sg.AddEdge: 2.0, sg.UpdateFeatures: 1.0}
     workload = LinkBenchWorkload(engine.graph, seed=3, mix=adds)
-    while len(shard.state[0]) <= 400:
+    while len(shard.tables.state[0]) <= 400:
         engine.apply(workload.batch(50))
     assert [t.data_ptr() for t in tables()] == where  # grown in place
     assert_exact(engine, model, torch.float32, 1e-4)
-    while len(shard.state[0]) <= 600:  # past the room: copied
+    while len(shard.tables.state[0]) <= 600:  # past the room: copied
         engine.apply(workload.batch(100))
     assert [t.data_ptr() for t in tables()] != where
     assert all(t.data_ptr() % (2 << 20) == 0 for t in tables())
@@ -192,11 +192,11 @@ def test_layers_kept_as_z_read_their_rows_in_one_kernel_where_the_activation_all
     as z runs everything before its product in one kernel (`linear_step_inputs`) where the
     rows it reads are the features or z activated value by value, and stays exact either
     way (the other superstep reads rows computed by torch)."""
-    from streamgnn.workers import shard as shard_module
+    from streamgnn.workers import fold
 
     calls = []
-    kernel = shard_module.linear_step_inputs
-    monkeypatch.setattr(shard_module, "linear_step_inputs",
+    kernel = fold.linear_step_inputs
+    monkeypatch.setattr(fold, "linear_step_inputs",
                         lambda *args: calls.append(1) or kernel(*args))
     data = random_graph(np.random.default_rng(5), n=300, m=1500, d=F_IN, hubs=3)
     model = randomise(ARCHS[arch](2), 5)
@@ -497,7 +497,7 @@ def _recount_extremum(engine: Engine, hop: int) -> tuple[np.ndarray, np.ndarray]
     each vertex's in-edge messages per column (0 without in-edges) and how many equal it."""
     shard, layer, g = engine.shards[0], engine.layers[hop - 1], engine.graph
     src, dst, w = g.edge_slots()
-    table = g.x[:g.num_slots].astype(np.float64) if hop == 1 else shard.h[hop - 1].numpy()
+    table = g.x[:g.num_slots].astype(np.float64) if hop == 1 else shard.tables.h[hop - 1].numpy()
     msg = layer.aggr.sign * table[src] * (w[:, None].astype(np.float64)
                                           if layer.edge_weighted else 1.0)
     best = np.full((g.num_slots, table.shape[1]), -np.inf)
@@ -528,9 +528,9 @@ def test_extremum_ties_count_every_carrier(arch, seed, batches):
         alive = engine.graph.vertex_slots()
         for hop in (1, 2):
             state, ties = _recount_extremum(engine, hop)
-            shard = engine.shards[0]
-            np.testing.assert_array_equal(shard.state[hop - 1].numpy()[alive], state[alive])
-            np.testing.assert_array_equal(shard.ties[hop - 1].numpy()[alive], ties[alive])
+            tables = engine.shards[0].tables
+            np.testing.assert_array_equal(tables.state[hop - 1].numpy()[alive], state[alive])
+            np.testing.assert_array_equal(tables.ties[hop - 1].numpy()[alive], ties[alive])
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
@@ -550,9 +550,9 @@ def test_sum_mean_and_gin_layers_keep_their_preactivation_alone(arch, num_layers
     data = start_graph(seed)
     model = randomise(ARCHS[arch](num_layers), seed).double()
     engine = Engine.from_pyg(model, data)
-    shard = engine.shards[0]
+    tables = engine.shards[0].tables
     assert all(layer.keeps_preactivation for layer in engine.layers)
-    assert shard.h[1:] == [None] * num_layers and shard.root == [None] * num_layers
+    assert tables.h[1:] == [None] * num_layers and tables.root == [None] * num_layers
     ref = Reference(data)
     for candidates in batches:
         engine.apply(valid_batch(ref, candidates))
@@ -561,7 +561,7 @@ def test_sum_mean_and_gin_layers_keep_their_preactivation_alone(arch, num_layers
         inputs = pyg_layers(model, current, torch.float64)[:-1]
         slots = engine.graph.slots(current.ids)
         for k, (conv, h) in enumerate(zip(model.convs, inputs, strict=True)):
-            np.testing.assert_allclose(shard.state[k].numpy()[slots],
+            np.testing.assert_allclose(tables.state[k].numpy()[slots],
                                        _preactivation(conv, h, g).numpy(), atol=1e-9)
         assert_exact(engine, model, torch.float64, 1e-9)
 

@@ -48,14 +48,14 @@ def assert_ghosts_are_needed(engine: Engine) -> None:
     src, dst, _ = engine.edges()
     owner_src, owner_dst = engine.partition_of(src), engine.partition_of(dst)
     for q, shard in enumerate(engine.shards):
-        g = shard.graph
+        g, ghost, holders = shard.graph, shard.tables.ghost, shard.tables.holders
         slots = g.vertex_slots()
-        ghosts = set(g.ext[slots[shard.ghost[slots]]].tolist())
+        ghosts = set(g.ext[slots[ghost[slots]]].tolist())
         assert ghosts == set(src[(owner_dst == q) & (owner_src != q)].tolist())
-        mine = slots[~shard.ghost[slots]]
-        held = (shard.holders[mine] >> np.uint64(q)) & np.uint64(1)
+        mine = slots[~ghost[slots]]
+        held = (holders[mine] >> np.uint64(q)) & np.uint64(1)
         assert not held.any()  # nobody holds its own vertices
-        for u, bits in zip(g.ext[mine].tolist(), shard.holders[mine].tolist(), strict=True):
+        for u, bits in zip(g.ext[mine].tolist(), holders[mine].tolist(), strict=True):
             at = engine.placement.holders[engine.graph.slots([u])[0]]
             assert int(at) == bits
 

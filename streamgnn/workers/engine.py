@@ -1,12 +1,12 @@
 """`Engine`: exact incremental GNN inference over a dynamic graph split into partitions
-(DESIGN.md "Distribution"). The engine keeps the whole graph for validation (the router's
-view: a batch is checked and applied to it atomically, exactly as with one partition),
-routes the batch's net change to the partitions (`Placement`) and runs the `Shard`
-supersteps in lock step: before superstep l each shard sends the rows of h^(l-1) that
-changed to the shards holding them as ghosts, as packed buffers through an `Exchange`
+(docs/architecture.md "Partitions and MPI ranks"). The engine keeps the whole graph for
+validation (the router's view: a batch is checked and applied to it atomically, exactly as
+with one partition), routes the batch's net change to the partitions (`Placement`) and runs
+the `Shard` supersteps in lock step: before superstep l each shard sends the rows of h^(l-1)
+that changed to the shards holding them as ghosts, as packed buffers through an `Exchange`
 (a transpose in one process; point to point between MPI ranks). Bootstrap cuts the graph
-into partitions and each shard computes its own first state the same way. With one
-partition the shard works on the engine's own graph and nothing is exchanged.
+into partitions and each shard computes its own first state the same way. With one partition
+the shard works on the engine's own graph and nothing is exchanged.
 
 Owns the public engine API; must not import kafka or mpi4py.
 """
@@ -35,12 +35,13 @@ from streamgnn.models.inference import layerwise_states
 from streamgnn.npz import prefixed, read_arrays, under, write_arrays
 from streamgnn.queries import QueryColumns, QueryRequest
 from streamgnn.updates import AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
+from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.executors import Executors
 from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.placement import Placement, Routed, Strategy
 from streamgnn.workers.query import QueryAnswer, QueryGraph, plan, run
-from streamgnn.workers.shard import ApplyResult, Shard
+from streamgnn.workers.shard import Shard
 from streamgnn.workers.slotsets import SlotSets
 
 T = TypeVar("T")
@@ -48,7 +49,8 @@ _CHECKED = ValueLimits(float("inf"), float("inf"))  # a shard's input: the engin
 
 
 class Engine:
-    """Exact incremental inference of a PyG model over a dynamic graph (DESIGN.md)."""
+    """Exact incremental inference of a PyG model over a dynamic graph
+    (docs/architecture.md "The incremental engine")."""
 
     def __init__(self, model: torch.nn.Module, graph: DynamicGraph, device: str = "cpu",
                  recompute: bool = False, progress: bool = False, partitions: int = 1,
@@ -261,15 +263,16 @@ class Engine:
     # ---------------------------------------------------------------- queries
     def query(self, req: QueryRequest | QueryColumns, device: str | None = None,
               **options) -> QueryAnswer:
-        """Answer a query (DESIGN.md "Query serving"): its vertices' output embeddings
-        and labels, exactly as if inserted (``budget=None``) or by selective
-        recomputation with ``budget`` gamma in [0, 1] and ``policy`` ("top-ratio",
-        "random", "degree"); the engine is left as it was unless ``insert=True``, which
-        applies the query as a batch of updates and answers from the result. ``req`` is
-        a `QueryRequest` or, the fast way for large queries, `QueryColumns`; the keyword
-        ``options`` (``budget``, ``policy``, ``insert``) override a request's own. The
-        dense work runs on ``device``, by default the one `Executors.pick` chooses for
-        its size. A bad request raises the `InvalidUpdateError` naming its problem."""
+        """Answer a query (docs/architecture.md "The life of a query"): its vertices'
+        output embeddings and labels, exactly as if inserted (``budget=None``) or by
+        selective recomputation with ``budget`` gamma in [0, 1] and ``policy``
+        ("top-ratio", "random", "degree"); the engine is left as it was unless
+        ``insert=True``, which applies the query as a batch of updates and answers from
+        the result. ``req`` is a `QueryRequest` or, the fast way for large queries,
+        `QueryColumns`; the keyword ``options`` (``budget``, ``policy``, ``insert``)
+        override a request's own. The dense work runs on ``device``, by default the one
+        `Executors.pick` chooses for its size. A bad request raises the
+        `InvalidUpdateError` naming its problem."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         settings = _options(req, options)

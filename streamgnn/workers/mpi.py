@@ -25,7 +25,8 @@ its last checkpoint.
 Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in the
 generation folder rank 0 names; rank 0 writes the rest and the manifest.
 
-The only module that imports mpi4py; must not import kafka.
+With `supervisor` (which launches and supervises the job), the only module that imports
+mpi4py; must not import kafka.
 """
 
 from __future__ import annotations
@@ -41,15 +42,19 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from streamgnn.allocator import freed_memory_returned
+from streamgnn.extras import needs
 from streamgnn.models import decompose
 from streamgnn.npz import from_bytes, plain, read_arrays, to_bytes, write_arrays
 from streamgnn.updates import UpdateBatch
+from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.placement import Routed
-from streamgnn.workers.shard import ApplyResult, Shard
+from streamgnn.workers.shard import Shard
+
+with needs("MPI workers (serve --workers)"):
+    from mpi4py import MPI
 
 LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(10)
 ONE_AT_A_TIME = (LOAD, BOOTSTRAP)  # commands whose payloads are sent to one worker at a time

@@ -78,7 +78,7 @@ def worn_out(engine: Engine) -> None:
     compiles like any other kernel."""
     with torch.inference_mode():  # (the engine's tables are inference tensors)
         for shard in engine.shards:
-            for drift in shard.drift:
+            for drift in shard.tables.drift:
                 if drift is not None:
                     drift.fill_(float("inf"))
 

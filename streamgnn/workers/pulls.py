@@ -1,0 +1,141 @@
+"""Recompute pulls: states a delta cannot fix in place, aggregated again from all the
+vertex's in-neighbours. Whole states (`pull`): RC's every destination, a linear state
+re-anchored once its rounding bound grew too large, an attention state whose own input
+changed or whose denominator cancelled. Some columns only (`pull_columns`): max/min
+where the last known carrier of a column left; also how max/min's ties are first
+counted (`keep_ties`).
+
+Owns these re-aggregations; must not import kafka or mpi4py, nor the superstep, fold,
+messages or ghost-row parts of the shard.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.models.aggr import Pull
+from streamgnn.models.inference import aggregate, chunk_bounds
+from streamgnn.models.layers import Layer
+from streamgnn.models.rowops import in_row_sums
+from streamgnn.workers.tables import Tables
+
+
+def pull(tb: Tables, hop: int, layer: Layer, slots: np.ndarray) -> tuple[Tensor, int]:
+    """Recompute the states of ``slots`` from all their in-neighbours; also returns how
+    many distinct ghosts they read. A linear aggregation sums the rows of h and
+    transforms the sums (its transform is linear without bias, so it commutes with
+    them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbour:
+    where h is a stored table, summed in place (`_sums`), else from rows gathered
+    (`_gathered`)."""
+    state, count, remote = _sums(tb, hop, layer, slots) or _gathered(tb, hop, layer, slots)
+    if tb.z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
+        agg = layer.aggr.finalize(state, tb.index(count))
+        state = layer.preactivation(tb.h_rows(hop - 1, tb.index(slots)), tb.ours(agg))
+    if tb.state[hop - 1] is not None:
+        tb.state[hop - 1][tb.index(slots)] = state.to(tb.state[hop - 1].dtype)
+        if tb.drift[hop - 1] is not None:
+            tb.drift[hop - 1][tb.index(slots)] = layer.aggr.fresh_drift(state)
+    return state, remote
+
+
+def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
+          ) -> tuple[Tensor, np.ndarray, int] | None:
+    """`pull`'s aggregation where it is a sum of rows of a table h^(hop-1) is read from
+    (`Tables.h_table_of`), weighted by the edges' weights alone (a linear aggregation,
+    not degree-normalised, whose t is not kept): summed where the rows and in-edges are
+    stored (`in_row_sums`), then transformed. Returns the states, the in-degrees and the
+    distinct ghosts read; None where the pull must gather rows."""
+    if not layer.aggr.linear or layer.degree_normalised or tb.t[hop - 1] is not None:
+        return None
+    source = tb.h_table_of(hop - 1)
+    if source is None:
+        return None
+    begin, end, src, w, remote = _in_edges(tb, slots)
+    table, relu = source
+    state = in_row_sums(table, relu, begin, end, src, w if layer.edge_weighted else None,
+                        tb.dtype, tb.device)
+    return (layer.transform(state) if layer.transforms else state), end - begin, remote
+
+
+def _gathered(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
+              ) -> tuple[Tensor, np.ndarray, int]:
+    """`pull`'s aggregation from the rows of t its in-neighbours read, gathered (and
+    transformed unless the sums will be), or read in place where t is kept."""
+    g = tb.graph
+    ptr, src, w = g.in_edges(slots)
+    remote = _ghosts_read(tb, src)
+    raw = False  # the rows aggregated are h, to be transformed after
+    if tb.t[hop - 1] is not None:  # kept: read in place, by slot
+        rows, t = slice(None), tb.t[hop - 1]  # rows: all slots
+        src_at, pull_at = src, slots
+    else:  # the rows the pull reads, transformed unless the sums will be
+        rows = tb.sets.union(src, slots)
+        raw = layer.aggr.linear and layer.transforms
+        index = tb.index(rows)
+        t = tb.h_rows(hop - 1, index) if raw else tb.t_rows(hop, layer, index)
+        src_at, pull_at = tb.sets.positions(rows, src), tb.sets.positions(rows, slots)
+    scale = (layer.source_scale(tb.weight(g.in_weight, rows))
+             if layer.degree_normalised else None)
+    state = aggregate(layer, t, ptr, tb.index(src_at), tb.tensor(w).to(t.dtype), scale,
+                      tb.index(pull_at))
+    return (layer.transform(state) if raw else state), np.diff(ptr), remote
+
+
+def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull) -> int:
+    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` from all their in-neighbours
+    (`Aggregation.pull_columns`), reading their rows of t in place where t is h as stored
+    (and, without ghosts to count, the in-edges where the graph keeps them); returns how
+    many distinct ghosts they read."""
+    slots = lost.dst.cpu().numpy()
+    table = None if layer.transforms else tb.h_table(hop - 1)
+    begin, end, src, w, remote = _in_edges(tb, slots, listed=table is None)
+    if table is None:  # t of the rows read
+        rows = tb.sets.union(src)
+        table = tb.t_rows(hop, layer, tb.index(rows))
+        src = tb.sets.positions(rows, src)
+    layer.aggr.pull_columns(tb.state[hop - 1], tb.ties[hop - 1], lost, table, begin, end,
+                            src, w if layer.edge_weighted else None)
+    return remote
+
+
+def keep_ties(tb: Tables) -> None:
+    """Beside each state of an aggregation that keeps ties (max/min), the ties, counted
+    where there are none yet."""
+    for hop, (layer, state) in enumerate(zip(tb.layers, tb.state, strict=True), start=1):
+        if state is not None and layer.aggr.ties_dtype and tb.ties[hop - 1] is None:
+            tb.ties[hop - 1] = torch.zeros(state.shape, dtype=layer.aggr.ties_dtype,
+                                           device=tb.device)
+            _count_ties(tb, hop)
+
+
+@torch.inference_mode()
+def _count_ties(tb: Tables, hop: int, max_edges: int = 1 << 20) -> None:
+    """Layer ``hop``'s ties of every vertex the shard owns: all their columns
+    re-aggregated, vertices in chunks of at most ``max_edges`` in-edges."""
+    owned = np.flatnonzero(tb.owned[:tb.graph.num_slots])
+    width = tb.state[hop - 1].shape[1]
+    for a, b in pairwise(chunk_bounds(tb.graph.in_degree[owned], max_edges).tolist()):
+        cols = torch.ones((b - a, width), dtype=torch.bool, device=tb.device)
+        pull_columns(tb, hop, tb.layers[hop - 1], Pull(tb.index(owned[a:b]), cols))
+
+
+def _in_edges(tb: Tables, slots: np.ndarray, listed: bool = False
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The in-edges of ``slots`` as blocks: vertex i's sources are ``src[begin[i]:end[i]]``,
+    weights alongside in ``w``; and how many distinct ghosts they name. Read where the
+    graph stores them (no copy) unless ``listed`` (the blocks one after another,
+    `DynamicGraph.in_edges`) or there are ghosts to count."""
+    if tb.ghost is None and not listed:
+        begin, end, src, w = tb.graph.in_blocks(slots)
+        return begin, end, src, w, 0
+    ptr, src, w = tb.graph.in_edges(slots)
+    return ptr[:-1], ptr[1:], src, w, _ghosts_read(tb, src)
+
+
+def _ghosts_read(tb: Tables, src: np.ndarray) -> int:
+    """How many distinct ghosts the slots ``src`` name."""
+    return 0 if tb.ghost is None else len(np.unique(src[tb.ghost[src]]))

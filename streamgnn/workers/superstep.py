@@ -1,0 +1,163 @@
+"""One superstep of a batch on a shard (`superstep`): for sources whose h^{l-1} changed
+(and, for degree-normalised layers, whose in-degree changed) the region their messages
+reach (`superstep_region`); the messages folded into the states (`fold` for linear
+aggregations, `Aggregation.apply_delta` of an `outbox` otherwise); destinations that
+cannot be fixed that way pulled (`pulls`); then h^l recomputed for the region, stored,
+and compared with the old rows (the next superstep's sources are those that moved). RC
+(no states kept) pulls every destination.
+
+Owns the order of these steps and the counts of `ApplyResult`; must not import kafka or
+mpi4py, nor the ghost-row part of the shard.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.models.layers import Layer
+from streamgnn.models.rowops import activated_rows, compare_rows, store_rows_, take_rows
+from streamgnn.workers.batch import Batch, BatchEdges, Step
+from streamgnn.workers.fold import fold
+from streamgnn.workers.messages import outbox
+from streamgnn.workers.pulls import pull, pull_columns
+from streamgnn.workers.region import superstep_region
+from streamgnn.workers.tables import Tables
+
+
+def superstep(tb: Tables, b: Batch, hop: int) -> Step:
+    """Superstep ``hop`` (1..L) of the open batch ``b``; its counts go to ``b.result``."""
+    g, layer, result = tb.graph, tb.layers[hop - 1], b.result
+    changed, edges = b.changed, b.edges
+    sources = changed.slots
+    if layer.degree_normalised:
+        sources = tb.sets.union(sources, edges.degree_changed)
+    keeps_z, last = tb.z[hop - 1], hop == len(tb.layers)
+    owned = tb.owned
+    # the unchanged out-edges of the sources (the changed pairs are sent separately),
+    # the region they and the changed edges reach, and the rows the next step reads
+    at, v1, w1, region, count, fresh, ahead = superstep_region(
+        g.out.arrays, np.asarray(sources, np.int64), edges.keys, edges.dst, changed.slots,
+        owned, g.in_degree, b.added, edges.src, b.removed, keeps_z and not last,
+        tb.sets.mark, tb.sets.scratch)
+    if not len(region):
+        result.recomputed.append(0)
+        result.pulled.append(0)
+        result.pulled_columns.append(0)
+        result.remote_reads.append(0)
+        result.combined_messages.append(0)
+        nothing, none = _no_rows(layer.out_dim, tb.dtype, tb.device)
+        result.rewritten.append((region, none))
+        return Step(hop, region, nothing, _NOT_ANY, _NOT_ANY, nothing)
+
+    columns = None  # a pull of some columns only
+    z_old = None  # the region's z before the batch, where z is kept (not at the last)
+    if tb.state[hop - 1] is None:  # RC: every destination pulled, no states kept
+        pulled_slots = region
+        pulled, remote = pull(tb, hop, layer, pulled_slots)
+        agg = layer.aggr.finalize(pulled, tb.index(count)).to(tb.dtype)
+    elif layer.aggr.linear:  # messages fold into the states, read back in one pass
+        agg, wear, z_old = fold(tb, b, hop, layer, sources, at, v1, w1, region, count,
+                                keep=keeps_z and not last)
+        anchored = layer.aggr.re_anchored(wear)
+        pulled_slots, remote = region[anchored], 0
+        if len(pulled_slots):  # re-anchored: summed again from all in-neighbours
+            pulled, remote = pull(tb, hop, layer, pulled_slots)
+            agg[tb.index(anchored)] = (pulled if keeps_z else
+                layer.aggr.finalize(pulled, tb.index(count[anchored]))).to(agg.dtype)
+        agg = tb.ours(agg)  # (in t's dtype)
+    else:
+        out = outbox(tb, b, hop, layer, sources, at, v1, w1, region)
+        lost = layer.aggr.apply_delta(tb.state[hop - 1], tb.ties[hop - 1], out.t, out.region,
+                                      out.new, out.old, tb.index(edges.empty_before),
+                                      out.part)
+        pulled_slots, columns = ((lost.dst.cpu().numpy(), None) if lost.cols is None
+                                 else (region[:0], lost))
+        if layer.aggr.destination_dependent:
+            pulled_slots = tb.sets.union(pulled_slots, changed.slots, alive=owned)
+        remote = pull(tb, hop, layer, pulled_slots)[1] if len(pulled_slots) else 0
+        if columns is not None and len(columns.dst):
+            remote += pull_columns(tb, hop, layer, columns)
+        agg = layer.aggr.finalize_stored(tb.state[hop - 1], tb.index(region),
+                                         tb.index(count))
+        agg = agg.to(tb.dtype)  # (a tensor, or packed attention states)
+    activated = None
+    if keeps_z:  # agg is z, stored already; h activated here, with rows read next
+        activated = np.concatenate([region, ahead])
+        after, moved, old_rows, finite = _compared(layer, z_old, agg, tb.state[hop - 1],
+                                                   ahead, fresh)
+    else:
+        root, index = tb.root[hop - 1], tb.index(region)
+        if root is None:
+            rows = tb.h_rows(hop - 1, index)
+            t = tb.t_rows(hop, layer, index) if layer.self_transform else None
+            new = layer.update(rows, agg, t, tb.weight(g.in_weight, region))
+        else:  # only vertices whose own input changed need their root term again
+            own = tb.index(changed.slots)
+            root[own] = layer.root(tb.h_rows(hop - 1, own))
+            new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
+        moved, old_rows, finite = store_rows_(tb.h[hop], region, new, fresh,
+                                              keep_old=not last)
+        after = new
+    result.recomputed.append(len(region))
+    result.pulled.append(len(pulled_slots) + (0 if columns is None else len(columns.dst)))
+    result.pulled_columns.append(0 if columns is None else _count(columns.cols))
+    result.remote_reads.append(remote)
+    result.combined_messages.append(_combined_messages(tb, sources, at, v1, edges))
+    result.rewritten.append((region, after.numpy()[:len(region)] if tb.device.type == "cpu"
+                             else after[:len(region)].cpu().numpy()))
+    return Step(hop, region, after, fresh, moved, old_rows, finite, activated)
+
+
+def _combined_messages(tb: Tables, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
+                       edges: BatchEdges) -> int:
+    """The superstep's messages from ghosts, combined per destination and source
+    partition (`ApplyResult.combined_messages`); 0 without partitions."""
+    if tb.ghost is None:
+        return 0
+    return tb.sets.remote_pairs(sources, at, v1, edges.src, edges.dst, edges.had,
+                                edges.has, tb.owned, tb.ghost, tb.ghost_owner)
+
+
+def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
+              ahead: np.ndarray, fresh: np.ndarray) -> tuple[Tensor, np.ndarray, Tensor, bool]:
+    """For a layer whose pre-activation is kept (``z`` of a region, stored already in
+    ``table``): the region's rows of h followed by those of the slots ``ahead``, with
+    `store_rows_`'s answer: which of the region's changed (all, at the last layer:
+    ``z_old`` None) and the old rows of those that did and are not ``fresh``; whether every
+    new row is finite. An activation value by value runs in the kernel that compares
+    (`activated_rows`); any other activates all rows in one call."""
+    kind = layer.elementwise
+    if kind is not None:
+        return activated_rows(z, table, ahead, kind == "relu", z_old, fresh)
+    z_ahead = take_rows(table, ahead)
+    n, m = z.shape[0], z.shape[0] + z_ahead.shape[0]  # (a tensor's len() is 5 Python calls)
+    parts = [z] + ([z_ahead] if m > n else []) + ([] if z_old is None else [z_old])
+    both = layer.activate(torch.cat(parts) if len(parts) > 1 else z)
+    after, old = both[:m], (None if z_old is None else both[m:])
+    moved, finite = compare_rows(old, after[:n], fresh)
+    if old is None:
+        return after, moved, after[:0], finite
+    return after, moved, take_rows(old, np.flatnonzero(moved & ~fresh)), finite
+
+
+_NOT_ANY = np.zeros(0, bool)  # no vertex marked (read only)
+
+
+@functools.cache
+def _no_rows(width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, np.ndarray]:
+    """No rows of ``width`` columns, as a tensor and on the host: shared (a superstep
+    that reaches no vertex returns them; creating them costs more than its other work)."""
+    rows = torch.empty((0, width), dtype=dtype, device=device)
+    return rows, rows.cpu().numpy()
+
+
+# A row reduction: numpy is quicker than torch on the small CPU tensors of a batch.
+def _count(flags: Tensor) -> int:
+    """How many of the bools are set."""
+    if flags.device.type == "cpu":
+        return int(np.count_nonzero(flags.numpy()))
+    return int(flags.sum())

@@ -1,0 +1,276 @@
+"""`Tables`: what a shard keeps per slot, and reading rows of it. Per layer: the
+embeddings h (or the pre-activation z alone, where the layer `Layer.keeps_preactivation`:
+h is then activated wherever a row is read), aggregation states with sums' rounding
+bounds (drift) and max/min's ties, kept root terms and transforms t; per slot: the
+in-degrees the states were built with, the predicted labels, which slots are ghosts and
+who holds the owned ones. Also the tables' capacity (grown with the graph), their place
+in memory (2 MB pages on the CPU) and their arrays (what a checkpoint holds).
+
+Every superstep part reads rows through here (`h_rows`, `t_rows`, `h_table_of`, ...), so
+where the tables live is decided here once; the parts keep one structure on the CPU and
+on a device, which differ in their kernels (and in `fold`'s CPU-only single kernel).
+
+Owns the tables and row access; must not import kafka or mpi4py, nor the parts of the
+shard that compute (superstep, fold, messages, pulls, ghost rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.allocator import huge_pages, lengthened
+from streamgnn.graph import DynamicGraph
+from streamgnn.models.layers import Layer
+from streamgnn.models.rowops import merge_rows, take_rows
+from streamgnn.npz import prefixed, under
+from streamgnn.workers.batch import Step
+from streamgnn.workers.slotsets import SlotSets
+
+_PER_LAYER = ("h", "state", "drift", "ties", "root", "t")  # h: layers 0..L, others 1..L
+_PER_SLOT = ("ghost", "holders", "ghost_owner")  # None without partitions
+
+
+class Tables:
+    """One shard's per-slot tables (all slots of its graph, ghosts' rows included) and
+    the reads of their rows. ``recent``: the open batch's last superstep, whose rows of h
+    `h_rows` takes as they are (None between batches)."""
+
+    def __init__(self, layers: list[Layer], graph: DynamicGraph, hs: list[Tensor],
+                 states: list[Tensor | None], device: torch.device, dtype: torch.dtype,
+                 ghost: np.ndarray | None = None, holders: np.ndarray | None = None,
+                 ghost_owner: np.ndarray | None = None) -> None:
+        """``hs``: [h0, ..., hL] of every slot (ghosts' rows included); ``states`` per
+        layer, or None (RC) (the tables take both lists over); ``ghost``: which slots
+        are ghosts (None: there are none); ``holders``: per slot, a bit per partition
+        holding it as a ghost; ``ghost_owner``: per ghost slot, the partition owning it.
+        Max/min's ties start as None (`pulls.keep_ties` counts them)."""
+        self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
+        self.sets = SlotSets(len(graph.alive))
+        self.state = states
+        self.drift = [_fresh_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
+        self.labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
+        self.z = [keeps_z(layer, s) for layer, s in zip(layers, states, strict=True)]
+        with torch.inference_mode():
+            self.root = [layer.root(h) if layer.caches_root and s is not None else None
+                         for layer, h, s in zip(layers, hs, states, strict=False)]
+            self.t = [layer.transform(h) if layer.caches_t and s is not None else None
+                      for layer, h, s in zip(layers, hs, states, strict=False)]
+        # the tables take the lists over: moved onto huge pages in place, each original
+        # table goes as soon as it is copied (a products-like worker's are GBs)
+        self.h: list[Tensor | None] = hs
+        hs[0] = None  # h[0] lives in the graph
+        for k, z in enumerate(self.z, start=1):
+            if z:  # its rows are the pre-activation's, activated
+                hs[k] = None
+        self.in_weight = graph.in_weight.copy()  # in-degrees the states were built with
+        self.ghost = ghost
+        self.holders = holders
+        self.ghost_owner = ghost_owner
+        self._owned: np.ndarray | None = None  # alive & ~ghost, kept up to date
+        self.ties: list[Tensor | None] = [None] * len(layers)
+        self.recent: Step | None = None
+
+    @classmethod
+    def from_arrays(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
+                    device: torch.device, dtype: torch.dtype,
+                    graph: DynamicGraph | None = None) -> Tables:
+        """The tables `arrays` came from; on ``graph`` if given (arrays without one). They
+        adopt the arrays, which nothing else may hold. Arrays written before max/min kept
+        ties have none (`pulls.keep_ties` counts them)."""
+        tables = cls.__new__(cls)
+        tables.layers, tables.device, tables.dtype = layers, device, dtype
+        tables.graph = (graph if graph is not None
+                        else DynamicGraph.from_arrays(under(arrays, "graph/")))
+        tables.sets = SlotSets(len(tables.graph.alive))
+        for name in _PER_LAYER:
+            setattr(tables, name, [
+                None if (a := arrays.get(f"{name}/{k}")) is None
+                else torch.from_numpy(a).to(device)
+                for k in range(len(layers) + (name == "h"))])
+        tables.in_weight = arrays["in_weight"]
+        tables.z = [keeps_z(layer, s) for layer, s in zip(layers, tables.state, strict=True)]
+        if stale := [k for k, z in enumerate(tables.z, start=1) if z and f"h/{k}" in arrays]:
+            raise ValueError(f"these arrays hold layer {stale[0]}'s embeddings beside its "
+                             "state: written before sum and mean layers kept their "
+                             "pre-activation alone; bootstrap the engine again")
+        out = tables.stored(len(layers))
+        out = layers[-1].activate(out) if tables.z[-1] else out
+        tables.labels = out.argmax(dim=-1).cpu().numpy()
+        tables.ghost, tables.holders, tables.ghost_owner = (arrays.get(n) for n in _PER_SLOT)
+        tables._owned = None
+        tables.recent = None
+        return tables
+
+    def arrays(self, with_graph: bool = True) -> dict[str, np.ndarray]:
+        """The tables as plain arrays: the graph as laid out (``graph/...``, so restored
+        tables repeat these bit for bit; left out without ``with_graph``), and per layer k
+        its embeddings ``h/k``, aggregation states ``state/k`` with sums' rounding bounds
+        ``drift/k`` and max/min's ``ties/k``, kept root terms ``root/k`` and transforms
+        ``t/k`` where it keeps them."""
+        out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
+        for name in _PER_LAYER:
+            for k, rows in enumerate(getattr(self, name)):
+                if rows is not None:
+                    out[f"{name}/{k}"] = rows.cpu().numpy()
+        out["in_weight"] = self.in_weight
+        for name in _PER_SLOT:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    def on_huge_pages(self) -> None:
+        """The per-vertex tables, read a row at a time at random, moved onto 2 MB pages
+        (CPU; `huge_pages`)."""
+        if self.device.type != "cpu":
+            return
+        for name in ("h", "state", "ties", "root", "t"):
+            tables = getattr(self, name)
+            for k, rows in enumerate(tables):  # in place: each original goes once copied
+                if rows is not None:  # (room to grow as much again: `_grown`)
+                    tables[k] = torch.from_numpy(huge_pages(rows.contiguous().numpy(),
+                                                            room=len(rows)))
+
+    def fit_capacity(self) -> None:
+        """Grow the per-vertex tables with the graph."""
+        self.sets.fit(len(self.graph.alive))
+        for name in ("in_weight", *_PER_SLOT):
+            old = getattr(self, name)
+            if old is not None and len(old) < len(self.graph.in_weight):
+                setattr(self, name, lengthened(old, len(self.graph.in_weight)))
+        need = self.graph.num_slots
+        have = len(self.labels)
+        if need <= have:
+            return
+        size = max(need, have * 5 // 4)
+        for name in _PER_LAYER:
+            setattr(self, name, [None if t is None else _grown(t, size)
+                                 for t in getattr(self, name)])
+        self.labels = lengthened(self.labels, size)
+
+    @property
+    def owned(self) -> np.ndarray:
+        """Per slot: a live vertex this shard owns."""
+        if self.ghost is None:
+            return self.graph.alive
+        if self._owned is None or len(self._owned) != len(self.graph.alive):
+            self._owned = self.graph.alive & ~self.ghost[:len(self.graph.alive)]
+        return self._owned
+
+    # ---------------------------------------------------------------- rows
+    def stored(self, layer: int) -> Tensor:
+        """The table holding layer ``layer`` (1..L) per slot: h, or the pre-activation z
+        where the shard keeps that instead (what ghosts are sent)."""
+        return self.state[layer - 1] if self.z[layer - 1] else self.h[layer]
+
+    def h_source(self, layer: int, slots: np.ndarray) -> tuple[Tensor, np.ndarray, bool]:
+        """Where h^layer of ``slots`` is read: a table, its rows to read, and whether h is
+        ReLU of them: `h_table_of`'s table and the slots where there is one, else h of
+        the slots, activated here (`h_rows`)."""
+        source = self.h_table_of(layer)
+        if source is None:
+            return self.h_rows(layer, self.index(slots)), np.arange(len(slots)), False
+        return source[0], slots, source[1]
+
+    def h_table_of(self, layer: int) -> tuple[Tensor, bool] | None:
+        """A table h^layer of every slot is read from, by slot, and whether h is ReLU of
+        its rows: the features, h as stored, or z where the shard keeps it and the layer
+        activates value by value (`Layer.elementwise`); None where h must be computed."""
+        kind = ("identity" if layer == 0 or not self.z[layer - 1]
+                else self.layers[layer - 1].elementwise)
+        if kind is None:
+            return None
+        table = torch.from_numpy(self.graph.x) if layer == 0 else self.stored(layer)
+        return table, kind == "relu"
+
+    def h_table(self, layer: int) -> Tensor | None:
+        """h^layer of every vertex, rows by slot, as stored; for the features (layer 0)
+        None unless they are already in the engine's dtype and device."""
+        if layer > 0:
+            return self.h[layer]  # None where the shard keeps the pre-activation
+        x = torch.from_numpy(self.graph.x)
+        return x if x.dtype == self.dtype and self.device.type == "cpu" else None
+
+    def t_rows(self, hop: int, layer: Layer, index: Tensor) -> Tensor:
+        """t of the vertices ``index`` at superstep ``hop``: kept, or transformed from
+        their h^(hop-1)."""
+        kept = self.t[hop - 1]
+        if kept is None:
+            return layer.transform(self.h_rows(hop - 1, index))
+        return kept.index_select(0, index)
+
+    def h_rows(self, layer: int, index: Tensor) -> Tensor:
+        """h^layer of the slots ``index``."""
+        if layer == 0:
+            rows = self.graph.x.take(index.cpu().numpy(), axis=0)
+            return self.ours(torch.from_numpy(rows))
+        if self.z[layer - 1]:
+            return self._activated(layer, index)
+        return self.h[layer].index_select(0, index)
+
+    def _activated(self, layer: int, index: Tensor) -> Tensor:
+        """h^layer of the slots ``index`` where the shard keeps z: `Layer.activate` of
+        their rows, but for the rows the open batch's last superstep activated (of that
+        layer, `Step.activated`), which are taken as they are where the activation has
+        products (GIN's would otherwise run again on a few rows; an activation value by
+        value costs less than finding them)."""
+        activate, z = self.layers[layer - 1].activate, self.state[layer - 1]
+        if not index.shape[0]:
+            return z.new_empty((0, self.layers[layer - 1].out_dim))
+        step = self.recent
+        if (step is None or step.hop != layer or step.activated is None
+                or self.layers[layer - 1].elementwise is not None):
+            return activate(z.index_select(0, index))
+        after = step.after
+        at = self.sets.find_in_runs(step.activated, len(step.region), index.cpu().numpy())
+        missing = np.flatnonzero(at < 0)
+        if not len(missing):
+            return take_rows(after, at)
+        rest = activate(z.index_select(0, index[self.index(missing)]))
+        return merge_rows(after, at, rest)
+
+    def index(self, slots: np.ndarray) -> Tensor:
+        """``slots`` as an index into the tables."""
+        index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
+        return index if self.device.type == "cpu" else index.to(self.device)
+
+    def tensor(self, array: np.ndarray) -> Tensor:
+        """``array`` on the tables' device."""
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    def ours(self, t: Tensor) -> Tensor:
+        """``t`` in the engine's dtype and on its device: itself where it is already (a
+        `Tensor.to` that changes nothing still costs a dispatch, several a batch)."""
+        if t.dtype == self.dtype and t.device == self.device:
+            return t
+        return t.to(self.device, self.dtype)
+
+    def weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
+        """``in_weight`` of ``slots``, in the engine's dtype and on its device."""
+        return self.ours(torch.from_numpy(in_weight[slots]))
+
+
+def keeps_z(layer: Layer, state: Tensor | None) -> bool:
+    """Whether a shard keeps the layer's pre-activation z as its only table: it keeps a
+    state (not RC) and the layer `Layer.keeps_preactivation`."""
+    return state is not None and layer.keeps_preactivation
+
+
+def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
+    """Rounding bounds of states just computed from all in-neighbours, for aggregations
+    whose deltas round (linear ones)."""
+    if state is None or not layer.aggr.linear:
+        return None
+    return layer.aggr.fresh_drift(state)
+
+
+def _grown(t: Tensor, size: int) -> Tensor:
+    """``t`` with ``size`` rows, the new ones zero: on the CPU in place where its mapping
+    has room (`lengthened`), else a copy."""
+    if t.device.type == "cpu":
+        return torch.from_numpy(lengthened(t.numpy(), size))
+    out = t.new_zeros((size, *t.shape[1:]))
+    out[:len(t)] = t
+    return out
