@@ -1,20 +1,22 @@
 """Query requests: new vertices with features and their edges into the existing graph, to be
-labelled from the current embeddings (DESIGN.md "Query serving"); the vocabulary shared by
-the engine (`Engine.query`), the ``query-requests`` topic and the REST API; and
-`QueryColumns`, a request checked and laid out in arrays.
+labelled from the current embeddings (docs/architecture.md "The life of a query"); the
+vocabulary shared by the engine (`Engine.query`), the ``query-requests`` topic and the REST
+API; and `QueryColumns`, a request checked and laid out in arrays.
 
 Pydantic and numpy; must not import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from streamgnn.errors import (
     DuplicateEdgeError,
@@ -32,13 +34,32 @@ MAX_QUERY_EDGES = 1 << 18
 Policy = Literal["top-ratio", "random", "degree"]
 POLICIES: tuple[str, ...] = ("top-ratio", "random", "degree")
 
+StrictVertexId = Annotated[VertexId, Field(strict=True)]
+"""A vertex id as JSON carries it on every interface (the topics, REST bodies): an
+integer within int64 and nothing else, no ``true``, ``3142.0`` or ``"3142"`` (the rule
+the update decoder holds every field to); `vertex_id_text` holds a URL's text to it."""
+
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+
+def vertex_id_text(text: str) -> int:
+    """``text`` (a vertex id in a URL) as an int if JSON would read it as an integer:
+    digits, an optional leading minus, no ``+``, spaces, leading zeros, fraction or
+    exponent (the int64 range is `StrictVertexId`'s to check)."""
+    if not _INTEGER.fullmatch(text):
+        raise PydanticCustomError("int_parsing", "a vertex id is an integer written in "
+                                  "digits with an optional leading minus")
+    if len(text) > 20:  # beyond int64 however it reads (and past int()'s 4,300 digits)
+        raise PydanticCustomError("int_range", "a vertex id is within int64")
+    return int(text)
+
 
 class QueryVertex(BaseModel):
     """A query vertex: a new id and its features."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: VertexId
+    id: StrictVertexId
     x: list[float]
 
 
@@ -48,8 +69,8 @@ class QueryEdge(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    src: VertexId
-    dst: VertexId
+    src: StrictVertexId
+    dst: StrictVertexId
     weight: float = 1.0
 
 

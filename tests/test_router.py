@@ -265,7 +265,7 @@ def test_hash_placement_uses_the_id():
 def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
     (tmp_path / "gen-000001").mkdir()
     (tmp_path / "gen-000001" / "manifest.json").write_text('{"format": "streamgnn-state/1"}')
-    with pytest.raises(ValueError, match=r"streamgnn-state/1.*fresh --state-dir"):
+    with pytest.raises(ValueError, match=r"(?s)streamgnn-state/1.*fresh --state-dir"):
         Checkpoints(tmp_path).load()
     assert Checkpoints(tmp_path / "none").load() is None
 
@@ -307,32 +307,36 @@ def test_a_generation_written_in_the_background_reports_how_it_ended(tmp_path):
 
 def test_checkpoints_are_data_and_a_damaged_one_falls_back_to_the_previous(tmp_path):
     """Generations are npz files + a manifest with checksums, loaded without pickle; a
-    torn, altered or missing file, or a missing manifest, makes a generation incomplete
-    and loading takes the previous complete one; only ``keep`` complete ones stay."""
-    store = Checkpoints(tmp_path, keep=2)
-    for n in range(1, 4):
+    torn or altered file makes a generation corrupt: loading moves it aside and takes the
+    previous one; a missing manifest makes it incomplete: skipped; only ``keep``
+    verified ones stay."""
+    store = Checkpoints(tmp_path, keep=3)
+    for n in range(1, 5):
         generation = store.begin()
         entry = write_arrays(store.folder(generation), "a", {"x": np.full(1000, n)})
         store.commit(generation, {"n": n}, [entry])
         assert generation == n
-    assert store.generations() == [2, 3]  # the oldest dropped
-    assert store.load().meta == {"n": 3}
-    assert np.array_equal(store.load().files["a"]["x"], np.full(1000, 3))
-    shard = tmp_path / "gen-000003" / "a.npz"
+    assert store.generations() == [2, 3, 4]  # the oldest dropped
+    assert store.load().meta == {"n": 4}
+    assert np.array_equal(store.load().files["a"]["x"], np.full(1000, 4))
+    shard = tmp_path / "gen-000004" / "a.npz"
     raw = bytearray(shard.read_bytes())
     raw[-100] ^= 1  # one bit flipped
     shard.write_bytes(bytes(raw))
-    with pytest.warns(UserWarning, match="gen-000003/a.npz.*SHA-256"):
-        assert store.load().meta == {"n": 2}
-    shard.write_bytes(bytes(raw[:200]))  # torn
+    with pytest.warns(UserWarning, match="gen-000004/a.npz.*SHA-256.*corrupt-gen-000004"):
+        assert store.load().meta == {"n": 3}
+    shard = tmp_path / "gen-000003" / "a.npz"
+    shard.write_bytes(shard.read_bytes()[:200])  # torn
     with pytest.warns(UserWarning, match="does not match"):
         assert store.load().generation == 2
-    (tmp_path / "gen-000004").mkdir()  # a save killed before its manifest
-    (tmp_path / "gen-000004" / "a.npz.tmp77").write_bytes(b"half")
+    assert (store.generations(), store.corrupt()) == ([2], [3, 4])
+    (tmp_path / "gen-000005").mkdir()  # a save killed before its manifest
+    (tmp_path / "gen-000005" / "a.npz.tmp77").write_bytes(b"half")
     store = Checkpoints(tmp_path)
     assert not list(tmp_path.glob("gen-*/*.tmp*"))  # stale temporary files removed
-    with pytest.warns(UserWarning, match="gen-000004 is incomplete"):
+    with pytest.warns(UserWarning, match="gen-000005 is incomplete"):
         assert store.load().generation == 2
+    assert store.next_generation() == 6  # numbers moved aside are never reused
     pickled = tmp_path / "gen-000002" / "a.npz"
     np.savez(pickled, x=np.array([{"code": 1}], dtype=object))  # an object array: pickle
     entry = {"name": "a", "bytes": pickled.stat().st_size, "sha256": _sha256(pickled)}

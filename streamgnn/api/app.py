@@ -1,5 +1,5 @@
-"""The REST app (DESIGN.md "REST"): current embeddings, labels, neighbours, query serving,
-status and metrics of a running `Service`, and health probes.
+"""The REST app (docs/architecture.md "A REST read"): current embeddings, labels,
+neighbours, query serving, status and metrics of a running `Service`, and health probes.
 
 Every ``/v1`` answer comes from one consistent state between two batches and names that
 batch (``batch``: the batches applied before it): vertex rows from the service's
@@ -17,6 +17,7 @@ Must not import kafka or mpi4py.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Callable
@@ -25,27 +26,30 @@ from typing import Annotated, Any
 
 import numpy as np
 import orjson
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from streamgnn.errors import InvalidUpdateError, UnknownVertexError
-from streamgnn.queries import QueryRequest
+from streamgnn.extras import needs
+from streamgnn.queries import QueryRequest, StrictVertexId, vertex_id_text
 from streamgnn.router.reads import NotServing, Reads
 from streamgnn.router.service import Service
 from streamgnn.router.view import EdgeList, Rows, engine_neighbours, engine_rows
 from streamgnn.stream.schemas import QueryResult
-from streamgnn.updates import VertexId
+
+with needs("the REST API (serve --http)"):
+    from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 16 << 20
 MAX_LOOKUP_IDS = 10_000
 READ_TIMEOUT_S = 30.0
-_ID = Path(ge=-(2**63), le=2**63 - 1, description="external vertex id (int64)")
+_ID = Annotated[StrictVertexId, BeforeValidator(vertex_id_text),
+                Path(description="external vertex id (int64), in digits")]
 _LAYER = Query(description="0: features, 1..L: layer outputs; negative counts from the "
                "last (-1: the output layer)")
 
@@ -68,7 +72,7 @@ class Vertex(BaseModel):
 class LookupRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[VertexId] = Field(min_length=1, max_length=MAX_LOOKUP_IDS)
+    ids: list[StrictVertexId] = Field(min_length=1, max_length=MAX_LOOKUP_IDS)
     layer: int = Field(-1, description=_LAYER.description)
 
 
@@ -91,19 +95,34 @@ class Neighbors(BaseModel):
     out: Edges = Field(description="edges out of the vertex, by destination")
 
 
+class StateCounts(BaseModel):
+    """What the stream did to the state since it was bootstrapped: kept in every
+    checkpoint, so restarts resume them (replayed batches are counted once)."""
+
+    events: int = Field(description="updates (and undecodable records) consumed")
+    batches: int = Field(description="batches applied")
+    applied: dict[str, int] = Field(description="updates applied, by op")
+    label_changes: int = Field(description="label changes published")
+    dead_letters: dict[str, int] = Field(description="dead letters published, by reason")
+
+
 class Status(BaseModel):
     batch: int = Field(description="batches applied")
+    epoch: str = Field(description="the state's epoch (in label-change event ids)")
     positions: dict[str, int] = Field(description="next offset to consume, per partition "
                                       "of the updates topic")
     lag: int | None = Field(description="records on the updates topic not consumed yet "
                             "(null: not known yet)")
     vertices: int
     edges: int
-    events: int
-    applied: dict[str, int] = Field(description="updates applied, by op")
-    label_changes: int
-    dead_letters: dict[str, int] = Field(description="by reason")
-    queries: dict[str, int] = Field(description="answered, or refused by the error's kind")
+    events: int = Field(description="consumed by this process (since it started)")
+    applied: dict[str, int] = Field(description="updates applied by this process, by op")
+    label_changes: int = Field(description="published by this process")
+    dead_letters: dict[str, int] = Field(description="published by this process, by reason")
+    queries: dict[str, int] = Field(description="answered by this process, or refused by "
+                                    "the error's kind")
+    state: StateCounts = Field(description="the same counters since the state was "
+                               "bootstrapped: they survive restarts")
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -129,15 +148,11 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
-        return _problem(422, "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: "
-                                       f"{err['msg']}" for err in e.errors()),
-                        "invalid_request")
+        return _problem(422, "; ".join(map(_invalid, e.errors())), "invalid_request")
 
     @app.exception_handler(InvalidUpdateError)
     async def invalid(_: Request, e: InvalidUpdateError) -> JSONResponse:
-        where = "" if e.index is None else f" (item {e.index} of the request)"
-        return _problem(404 if isinstance(e, UnknownVertexError) else 422,
-                        e.reason + where, e.kind)
+        return _problem(404 if isinstance(e, UnknownVertexError) else 422, e.reason, e.kind)
 
     @app.exception_handler(NotServing)
     async def not_serving(_: Request, e: NotServing) -> JSONResponse:
@@ -160,7 +175,7 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
 
     @app.get("/v1/vertices/{id}", response_model=Vertex, responses=errors,
              dependencies=guarded)
-    async def vertex(id: Annotated[int, _ID], layer: Annotated[int, _LAYER] = -1
+    async def vertex(id: _ID, layer: Annotated[int, _LAYER] = -1
                      ) -> Response:
         """One vertex's embedding at ``layer`` and its label."""
         got = await rows([id], layer)
@@ -177,7 +192,7 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
 
     @app.get("/v1/vertices/{id}/neighbors", response_model=Neighbors, responses=errors,
              dependencies=guarded)
-    async def neighbors(id: Annotated[int, _ID]) -> Neighbors:
+    async def neighbors(id: _ID) -> Neighbors:
         """The vertex's in- and out-edges with their weights."""
         view = reads.view
         got = (view.neighbours(id) if view is not None else
@@ -189,10 +204,10 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     @app.post("/v1/queries", response_model=QueryResult, responses=errors,
               dependencies=guarded)
     async def query(body: QueryRequest) -> QueryResult:
-        """Answer a query (DESIGN.md "Query serving") from the current state: exact
-        (``budget`` null) or SRPE with ``budget`` gamma; ``embeddings``: whether the
-        answer carries the query vertices' output embeddings. ``insert`` is refused (the
-        updates topic is the one writer of the graph)."""
+        """Answer a query (docs/architecture.md "The life of a query") from the current
+        state: exact (``budget`` null) or SRPE with ``budget`` gamma; ``embeddings``:
+        whether the answer carries the query vertices' output embeddings. ``insert`` is
+        refused (the updates topic is the one writer of the graph)."""
         since = time.time()
         return await answer(lambda service: service.query(body, since))
 
@@ -200,13 +215,17 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     async def status() -> Status:
         """Where the service is: batches applied, consumed offsets, lag, counters."""
         def read(service: Service) -> Status:
-            s, graph = service.stats, service.engine.graph
+            s, graph, c = service.stats, service.engine.graph, service.stats.state_counts()
             return Status(batch=service.batch_seq, lag=s.lag, vertices=graph.num_vertices,
                           edges=graph.num_edges, events=s.events, applied=dict(s.updates),
                           positions={str(p): o for p, o in
                                      service.transport.positions().items()},
                           label_changes=s.label_changes, dead_letters=dict(s.dead_letters),
-                          queries=dict(s.queries))
+                          queries=dict(s.queries), epoch=service.epoch,
+                          state=StateCounts(events=c.events, batches=c.batches,
+                                            applied=dict(c.updates),
+                                            label_changes=c.label_changes,
+                                            dead_letters=dict(c.dead_letters)))
 
         return await answer(read)
 
@@ -254,6 +273,16 @@ def _problem(status: int, reason: str, error: str | None = None,
     """The error response; ``error`` by default the status's phrase in snake case."""
     error = error or HTTPStatus(status).phrase.lower().replace(" ", "_")
     return JSONResponse(Problem(error=error, reason=reason).model_dump(), status, headers)
+
+
+def _invalid(error: dict[str, Any]) -> str:
+    """A validation error as a reason: where, what, and the value sent when it is one."""
+    reason = f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+    value = error.get("input")
+    if error["type"] == "missing" or isinstance(value, dict | list):
+        return reason
+    shown = json.dumps(value, default=str)
+    return f"{reason} (got {shown if len(shown) <= 80 else shown[:77] + '...'})"
 
 
 def _json(content: dict[str, Any]) -> Response:

@@ -1,4 +1,5 @@
-"""`HttpServer`: the REST app served by uvicorn on a thread of the service's process.
+"""`HttpServer`: the REST app served by uvicorn on a thread of the service's process, with
+the server's limits: request heads (`BoundedHttp`), connections, keep-alive.
 
 Must not import kafka or mpi4py.
 """
@@ -9,10 +10,20 @@ import socket
 import threading
 import time
 
-import uvicorn
-
 from streamgnn.api.app import create_app
+from streamgnn.extras import needs
 from streamgnn.router.reads import Reads
+
+with needs("the REST API (serve --http)"):
+    import uvicorn
+
+    from streamgnn.api.protocol import BoundedHttp
+
+MAX_CONNECTIONS = 1000
+"""A request gets 503 while this many connections are open (its own included) or this
+many requests are in progress."""
+KEEP_ALIVE_S = 5
+"""How long an idle keep-alive connection stays open."""
 
 
 class HttpServer:
@@ -32,11 +43,13 @@ class HttpServer:
             self._socket.close()
             raise OSError(f"cannot listen on {host}:{port} for --http: {e.strerror}") from e
         self.host, self.port = host, self._socket.getsockname()[1]
-        # uvloop and httptools: a request costs the server's thread (and the GIL it
-        # shares with the service loop) 0.29 ms instead of asyncio + h11's 0.45 ms
+        # uvloop and httptools (bounded: `BoundedHttp`): a request costs the server's
+        # thread (and the GIL it shares with the service loop) 0.29 ms instead of
+        # asyncio + h11's 0.45 ms
         self._server = uvicorn.Server(uvicorn.Config(
-            create_app(reads, token), loop="uvloop", http="httptools", log_level="warning",
-            access_log=False, proxy_headers=False, timeout_graceful_shutdown=2))
+            create_app(reads, token), loop="uvloop", http=BoundedHttp, log_level="warning",
+            access_log=False, proxy_headers=False, timeout_graceful_shutdown=2,
+            limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S))
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._socket]},
                                         name="streamgnn-http", daemon=True)

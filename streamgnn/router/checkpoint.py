@@ -1,10 +1,17 @@
 """`Checkpoints`: the service's state on disk as data, never pickles: numbered generations
 ``gen-000012/``, each a set of ``.npz`` array files (loaded with ``allow_pickle=False``) and
 a ``manifest.json`` written last, naming every file with its size and SHA-256 beside the
-small JSON state. A generation without its manifest, or whose files do not match it (a
-process killed mid-write, a torn or altered file), is not complete: loading skips it and
-takes the newest complete one. Every file is written to a temporary name, fsync'd and
-renamed; the last ``keep`` complete generations are kept.
+small JSON state, and the SHA-256 of all that (the manifest's own state is checked like
+the files). Every file is written to a temporary name, fsync'd and renamed.
+
+A generation without its manifest (a process killed mid-write) is incomplete: loading
+skips it. One whose manifest or files do not verify (torn, flipped or edited) is corrupt:
+loading moves it aside to ``corrupt-gen-000012/`` (kept for inspection, never counted)
+and takes the newest one that verifies. Retention keeps the last ``keep`` *verified*
+generations: those this process loaded (checked file by file) or wrote itself (verified
+by construction: the manifest names what was just written); it runs when a generation is
+committed, so the newest verified one is never deleted for a newer one that is not. No
+generation is re-read to verify it after the load.
 
 Files of one generation may come from different processes (`write_arrays`, one shard per
 rank; `streamgnn.npz`); `commit` makes the set complete. `write` writes a generation here
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -25,16 +33,20 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from streamgnn.errors import StreamGNNError, UserError
 from streamgnn.npz import read_arrays, sha256
 
-FORMAT = "streamgnn-state/6"  # /6: mean layers keep z alone too; /5: sum layers did
+FORMAT = "streamgnn-state/7"
+"""What a generation holds, named in its manifest: another one cannot be read."""
 MANIFEST = "manifest.json"
+CORRUPT = "corrupt-"
+"""The prefix a corrupt generation's folder is renamed with."""
 
 
 @dataclass
@@ -48,22 +60,44 @@ class Saved:
     files: dict[str, dict[str, np.ndarray]]
 
 
-class CorruptCheckpointError(ValueError):
-    """A generation's file does not match its manifest."""
+class CorruptCheckpointError(StreamGNNError, ValueError):
+    """A generation's manifest or file does not verify."""
+
+
+class OtherFormatError(UserError, ValueError):
+    """A manifest of another `FORMAT` (a state written by another version)."""
+
+
+class NoVerifiedStateError(UserError):
+    """No generation in the state directory verifies, but state was kept there (a corrupt
+    generation, or a journal of batches since a checkpoint): starting over would rebuild
+    the state from what the topic still holds."""
+
+    def __init__(self, directory: Path, corrupt: int) -> None:
+        super().__init__(
+            f"no checkpoint in {directory} verifies against its manifest ({corrupt} moved "
+            f"aside as {CORRUPT}gen-*): starting over would rebuild the state from what "
+            "the updates topic still holds",
+            "restore the state directory from a backup, or pass --rebuild-state "
+            "(STREAMGNN_REBUILD_STATE=1) to bootstrap a new state there (its label "
+            "changes carry a new epoch in their event ids)")
 
 
 class Writing:
     """A generation `Checkpoints.write` is writing: ``done`` says whether it finished
     (None: still writing), ``wait`` waits for it; both are True once the generation is
     complete, False if the writer failed (it said why on stderr; the generation stays
-    incomplete, so loading skips it) or ran past its ``deadline_s`` (then it is killed)."""
+    incomplete, so loading skips it) or ran past its ``deadline_s`` (then it is killed).
+    ``on_complete`` runs in this process when a child's generation is found complete."""
 
     def __init__(self, generation: int, folder: Path, pid: int | None = None,
-                 deadline_s: float = 0.0) -> None:
+                 deadline_s: float = 0.0,
+                 on_complete: Callable[[], None] = lambda: None) -> None:
         self.generation = generation
         self._manifest = folder / MANIFEST
         self._pid = pid  # the writing child, until it has been reaped
         self._deadline = time.monotonic() + deadline_s
+        self._on_complete = on_complete
         self._ok = True
 
     def done(self) -> bool | None:
@@ -85,10 +119,12 @@ class Writing:
                 pid, status = os.waitpid(self._pid, flags)
             except ChildProcessError:  # reaped by someone else: the manifest tells
                 self._pid, self._ok = None, self._manifest.exists()
-                return self._ok
-            if pid == 0:
-                return None
-            self._pid, self._ok = None, os.waitstatus_to_exitcode(status) == 0
+            else:
+                if pid == 0:
+                    return None
+                self._pid, self._ok = None, os.waitstatus_to_exitcode(status) == 0
+            if self._ok:
+                self._on_complete()
         return self._ok
 
 
@@ -96,19 +132,26 @@ class Checkpoints:
     def __init__(self, directory: str | Path, keep: int = 2) -> None:
         self.directory = Path(directory)
         self.keep = keep
+        self.verified: set[int] = set()  # generations this process loaded or wrote
         for stale in self.directory.glob("gen-*/*.tmp*"):  # from a process killed mid-write
             stale.unlink(missing_ok=True)  # (or a live writer just renamed it)
 
     def generations(self) -> list[int]:
-        """Generation numbers present (complete or not), ascending."""
-        return sorted(int(p.name[4:]) for p in self.directory.glob("gen-*")
-                      if p.name[4:].isdigit())
+        """Generation numbers present (complete or not; not those moved aside),
+        ascending."""
+        return _numbered(self.directory.glob("gen-*"), "gen-")
+
+    def corrupt(self) -> list[int]:
+        """Generation numbers moved aside as corrupt, ascending."""
+        return _numbered(self.directory.glob(f"{CORRUPT}gen-*"), f"{CORRUPT}gen-")
 
     def folder(self, generation: int) -> Path:
         return self.directory / f"gen-{generation:06d}"
 
     def next_generation(self) -> int:
-        return max(self.generations(), default=0) + 1
+        """One past every generation number used here, those moved aside included (a
+        number, and its journal, is never reused)."""
+        return max(self.generations() + self.corrupt(), default=0) + 1
 
     def begin(self) -> int:
         """A new generation's number, its folder made: write its files there
@@ -143,7 +186,8 @@ class Checkpoints:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             if pid is None:
                 return self.write(generation, files, meta)
-            return Writing(generation, folder, pid, deadline_s)
+            return Writing(generation, folder, pid, deadline_s,
+                           lambda: self._retain(generation))  # the child deleted already
         code = 1
         try:  # the child: the parent's signals (Ctrl-C to the group) are not for it
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -160,38 +204,52 @@ class Checkpoints:
             os._exit(code)  # no atexit handlers, no flushing the parent's buffers
 
     def commit(self, generation: int, meta: dict, entries: list[dict]) -> None:
-        """Write the manifest that makes ``generation`` complete, then drop generations
-        older than the last ``keep`` complete ones."""
+        """Write the manifest that makes ``generation`` complete (and verified), then drop
+        the generations before it but the last ``keep`` verified ones."""
         folder = self.folder(generation)
-        manifest = {"format": FORMAT, "generation": generation, "files": entries,
-                    "state": meta}
+        manifest = json.loads(json.dumps({  # as it will read back (keys as strings)
+            "format": FORMAT, "generation": generation, "files": entries, "state": meta}))
         tmp = folder / f"{MANIFEST}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
-            json.dump(manifest, f)
+            json.dump({**manifest, "sha256": _digest(manifest)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / MANIFEST)
         _fsync_dir(folder)
-        kept = self.kept()
+        self._retain(generation)
+
+    def _retain(self, generation: int) -> None:
+        """``generation`` is complete and verified: keep the last ``keep`` verified
+        generations, and drop every other one before ``generation`` (verified or not)."""
+        self.verified.add(generation)
+        self.verified = set(self.kept())
         for g in self.generations():
-            if g < generation and g not in kept:
+            if g < generation and g not in self.verified:
                 shutil.rmtree(self.folder(g), ignore_errors=True)
 
     def kept(self) -> list[int]:
-        """The last ``keep`` generations that have a manifest, ascending."""
-        return [g for g in self.generations() if (self.folder(g) / MANIFEST).exists()
-                ][-self.keep:]
+        """The last ``keep`` verified generations, ascending (a restart takes the newest
+        of them that still verifies)."""
+        return sorted(self.verified)[-self.keep:]
 
     def load(self, names: Collection[str] | None = None) -> Saved | None:
-        """The newest complete generation (every file checked, only those ``names``
-        loaded, if given), or None if there is none. Incomplete or corrupt ones are
-        skipped with a warning naming them; a manifest of another format raises
-        ValueError (start with a fresh state directory)."""
+        """The newest generation that verifies (every file checked, only those ``names``
+        loaded, if given), or None if there is none. Incomplete ones are skipped and
+        corrupt ones moved aside, with a warning naming them; a manifest of another
+        format raises `OtherFormatError`."""
         for generation in reversed(self.generations()):
             try:
-                return self._load(generation, names)
+                saved = self._load(generation, names)
             except CorruptCheckpointError as e:
-                warnings.warn(f"{e}; using the previous complete checkpoint", stacklevel=2)
+                reason, folder = str(e), self.folder(generation)
+                if (folder / MANIFEST).exists():
+                    with contextlib.suppress(OSError):  # (another rank moved it already)
+                        folder.rename(self.directory / f"{CORRUPT}{folder.name}")
+                    reason += f": moved aside to {CORRUPT}{folder.name}"
+                warnings.warn(f"{reason}; using the previous checkpoint", stacklevel=2)
+                continue
+            self.verified.add(generation)
+            return saved
         return None
 
     def _load(self, generation: int, names: Collection[str] | None = None) -> Saved:
@@ -203,19 +261,45 @@ class Checkpoints:
             manifest = json.loads(path.read_text())
         except ValueError as e:
             raise CorruptCheckpointError(f"{path} is not JSON ({e})") from None
+        if not isinstance(manifest, dict):
+            raise CorruptCheckpointError(f"{path} is not a manifest")
+        digest = manifest.pop("sha256", None)
+        if digest is not None and digest != _digest(manifest):
+            raise CorruptCheckpointError(f"{path} does not match its own SHA-256 (edited "
+                                         "or damaged)")
         if manifest.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a {FORMAT} checkpoint (it says "
-                             f"{manifest.get('format')!r}): start with a fresh --state-dir")
+            raise OtherFormatError(f"{path} is not a {FORMAT} checkpoint (it says "
+                                   f"{manifest.get('format')!r})",
+                                   "start with a fresh --state-dir")
+        if digest is None or manifest.get("generation") != generation:
+            raise CorruptCheckpointError(f"{path} has no SHA-256 of its own or names "
+                                         "another generation")
         files = {}
         for entry in manifest["files"]:
             file = folder / f"{entry['name']}.npz"
-            if not file.exists() or file.stat().st_size != entry["bytes"] or (
-                    sha256(file) != entry["sha256"]):
+            try:
+                intact = (file.stat().st_size == entry["bytes"]
+                          and sha256(file) == entry["sha256"])
+            except OSError:  # missing (or just moved aside by another rank)
+                intact = False
+            if not intact:
                 raise CorruptCheckpointError(f"{file} is missing or does not match its "
                                              "manifest (size or SHA-256)")
             if names is None or entry["name"] in names:
                 files[entry["name"]] = read_arrays(file)
         return Saved(generation, folder, manifest["state"], files)
+
+
+def _digest(manifest: dict) -> str:
+    """The SHA-256 of ``manifest`` as canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _numbered(folders: Iterable[Path], prefix: str) -> list[int]:
+    """The numbers of ``folders`` named ``prefix`` + digits, ascending."""
+    return sorted(int(p.name.removeprefix(prefix)) for p in folders
+                  if p.name.removeprefix(prefix).isdigit())
 
 
 def _die_with(parent: int) -> None:

@@ -85,6 +85,10 @@ class Journal:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._file = None
 
+    def exists(self) -> bool:
+        """Whether a journal is here: a checkpoint was taken, batches may have followed."""
+        return bool(self._files())
+
     def _files(self) -> list[tuple[int, Path]]:
         return sorted((int(p.stem[8:]), p) for p in self.directory.glob("journal-*.jsonl")
                       if p.stem[8:].isdigit())

@@ -4,6 +4,10 @@ Prometheus' text format from a registry of the service's own (`Stats.registry`, 
 global one: several services in one process do not clash). The in-process summary reads
 the histograms' percentiles; ``/metrics`` (`streamgnn.api`) renders `Stats.exposition`.
 
+`Counts`: what the service did to its state since the state was bootstrapped, kept in
+every checkpoint: a restart resumes them from its checkpoint and counts the replayed
+batches again, so they equal an uninterrupted run's (`Stats.state_counts`).
+
 Owns the service's metrics only; must not import kafka, torch or mpi4py.
 """
 
@@ -85,10 +89,41 @@ def _upper_us(h: HdrHistogram) -> np.ndarray:
     return _UPPER_US[h.counts_len]
 
 
+@dataclass
+class Counts:
+    """Counters of the stream's effect on the state, by what they count: records consumed
+    (``events``), batches applied, updates applied by op, label changes published, dead
+    letters by reason. Queries are not among them: REST queries are not replayed, so a
+    count kept across restarts could not be exact."""
+
+    events: int = 0
+    batches: int = 0
+    label_changes: int = 0
+    updates: Counter = field(default_factory=Counter)
+    dead_letters: Counter = field(default_factory=Counter)
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(self.events + other.events, self.batches + other.batches,
+                      self.label_changes + other.label_changes,
+                      self.updates + other.updates, self.dead_letters + other.dead_letters)
+
+    def to_json(self) -> dict:
+        return {"events": self.events, "batches": self.batches,
+                "label_changes": self.label_changes, "updates": dict(self.updates),
+                "dead_letters": dict(self.dead_letters)}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> Counts:
+        return cls(raw["events"], raw["batches"], raw["label_changes"],
+                   Counter(raw["updates"]), Counter(raw["dead_letters"]))
+
+
 @dataclass(eq=False)  # hashable by identity: the registry keys its collectors
 class Stats:
-    """What the service did since it started (this process). Counters of dicts are keyed
-    by a bounded vocabulary (update ops, dead-letter reasons, query error kinds)."""
+    """What the service did since it started (this process), and since its state was
+    bootstrapped (`state_counts`: ``restored`` from the checkpoint it resumed from, plus
+    this process's). Counters of dicts are keyed by a bounded vocabulary (update ops,
+    dead-letter reasons, query error kinds)."""
 
     events: int = 0
     batches: int = 0
@@ -108,6 +143,7 @@ class Stats:
     first_input: float | None = None  # perf_counter when the first record came
     last_output: float = 0.0          # ... when the last outputs were acknowledged
     busy_s: float = 0.0
+    restored: Counts = field(default_factory=Counts)  # from the checkpoint resumed from
     registry: CollectorRegistry = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +153,13 @@ class Stats:
     @property
     def applied(self) -> int:
         return sum(self.updates.values())
+
+    def state_counts(self) -> Counts:
+        """The counters since the state was bootstrapped (safe from another thread: the
+        dicts are copied in one step each)."""
+        return self.restored + Counts(self.events, self.batches, self.label_changes,
+                                      Counter(dict.copy(self.updates)),
+                                      Counter(dict.copy(self.dead_letters)))
 
     def throughput(self) -> float:
         """Updates applied per second from the first input to the last acknowledged
@@ -133,17 +176,17 @@ class Stats:
         """The metrics as Prometheus families (the registry calls this on each scrape,
         from its own thread: dicts are copied in one step before they are read)."""
         yield _counter("streamgnn_events_consumed", "Updates (and undecodable records) "
-                       "consumed from the updates topic.", self.events)
-        yield _counter("streamgnn_updates_applied", "Updates applied, by op.",
-                       dict.copy(self.updates), "op")
-        yield _counter("streamgnn_batches", "Batches applied.", self.batches)
+                       "consumed from the updates topic by this process.", self.events)
+        yield _counter("streamgnn_updates_applied", "Updates applied by this process, by "
+                       "op.", dict.copy(self.updates), "op")
+        yield _counter("streamgnn_batches", "Batches applied by this process.", self.batches)
         yield _counter("streamgnn_batches_started_early", "Batches started before the one "
                        "before them was finished (MPI workers go on to them at once).",
                        self.started_early)
-        yield _counter("streamgnn_label_changes", "Label changes published.",
-                       self.label_changes)
-        yield _counter("streamgnn_dead_letters", "Dead letters published, by reason.",
-                       dict.copy(self.dead_letters), "reason")
+        yield _counter("streamgnn_label_changes", "Label changes published by this "
+                       "process.", self.label_changes)
+        yield _counter("streamgnn_dead_letters", "Dead letters published by this process, "
+                       "by reason.", dict.copy(self.dead_letters), "reason")
         yield _counter("streamgnn_queries", "Query requests answered (result=answered) or "
                        "refused (result=the error's kind).", dict.copy(self.queries),
                        "result")
@@ -161,6 +204,17 @@ class Stats:
         yield _counter("streamgnn_checkpoints_failed", "Checkpoints whose writing failed "
                        "(the previous complete one stays the restart point).",
                        self.checkpoints_failed)
+        state = self.state_counts()
+        since = " since the state was bootstrapped (kept in checkpoints: restarts resume it)."
+        yield _counter("streamgnn_state_events_consumed", "Updates (and undecodable records) "
+                       "consumed" + since, state.events)
+        yield _counter("streamgnn_state_updates_applied", "Updates applied, by op," + since,
+                       dict(state.updates), "op")
+        yield _counter("streamgnn_state_batches", "Batches applied" + since, state.batches)
+        yield _counter("streamgnn_state_label_changes", "Label changes published" + since,
+                       state.label_changes)
+        yield _counter("streamgnn_state_dead_letters", "Dead letters published, by reason,"
+                       + since, dict(state.dead_letters), "reason")
         if self.lag is not None:
             yield GaugeMetricFamily("streamgnn_consumer_lag", "Records on the updates "
                                     "topic not consumed yet.", value=self.lag)

@@ -4,19 +4,19 @@ columns up to the engine: `Pending`), holds updates that wait for a vertex (`Arr
 cuts batches of ``batch_size`` updates (or fewer after the maximum wait), applies each to
 the engine (which places it on its partitions), publishes every changed label (one
 message per batch and label-topic partition) and every unusable update (dead letter, with
-reason and source offset), and checkpoints state, pending updates and consumed offsets
-every N batches or seconds. A batch is started (`Engine.submit`: the graph changes, the
-shards start) and finished after the loop's next poll has read and admitted what arrived
-meanwhile (`Engine.collect`, then the outputs): with MPI workers the router's reading
-overlaps the workers' batch, and when a full batch is ready by then it is started before
-the one in flight is finished, so the workers go on to it at once (two batches in flight
-at most; one alone while records are suspect or reads or query requests wait). Between
-two batches it answers
-query requests from a second transport (`_answer_queries`): each from the state after the
-last batch, published on ``query-results`` naming that batch; a request that cannot be
-answered gets an error result naming why, and never stops the loop. Reads other threads
-queue (`Reads`: the REST API) are answered there too; after each batch the loop refreshes
-the `ReadView` vertex reads are served from without waiting for it.
+reason and source offset) through `Outputs`, and checkpoints state, pending updates and
+consumed offsets every N batches or seconds. A batch is started (`Engine.submit`: the
+graph changes, the shards start) and finished after the loop's next poll has read and
+admitted what arrived meanwhile (`Engine.collect`, then the outputs): with MPI workers
+the router's reading overlaps the workers' batch, and when a full batch is ready by then
+it is started before the one in flight is finished, so the workers go on to it at once
+(two batches in flight at most; one alone while records are suspect or reads or query
+requests wait). Between two batches it answers query requests from a second transport
+(`_answer_queries`): each from the state after the last batch, published on
+``query-results`` naming that batch; a request that cannot be answered gets an error
+result naming why, and never stops the loop. Reads other threads queue (`Reads`: the REST
+API) are answered there too; after each batch the loop refreshes the `ReadView` vertex
+reads are served from without waiting for it.
 
 Failure semantics (README, "Reliability"):
 - Bad input never stops the loop: any exception one message causes while it is decoded
@@ -37,6 +37,10 @@ Failure semantics (README, "Reliability"):
   offsets are checkpointed together, and every batch is journaled before its outputs go
   out, so a restart replays the batches since the checkpoint with the same updates, the
   same label changes and the same event ids, bit for bit.
+- A state is not rebuilt behind the user's back: where state was kept but no checkpoint
+  verifies, `open` refuses unless asked to rebuild; a new state (fresh or rebuilt) gets a
+  new epoch, which its label changes' event ids carry (``lc-{epoch}-{batch}-{part}``), so
+  its outputs never reuse an earlier state's ids.
 
 Must not import kafka (the transport is injected) or mpi4py.
 """
@@ -45,62 +49,40 @@ from __future__ import annotations
 
 import base64
 import gc
-import hashlib
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field
 
 from streamgnn.errors import InvalidQueryError, InvalidUpdateError, StreamGNNError
 from streamgnn.models.zoo import Checkpoint, ModelSpec
 from streamgnn.npz import write_arrays
 from streamgnn.queries import QueryRequest
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
-from streamgnn.router.checkpoint import Checkpoints, Saved, Writing
+from streamgnn.router.checkpoint import Checkpoints, NoVerifiedStateError, Saved, Writing
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
-from streamgnn.router.metrics import Stats
+from streamgnn.router.metrics import Counts, Stats
+from streamgnn.router.outputs import Outputs, escaped
 from streamgnn.router.pending import Cut, Entry, Item, Origin, Pending, Run, size
 from streamgnn.router.reads import Reads
+from streamgnn.settings import ServiceConfig
 from streamgnn.stream.schemas import (
-    DeadLetter,
     DecodeError,
     QueryResult,
     Rows,
-    SourceRange,
-    Topics,
     decode_query,
     decode_updates,
     encode,
     is_array,
-    label_changes_json,
 )
 from streamgnn.stream.transport import Record, Transport
 from streamgnn.updates import OP_NAMES, UPDATE_ADAPTER, Update, ValueLimits
-from streamgnn.workers import ApplyResult, ChangedLabels, Engine
+from streamgnn.workers import ApplyResult, Engine
 from streamgnn.workers.engine import Workers
-
-
-class ServiceConfig(BaseModel):
-    batch_size: int = Field(1000, ge=1, description="updates per batch")
-    max_wait_s: float = Field(0.05, ge=0, description="flush a partial batch this long "
-                              "after its first update")
-    arrival_wait_s: float = Field(2.0, ge=0, description="how long an update naming a "
-                                  "vertex that has not arrived waits for it")
-    checkpoint_batches: int = Field(50, ge=1, description="checkpoint every N batches")
-    checkpoint_s: float = Field(30.0, gt=0, description="or every this many seconds")
-    max_abs_feature: float = Field(ValueLimits.features, gt=0, description="largest "
-                                   "|feature value| accepted (else out_of_range)")
-    max_abs_weight: float = Field(ValueLimits.weights, gt=0, description="largest "
-                                  "|edge weight| accepted (else out_of_range)")
-    quarantine_after: int = Field(2, ge=1, description="deaths of the process with one "
-                                  "update alone in flight before it is quarantined")
-    payload_bytes: int = Field(64 << 10, ge=256, le=512 << 10, description="dead letters "
-                               "carry at most this much of the bad input")
-    topics: Topics = Topics()
 
 
 class EngineFailure(StreamGNNError, RuntimeError):
@@ -146,13 +128,14 @@ class Service:
         self.pending = Pending()  # admitted, not applied yet
         self.batch_seq = 0
         self.stats = Stats()
+        self.outputs = Outputs(transport, config, self.stats)
+        self.epoch = new_epoch()  # names this state in its outputs' event ids
         self.journal = Journal(checkpoints.directory) if checkpoints else None
         self.suspects = (Suspects(checkpoints.directory, config.quarantine_after)
                          if checkpoints else None)
         self.script: deque[dict] = deque()  # journaled steps to replay before new ones
         self.held: dict[Key, Item] = {}     # decoded updates the replay has not used yet
         self._stalled_since: float | None = None  # when the replay last found no input
-        self._acked: list[tuple[float, float, np.ndarray]] = []  # filled by ack callbacks
         self._last_batch_s = 0.0
         self._last_checkpoint = (0, time.monotonic())
         self._writing: Writing | None = None  # a checkpoint being written in the background
@@ -167,13 +150,18 @@ class Service:
              transport: Transport, config: ServiceConfig,
              checkpoints: Checkpoints | None = None, device: str = "cpu",
              workers: Workers | None = None, queries: Transport | None = None,
-             reads: Reads | None = None) -> Service:
-        """Resume from the last checkpoint in ``checkpoints`` if there is one (seeking the
+             reads: Reads | None = None, rebuild: bool = False) -> Service:
+        """Resume from the last checkpoint in ``checkpoints`` that verifies (seeking the
         transport to its offsets, and replaying the journal written since); else
-        bootstrap a new engine and checkpoint it (the base any recovery starts from).
-        ``workers``: where a restored engine's shards run (default: this process);
-        ``queries`` and ``reads``: as for the constructor."""
+        bootstrap a new engine, under a new epoch, and checkpoint it (the base any
+        recovery starts from). Where state was kept but no checkpoint verifies, raises
+        `NoVerifiedStateError` unless ``rebuild``. ``workers``: where a restored engine's
+        shards run (default: this process); ``queries`` and ``reads``: as for the
+        constructor."""
         saved = checkpoints.load(names=("model",)) if checkpoints else None
+        if saved is None and checkpoints is not None and not rebuild and (
+                checkpoints.corrupt() or Journal(checkpoints.directory).exists()):
+            raise NoVerifiedStateError(checkpoints.directory, len(checkpoints.corrupt()))
         if saved is None:
             model = checkpoint()
             service = cls(bootstrap(model), model, transport, config, checkpoints, queries,
@@ -195,11 +183,28 @@ class Service:
         for update, _ in service.pending.entries:
             service.arrivals.track(update)
         service.batch_seq = state["batch_seq"]
-        transport.seek({int(p): o for p, o in state["positions"].items()})
+        service.epoch = state["epoch"]
+        service.stats.restored = Counts.from_json(state["counts"])
+        moved = transport.seek({int(p): o for p, o in state["positions"].items()})
         if queries is not None:
             queries.seek({int(p): o for p, o in state.get("query_positions", {}).items()})
         service._replay_journal(saved.generation)
+        if moved:  # the topic no longer holds what the journal names (--offset-reset)
+            service._drop_journal(moved)
         return service
+
+    def _drop_journal(self, partitions: set[int]) -> None:
+        """The updates topic's ``partitions`` were moved off their saved offsets (the
+        topic was recreated or truncated, and the user said where to resume): the
+        batches journaled since the checkpoint name records that are gone, so they are
+        not replayed, and a checkpoint at once makes the new offsets the base."""
+        if self.script:
+            warnings.warn(f"{len(self.script)} journaled steps since the checkpoint name "
+                          f"records of partitions {sorted(partitions)} that the topic no "
+                          "longer holds: not replayed", stacklevel=3)
+            self.script.clear()
+            self._release_held()
+        self.checkpoint()
 
     def _replay_journal(self, generation: int) -> None:
         """Note where the last process died, and line up the batches it journaled since
@@ -234,7 +239,7 @@ class Service:
         self._finish()  # the state after the last batch started
         if self._requests:  # read: answered before their offsets are checkpointed
             self._answer_queries()
-        self._settle()  # outputs before offsets: a restart may repeat them, never lose them
+        self.outputs.settle()  # before the offsets: a restart may repeat them, never lose them
         unapplied = self.pending.items() + sorted(self.held.values(), key=lambda item: item[1].key)
         generation = self.checkpoints.begin()
         positions = self.transport.positions()
@@ -244,7 +249,8 @@ class Service:
             "waiting": [_item_json(w.update, w.source, (w.vertex, w.deadline))
                         for ws in self.arrivals.waiting.values() for w in ws],
             "pending": [_item_json(u, o) for u, o in unapplied],
-            "batch_seq": self.batch_seq, "positions": positions,
+            "batch_seq": self.batch_seq, "epoch": self.epoch,
+            "counts": self.stats.state_counts().to_json(), "positions": positions,
             "query_positions": self.queries.positions() if self.queries else {}}
         self._writing = self.checkpoints.write(
             generation, lambda folder: [write_arrays(folder, "model", model),
@@ -299,7 +305,7 @@ class Service:
                 while self.pending:
                     self._next_batch(self.config.batch_size)
             self._finish()
-            self._settle()
+            self.outputs.settle()
             self.checkpoint()
         finally:
             self._on_batch = None
@@ -333,7 +339,7 @@ class Service:
                 wait = min(wait, self._last_batch_s)  # then its outputs
             records = self.transport.poll(max(1, int(want / per_record)), wait)
             now = time.monotonic()
-            self._record_acks()
+            self.outputs.record_acks()
             self.stats.lag = self.transport.lag()
             if records:
                 if self.stats.first_input is None:
@@ -418,7 +424,7 @@ class Service:
         except Exception as e:  # one request must never stop the service
             kind, reason = "internal", f"{type(e).__name__}: {e}"
             self.stats.queries[kind] += 1
-        return QueryResult(**base, error=kind, reason=_escaped(reason))
+        return QueryResult(**base, error=kind, reason=escaped(reason))
 
     def query(self, req: QueryRequest, since: float, event_id: str | None = None
               ) -> QueryResult:
@@ -471,8 +477,8 @@ class Service:
         if (self.suspects is not None and not needed
                 and (n := self.suspects.quarantined(origin.key))):
             self.stats.events += 1
-            self._dead_letter(origin, "quarantined", f"the service died {n} times while "
-                              "this record alone was being decoded or applied")
+            self.outputs.dead_letter(origin, "quarantined", f"the service died {n} times "
+                                     "while this record alone was being decoded or applied")
             return []
         try:
             decoded = self._decode(r)
@@ -482,7 +488,7 @@ class Service:
                 decoded = decoded.items()
             return self.arrivals.admit(decoded) if gate else decoded
         except Exception as e:  # whatever one record causes, it costs only that record
-            self._dead_letter(origin, "internal", f"{type(e).__name__}: {e}")
+            self.outputs.dead_letter(origin, "internal", f"{type(e).__name__}: {e}")
             return []
 
     def _decode(self, r: Record) -> list[Item] | Run:
@@ -491,13 +497,13 @@ class Service:
         try:
             items = decode_updates(r.value)
         except DecodeError as e:
-            self._dead_letter(Origin(r), e.error, str(e))
+            self.outputs.dead_letter(Origin(r), e.error, str(e))
             self.stats.events += 1
             return []
         if isinstance(items, Rows):
             for i, e in items.errors:
-                self._dead_letter(Origin(r, i), e.error, str(e), payload=e.item,
-                                  source_event_id=items.event_id)
+                self.outputs.dead_letter(Origin(r, i), e.error, str(e), payload=e.item,
+                                         source_event_id=items.event_id)
             self.stats.events += len(items) + len(items.errors)
             return Run(items, r) if len(items) else []
         indexed = is_array(r.value)
@@ -505,7 +511,7 @@ class Service:
         for i, item in enumerate(items):
             origin = Origin(r, i if indexed else None)
             if isinstance(item, DecodeError):
-                self._dead_letter(origin, item.error, str(item), payload=item.item)
+                self.outputs.dead_letter(origin, item.error, str(item), payload=item.item)
             else:
                 decoded.append((item, origin))
         self.stats.events += len(items)
@@ -514,9 +520,9 @@ class Service:
     def _expire(self, update: Update, origin: Origin) -> None:
         named = referenced(update)
         vertex = next((v for v in named if not self.engine.graph.contains(v)[0]), named[0])
-        self._dead_letter(origin, "vertex_never_arrived",
-                          f"vertex {vertex} did not arrive within "
-                          f"{self.config.arrival_wait_s:g} s", update)
+        self.outputs.dead_letter(origin, "vertex_never_arrived",
+                                 f"vertex {vertex} did not arrive within "
+                                 f"{self.config.arrival_wait_s:g} s", update)
 
     # ---------------------------------------------------------------- replay
     def _replay_step(self) -> None:
@@ -543,10 +549,14 @@ class Service:
         else:
             self._start(items, step["at"])
             self._finish()
-        if not self.script:  # the rest goes through the gate as new input would
-            rest = sorted(self.held.values(), key=lambda item: item[1].key)
-            self.held = {}
-            self.pending.extend(self.arrivals.admit(rest))
+        if not self.script:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """The replay is over: what it held goes through the gate as new input would."""
+        rest = sorted(self.held.values(), key=lambda item: item[1].key)
+        self.held = {}
+        self.pending.extend(self.arrivals.admit(rest))
 
     def _replay_stalls(self, missing: list[Key]) -> None:
         now = time.monotonic()
@@ -578,8 +588,9 @@ class Service:
         if self.suspects.suspect(first.record.partition, first.record.offset):
             [(update, origin)] = self._take(1)
             if n := self.suspects.quarantined(origin.key):
-                self._dead_letter(origin, "quarantined", f"the service died {n} times "
-                                  "while this update alone was being applied", update)
+                self.outputs.dead_letter(origin, "quarantined", f"the service died {n} "
+                                         "times while this update alone was being applied",
+                                         update)
                 return
             self._start([(update, origin)])
         else:
@@ -644,7 +655,7 @@ class Service:
     def _finish_oldest(self) -> None:
         """Finish the oldest batch in flight: take its result from the engine, dead-letter
         what it rejected and publish what changed (not waiting for the broker's
-        acknowledgement: `_record_acks`); then `run`'s ``on_batch`` sees its report."""
+        acknowledgement: `Outputs.record_acks`); then `run`'s ``on_batch`` sees its report."""
         flight = self._flights.popleft()
         t = time.perf_counter()
         cut, seq = flight.cut, flight.seq
@@ -660,12 +671,12 @@ class Service:
             self.arrivals.all_applied()
         for err in result.rejected:
             update, origin = cut.item(err.index)
-            self._dead_letter(origin, err.kind, err.reason, update)
+            self.outputs.dead_letter(origin, err.kind, err.reason, update)
         self.batch_seq = seq
         if self.reads is not None and self.reads.view is not None:
             self.reads.view.publish(seq, result, self.engine)
-        self._publish_changes(result.changed_labels, _ranges(cut.records()), flight.times,
-                              flight.at)
+        self.outputs.label_changes(result.changed_labels, cut.records(), flight.times,
+                                   flight.at, self.epoch, seq)
         seconds = flight.seconds + time.perf_counter() - t
         s = self.stats
         s.batches += 1
@@ -677,45 +688,6 @@ class Service:
         self._last_batch_s = seconds
         if self._on_batch is not None:
             self._on_batch(BatchReport(seq, len(batch), result, seconds))
-
-    def _record_acks(self) -> None:
-        """Latencies of the batches whose outputs the broker acknowledged since."""
-        acked, self._acked = self._acked, []
-        for at, perf, times in acked:
-            self.stats.latency.record((at - times) * 1000)
-            self.stats.last_output = max(self.stats.last_output, perf)
-
-    def _settle(self) -> None:
-        """Wait until everything published is acknowledged."""
-        self.transport.flush()
-        self._record_acks()
-
-    def _publish_changes(self, changed: ChangedLabels,
-                         sources: list[SourceRange], times: np.ndarray, at: float) -> None:
-        """One message per label-topic partition (vertex mod partitions), split further
-        past ``_CHANGES_PER_MESSAGE``, with event time ``at``; when all are acknowledged,
-        the batch's events (``times``: their event times) are done."""
-        topic = self.config.topics.labels
-        partitions = self.transport.partitions(topic)
-        by_partition: dict[int, list[tuple[int, int | None, int]]] = {}
-        for change in changed.triples():
-            by_partition.setdefault(change[0] % partitions, []).append(change)
-        messages = [(p, changes[i:i + _CHANGES_PER_MESSAGE])
-                    for p, changes in sorted(by_partition.items())
-                    for i in range(0, len(changes), _CHANGES_PER_MESSAGE)]
-        waiting = [len(messages)]
-
-        def acked() -> None:  # on the producer's thread: list appends are atomic
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                self._acked.append((time.time(), time.perf_counter(), times))
-
-        if not messages:
-            acked()
-        for part, (p, changes) in enumerate(messages):
-            self.transport.publish(topic, None, label_changes_json(
-                f"lc-{self.batch_seq}-{part}", at, self.batch_seq, part, sources, changes),
-                partition=p, on_ack=acked)
 
     def _reap_checkpoint(self) -> None:
         """Take note of a background checkpoint that has finished."""
@@ -729,29 +701,11 @@ class Service:
                 or time.monotonic() - at >= self.config.checkpoint_s):
             self.checkpoint(wait=False)
 
-    def _dead_letter(self, origin: Origin, error: str, reason: str,
-                     update: Update | None = None, payload: str | None = None,
-                     source_event_id: str | None = None) -> None:
-        """Publish why the update (or record) at ``origin`` is not used. The payload is the
-        record, or the array item's own JSON, cut to ``payload_bytes`` (its size and
-        SHA-256 name the whole); control characters in the reason are escaped. The source
-        event id is the update's, else ``source_event_id``."""
-        self.stats.dead_letters[error] += 1
-        r = origin.record
-        if origin.index is None:
-            raw = r.value or b""
-        else:
-            raw = (payload or (encode(update).decode() if update else "")).encode()
-        cut = raw[:self.config.payload_bytes].decode("utf-8", "ignore")
-        where = "" if origin.index is None else f"-{origin.index}"
-        letter = DeadLetter(event_id=f"dl-{r.topic}-{r.partition}-{r.offset}{where}",
-                            reason=_escaped(reason), error=error, topic=r.topic,
-                            partition=r.partition, offset=r.offset, index=origin.index,
-                            payload=cut, payload_bytes=len(raw),
-                            payload_sha256=hashlib.sha256(raw).hexdigest(),
-                            truncated=len(raw) > self.config.payload_bytes,
-                            source_event_id=update.event_id if update else source_event_id)
-        self.transport.publish(self.config.topics.dead_letters, None, encode(letter))
+def new_epoch() -> str:
+    """A new state's epoch: the time it is bootstrapped, in milliseconds (hex). Label
+    changes carry it in their event ids, so a state rebuilt in the same --state-dir (or a
+    fresh one) never reuses an id of an earlier state with other content."""
+    return f"{time.time_ns() // 1_000_000:x}"
 
 
 def saved_model(saved: Saved) -> Checkpoint:
@@ -781,24 +735,9 @@ def _item(raw: dict) -> Item:
             Origin(Record(raw["topic"], p, o, value), None if i < 0 else i))
 
 
-_CHANGES_PER_MESSAGE = 10_000
 _READ_SLICE_S = 0.01
 _ANSWER_POLL_S = 0.002  # the longest a poll blocks while queries or reads may be waiting
 _QUERIES_AT_ONCE = 16  # query requests read and answered at a time
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127]}
-
-
-def _escaped(text: str, limit: int = 2000) -> str:
-    """``text`` with control characters written as \\xNN, at most ``limit`` long."""
-    return text.translate(_CONTROL)[:limit]
-
-
-def _ranges(records: list[Record]) -> list[SourceRange]:
-    by: dict[int, list[int]] = {}
-    for r in records:
-        by.setdefault(r.partition, []).append(r.offset)
-    return [SourceRange(partition=p, first=min(o), last=max(o)) for p, o in sorted(by.items())]
-
 
 
 def run_recovering(open_service: Callable[[], Service], on_failure: Callable[[Exception],

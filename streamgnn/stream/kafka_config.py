@@ -36,6 +36,8 @@ _OWNED = {
     "enable_idempotence": "producers are idempotent (no duplicates on retry)",
     "transactional_id": "streamgnn does not use Kafka transactions",
     "enable_auto_commit": "consumer positions come from the service's checkpoints",
+    "auto_offset_reset": "set by serve's --offset-reset / STREAMGNN_OFFSET_RESET (a saved "
+                         "offset the broker no longer holds is never skipped silently)",
     "group_id": "consumers are assigned partitions explicitly, never through a group",
     "group_instance_id": "consumers are assigned partitions explicitly, never through a group",
 }

@@ -17,16 +17,17 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import orjson
-from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from streamgnn.errors import StreamGNNError
+from streamgnn.errors import NoBrokerError, StreamGNNError
 from streamgnn.stream.kafka import assigned, producer, records
 from streamgnn.stream.kafka_config import KafkaConfig
 from streamgnn.stream.schemas import column_update, encode_columns
 from streamgnn.stream.transport import Record
 from streamgnn.updates import Update, UpdateBatch
+
+BROKER_WAIT_S = 5.0  # how long a command waits for a broker that is not up (yet)
 
 
 class SendFailed(StreamGNNError, RuntimeError):
@@ -160,9 +161,11 @@ class UpdateSender:
 
 
 def ensure_topics(kafka: KafkaConfig, names: list[str], partitions: int = 1,
-                  timeout_s: float = 15.0) -> None:
-    """Create the topics that do not exist yet."""
-    admin = _admin(kafka, timeout_s)
+                  timeout_s: float = BROKER_WAIT_S) -> None:
+    """Create the topics that do not exist yet (waiting up to ``timeout_s`` for a broker
+    to answer: `NoBrokerError` after)."""
+    wait_for_broker(kafka, timeout_s)
+    admin = kafka.admin(request_timeout_ms=10000)
     try:
         missing = [n for n in names if n not in set(admin.list_topics())]
         if missing:
@@ -184,15 +187,17 @@ def reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
-def _admin(kafka: KafkaConfig, timeout_s: float) -> KafkaAdminClient:
+def wait_for_broker(kafka: KafkaConfig, timeout_s: float = BROKER_WAIT_S) -> None:
+    """Return once some broker of ``kafka`` accepts connections; `NoBrokerError` (a
+    `UserError`) after ``timeout_s`` without one."""
     deadline = time.monotonic() + timeout_s
     while not reachable(kafka.bootstrap_servers):
         if time.monotonic() > deadline:
-            raise ConnectionError(f"no Kafka broker answers at {kafka.bootstrap_servers}: "
-                                  "start the embedded one (`streamgnn broker start`) or set "
-                                  "--bootstrap-servers")
+            raise NoBrokerError(f"no Kafka broker answers at {kafka.bootstrap_servers}",
+                                "start the embedded one with `streamgnn broker start`, or "
+                                "point --bootstrap-servers (STREAMGNN_BOOTSTRAP_SERVERS) at "
+                                "your Kafka")
         time.sleep(0.1)
-    return kafka.admin(request_timeout_ms=10000)
 
 
 def request_reply(kafka: KafkaConfig, topic: str, value: bytes, reply_topic: str,
@@ -221,6 +226,7 @@ def follow(kafka: KafkaConfig, topic: str, from_beginning: bool = False,
            idle_s: float | None = None) -> Iterator[Record]:
     """Records of ``topic`` as they arrive (from now, or from the beginning); stops after
     ``idle_s`` seconds without one, if given."""
+    wait_for_broker(kafka)
     consumer, _ = assigned(kafka, topic)
     if from_beginning:
         consumer.seek_to_beginning()

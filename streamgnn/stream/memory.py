@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from streamgnn.stream.transport import Record
+from streamgnn.stream.transport import OffsetReset, OffsetsOutOfRange, Record
 
 
 class MemoryBroker:
@@ -39,10 +39,13 @@ class MemoryBroker:
 
 
 class MemoryTransport:
-    """`Transport` over a `MemoryBroker`: consumes every partition of ``topic``."""
+    """`Transport` over a `MemoryBroker`: consumes every partition of ``topic``. A saved
+    position past a partition's end (a broker made anew) is refused or moved as ``reset``
+    says, as `KafkaTransport` does."""
 
-    def __init__(self, broker: MemoryBroker, topic: str) -> None:
-        self.broker, self.topic = broker, topic
+    def __init__(self, broker: MemoryBroker, topic: str,
+                 reset: OffsetReset = "refuse") -> None:
+        self.broker, self.topic, self.reset = broker, topic, reset
         self._next = {p: 0 for p in range(len(broker._topic(topic)))}
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
@@ -59,8 +62,16 @@ class MemoryTransport:
     def positions(self) -> dict[int, int]:
         return dict(self._next)
 
-    def seek(self, positions: dict[int, int]) -> None:
+    def seek(self, positions: dict[int, int]) -> set[int]:
+        with self.broker.lock:
+            ends = {p: len(log) for p, log in enumerate(self.broker._topic(self.topic))}
+        outside = {p: (at, 0, ends[p]) for p, at in positions.items() if at > ends[p]}
+        if outside and self.reset == "refuse":
+            raise OffsetsOutOfRange(self.topic, outside, "saved offsets")
         self._next.update(positions)
+        self._next.update({p: 0 if self.reset == "earliest" else end
+                           for p, (_, _, end) in outside.items()})
+        return set(outside)
 
     def lag(self) -> int:
         with self.broker.lock:

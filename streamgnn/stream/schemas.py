@@ -27,6 +27,7 @@ import orjson
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from streamgnn.errors import StreamGNNError
 from streamgnn.queries import QueryRequest
 from streamgnn.updates import (
     ADD_EDGE,
@@ -125,8 +126,9 @@ class LabelChanges(_Message):
     (vertex mod its partition count: a vertex's changes stay in order), ``part``-th of the
     batch's messages. Batches are numbered deterministically: after a restart a replayed
     batch carries the same number, the same changes, and its messages the same
-    ``event_id`` (``lc-{batch}-{part}``) and ``event_time`` (the latest event time of the
-    batch's updates), so consumers drop repeats by id."""
+    ``event_id`` (``lc-{epoch}-{batch}-{part}``, the epoch naming the state: new when a state
+    is bootstrapped or rebuilt) and ``event_time`` (the latest event time of the batch's
+    updates), so consumers drop repeats by id."""
 
     batch: int
     part: int = 0
@@ -171,7 +173,7 @@ class DeadLetter(_Message):
     source_event_id: str | None = None
 
 
-class DecodeError(ValueError):
+class DecodeError(StreamGNNError, ValueError):
     """A message (or an item of an array message: its JSON is ``item``) that is not a
     valid update; ``error`` names the kind of problem."""
 
