@@ -77,6 +77,7 @@ from streamgnn.allocator import keep_freed_memory
 from streamgnn.models.gnn import GNN
 from streamgnn.models.train import train
 from streamgnn.models.zoo import MODELS, ModelSpec
+from streamgnn.plotstyle import series_style
 from streamgnn.queries import MAX_QUERY_VERTICES, POLICIES
 from streamgnn.replay import LinkBenchWorkload
 
@@ -759,10 +760,10 @@ def plot(rows: list[dict], gammas: list[float], policies: list[str], out: Path,
         for ax, size in zip(axes[0], sizes):
             at = [r for r in rows if r["batch"] == size]
             xs = np.arange(len(gammas))
-            for p in policies:
+            for i, p in enumerate(policies):
                 ys = [next(r[metric] for r in at if r["policy"] == p and r["gamma"] == g)
                       for g in gammas]
-                ax.plot(xs, ys, marker="o", label=f"SRPE {p}")
+                ax.plot(xs, ys, label=f"SRPE {p}", **series_style(i) | {"markevery": None})
             for kind, style in (("exact", "k-"), ("full", "r--"), ("ns", "g:")):
                 if metric == "accuracy" and kind == "full":
                     continue  # identical to exact

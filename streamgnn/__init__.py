@@ -6,7 +6,8 @@ The public API: ``sg.Engine``, ``sg.datasets``, ``sg.GraphData``, ``sg.models``,
 ``sg.QueryAnswer``), ``sg.warm_up`` (compile the kernels before the first batch) and
 the errors. Each name is imported on first use (PEP 562), so
 ``import streamgnn.updates`` or the CLI's Kafka commands never pay for torch. Importing
-streamgnn must not import torch, kafka or mpi4py.
+streamgnn must not import torch, kafka or mpi4py, and no public name imports PyG (only
+building, training or converting a PyG model does: `streamgnn.models`).
 """
 
 from __future__ import annotations

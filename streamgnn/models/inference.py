@@ -15,10 +15,10 @@ from itertools import pairwise
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from streamgnn.graph import DynamicGraph
 from streamgnn.models.layers import Layer
+from streamgnn.progress import Progress
 
 
 def chunk_bounds(in_degree: np.ndarray, max_edges: int) -> np.ndarray:
@@ -72,10 +72,10 @@ def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "
     h = torch.from_numpy(graph.x[:n]).to(device, dtype)
     in_weight = torch.from_numpy(graph.in_weight[:n]).to(device, dtype)
     bounds = chunk_bounds(graph.in_degree[:n], max_edges)
-    with tqdm(total=len(layers) * (len(bounds) - 1), desc="layer-wise inference",
-              unit="chunk", disable=not progress, leave=False) as bar:
+    with Progress("layer-wise inference", "chunk", len(layers) * (len(bounds) - 1),
+                  enabled=progress) as bar:
         for i, layer in enumerate(layers):
-            bar.set_postfix(layer=i + 1)
+            bar.set(bar.n, layer=i + 1)
             with torch.inference_mode():
                 t = layer.transform(h)
                 scale = layer.source_scale(in_weight)

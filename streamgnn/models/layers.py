@@ -1,5 +1,6 @@
-"""One message-passing layer split into message / aggregate / update (DESIGN.md), built
-from a trained PyG conv: GCNConv, SAGEConv, GraphConv, GINConv, GATConv.
+"""One message-passing layer split into message / aggregate / update
+(docs/architecture.md "The incremental engine"), built from a trained PyG conv: GCNConv,
+SAGEConv, GraphConv, GINConv, GATConv.
 
 For source u, edge u -> v (weight w) and destination v:
   t_u   = transform(h_u)                          per-vertex, source side
@@ -12,13 +13,14 @@ Owns these decompositions only; must not import kafka, mpi4py or the graph store
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
 
 from streamgnn.errors import UnsupportedModelError
 from streamgnn.models.aggr import (
@@ -32,6 +34,9 @@ from streamgnn.models.aggr import (
 )
 from streamgnn.models.small_product import is_small, paired_product
 from streamgnn.models.softmax_ops import attend_with_self_loop, reduce_attention_csr
+
+if TYPE_CHECKING:
+    from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
 
 Post = Callable[[Tensor], Tensor] | None
 
@@ -429,19 +434,23 @@ class GATLayer(Layer):
         return out if self.conv.bias is None else out + self.conv.bias
 
 
-LAYER_TYPES: dict[type, type[Layer]] = {
-    GCNConv: GCNLayer, SAGEConv: SAGELayer, GraphConv: GraphConvLayer, GINConv: GINLayer,
-    GATConv: GATLayer,
-}
+@functools.cache
+def layer_types() -> dict[type, type[Layer]]:
+    """PyG conv class -> its decomposition (PyG loads here, on first use: a conv to
+    decompose has loaded it already)."""
+    from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
+
+    return {GCNConv: GCNLayer, SAGEConv: SAGELayer, GraphConv: GraphConvLayer,
+            GINConv: GINLayer, GATConv: GATLayer}
 
 
 def layer_from_conv(conv: torch.nn.Module, post: Post = None) -> Layer:
     """The decomposition of a PyG conv; raises UnsupportedModelError naming what is."""
-    cls = LAYER_TYPES.get(type(conv))
+    cls = layer_types().get(type(conv))
     if cls is None:
         raise UnsupportedModelError(
             f"{type(conv).__name__} is not supported; supported layers: "
-            + ", ".join(t.__name__ for t in LAYER_TYPES))
+            + ", ".join(t.__name__ for t in layer_types()))
     return cls(conv, post)
 
 

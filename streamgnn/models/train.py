@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn.models import MLP
 from torch_geometric.utils import to_torch_csr_tensor
-from tqdm.auto import tqdm
 
 from streamgnn.datasets import GraphData
 from streamgnn.models.gnn import takes_edge_weights
 from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.progress import track
 
 
 @dataclass
@@ -80,7 +80,7 @@ def _fit(model, forward, y, masks, epochs, lr, progress, label) -> tuple[Accurac
     train_m = masks[0]
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=5e-4)
     best_val, best_acc, best_state = -1.0, None, None
-    for _ in tqdm(range(epochs), desc=f"train {label}", disable=not progress, leave=False):
+    for _ in track(range(epochs), f"train {label}", "epoch", enabled=progress):
         model.train()
         opt.zero_grad()
         loss = F.cross_entropy(forward(model)[train_m], y[train_m])

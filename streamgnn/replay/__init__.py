@@ -1,6 +1,7 @@
 """LinkBench-style traces: the write-batch generator (`linkbench`), trace files
 (`trace`), their generation (`generate`), the open-loop replay (`openloop`, `runner`), its
-measurements (`recorder`, `matching`, `rest`) and reports (`report`).
+measurements (`recorder`, `matching`, `rest`), reports (`report`), and the `streamgnn
+replay` commands (`commands`).
 
 `streamgnn replay run` must start without torch: `trace`, `openloop`, `runner`,
 `recorder`, `matching`, `rest` and `report` import neither torch nor the graph store,

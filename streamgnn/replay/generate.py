@@ -47,7 +47,7 @@ def generate_trace(out: Path, dataset: str, ops: int, read_fraction: float = 0.0
         raise ValueError(f"rate and ops must be positive, got {rate} and {ops}")
     if arrivals not in ("constant", "poisson"):
         raise ValueError(f"arrivals must be constant or poisson, got {arrivals!r}")
-    from tqdm.auto import tqdm
+    from streamgnn.progress import Progress
 
     full = open_dataset(dataset, seed)
     snapshot, events = split_stream(full, holdout, seed) if holdout > 0 else (full, [])
@@ -59,8 +59,7 @@ def generate_trace(out: Path, dataset: str, ops: int, read_fraction: float = 0.0
               "arrivals": arrivals, "rate": rate, "generated_at": time.time()}
     counts: dict[str, int] = {}
     clock = _Clock(arrivals, rate, rng)
-    with open(out, "wb") as f, tqdm(total=ops, desc="generating", unit="op",
-                                    disable=not progress or None, leave=False) as bar:
+    with open(out, "wb") as f, Progress("generating", "op", ops, enabled=progress) as bar:
         writer = TraceWriter(f, header)
         done = 0
         while done < ops:

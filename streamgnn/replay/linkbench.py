@@ -1,12 +1,12 @@
 """`LinkBenchWorkload`: batches of graph updates with LinkBench's write mix and skewed ids,
 valid against the graph they are generated for (applied in order).
 
-LinkBench ``FBWorkload.properties`` writes, renormalised to writes only (DESIGN.md):
-addlink 29.05 %, deletelink 9.67 %, updatelink 25.89 %, addnode 8.32 %, updatenode 23.81 %,
-deletenode 3.27 %. Ids are Zipf-like: link writes 0.741, node updates 0.606, node deletes
-uniform. Given ``arrivals`` (the held-out stream of the RIPPLE++ 80/20 protocol), the add
-operations replay it in order instead of inventing vertices and links. Owns trace
-generation only; must not import kafka or mpi4py.
+LinkBench ``FBWorkload.properties`` writes, renormalised to writes only
+(docs/architecture.md "Components"): addlink 29.05 %, deletelink 9.67 %, updatelink 25.89 %,
+addnode 8.32 %, updatenode 23.81 %, deletenode 3.27 %. Ids are Zipf-like: link writes 0.741,
+node updates 0.606, node deletes uniform. Given ``arrivals`` (the held-out stream of the
+RIPPLE++ 80/20 protocol), the add operations replay it in order instead of inventing
+vertices and links. Owns trace generation only; must not import kafka or mpi4py.
 """
 
 from __future__ import annotations

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
+from streamgnn.extras import needs
+from streamgnn.plotstyle import series_style
 from streamgnn.replay.openloop import Schedule, SendStats
 from streamgnn.replay.recorder import Recorder
+
+with needs("the replay report"):  # here, so that `replay run` refuses to start
+    import matplotlib
 
 REPORT = "report.json"
 PLOTS = ("throughput.png", "latency_cdf.png", "label_changes.png", "backlog.png")
@@ -110,8 +116,12 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def render_plots(folder: Path, report: dict[str, Any]) -> list[Path]:
-    import matplotlib
+    """Write the `PLOTS` of ``report`` into ``folder``; returns their paths."""
+    return [_save(fig, folder / name) for name, fig in figures(report)]
 
+
+def figures(report: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Each of the `PLOTS` of ``report`` as (file name, matplotlib figure)."""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -122,20 +132,20 @@ def render_plots(folder: Path, report: dict[str, Any]) -> list[Path]:
 
     def line(ax, name: str, label: str, scale: float = 1.0) -> None:
         if name in series:
-            ax.plot(t, [v * scale for v in series[name]], label=label, drawstyle="steps-post")
+            ax.plot(t, [v * scale for v in series[name]], label=label, drawstyle="steps-post",
+                    **series_style(len(ax.lines)))
 
-    paths = []
     fig, ax = plt.subplots(figsize=(8, 4))
     line(ax, "sent", "sent", 1 / dt)
     line(ax, "completed", "completed", 1 / dt)
     ax.axhline(report["rate"]["offered_ops_per_s"], color="gray", ls="--", label="offered")
     _finish(ax, "ops/s", "throughput")
-    paths.append(_save(fig, folder / "throughput.png"))
+    yield "throughput.png", fig
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    for measure, encoded in sorted(report["histograms"].items()):
+    for i, (measure, encoded) in enumerate(sorted(report["histograms"].items())):
         xs, ys = _cdf(HdrHistogram.decode(encoded.encode()))
-        ax.plot(xs, ys, label=measure, drawstyle="steps-post")
+        ax.plot(xs, ys, label=measure, drawstyle="steps-post", **series_style(i))
     ax.set_xscale("log")
     ax.set_xlabel("latency from intended send time (ms)")
     ax.set_ylabel("fraction of ops")
@@ -143,12 +153,12 @@ def render_plots(folder: Path, report: dict[str, Any]) -> list[Path]:
     ax.grid(alpha=0.3)
     if report["histograms"]:
         ax.legend(fontsize=7)
-    paths.append(_save(fig, folder / "latency_cdf.png"))
+    yield "latency_cdf.png", fig
 
     fig, ax = plt.subplots(figsize=(8, 4))
     line(ax, "label_changes", "label changes/s", 1 / dt)
     _finish(ax, "label changes/s", "label changes published")
-    paths.append(_save(fig, folder / "label_changes.png"))
+    yield "label_changes.png", fig
 
     fig, (late, flight) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     line(late, "late_s", "sender lateness (peak)", 1e3)
@@ -157,8 +167,7 @@ def render_plots(folder: Path, report: dict[str, Any]) -> list[Path]:
     for name in ("not_acked", "not_visible", "reads_in_flight", "queries_waiting"):
         line(flight, name, name.replace("_", " "))
     _finish(flight, "ops (peak)", "in flight (not_visible ~ consumer lag, in updates)")
-    paths.append(_save(fig, folder / "backlog.png"))
-    return paths
+    yield "backlog.png", fig
 
 
 def _cdf(h: HdrHistogram) -> tuple[list[float], list[float]]:

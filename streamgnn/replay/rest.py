@@ -1,5 +1,5 @@
-"""`RestReader`: a replay's reads against the REST API (DESIGN.md "REST"), from a small
-thread pool so a slow answer never holds up the sender.
+"""`RestReader`: a replay's reads against the REST API (docs/architecture.md "A REST read"),
+from a small thread pool so a slow answer never holds up the sender.
 
 getnode -> ``GET /v1/vertices/{id}``; getlinklist and countlink ->
 ``GET /v1/vertices/{id}/neighbors``. Each latency runs from the op's intended send time

@@ -29,6 +29,8 @@ from typing import IO, Any, NamedTuple
 
 import orjson
 
+from streamgnn.errors import StreamGNNError
+
 FORMAT_VERSION = 1
 WRITE_OPS: dict[str, str] = {  # LinkBench name -> update op
     "addlink": "add_edge", "deletelink": "delete_edge", "updatelink": "update_edge",
@@ -39,7 +41,7 @@ OPS = (*WRITE_OPS, *READ_OPS, QUERY_OP)
 _CSV_OPS = {"add": "addlink", "delete": "deletelink", "update": "updatelink"}
 
 
-class TraceError(ValueError):
+class TraceError(StreamGNNError, ValueError):
     """A trace file that cannot be replayed; the message names the file and line."""
 
 

@@ -1,12 +1,21 @@
 """The incremental engine: per-layer state and hop-by-hop BSP propagation (`Shard`), the
 partitions it is split into (`Placement`), the halo exchange between them (`exchange`)
-and query serving (`query`). Must not import kafka; only an MPI exchange imports
-mpi4py."""
+and query serving (`query`); an MPI job's ranks (`mpi`) and its supervisor (`supervisor`).
+Must not import kafka; only `mpi` and `supervisor` import mpi4py. Importing this package
+imports none of its modules (the names below load on use), so `serve --workers`'s
+supervisor starts without torch."""
 
-from streamgnn.workers.engine import Engine
-from streamgnn.workers.labels import ChangedLabels
-from streamgnn.workers.placement import Placement
-from streamgnn.workers.query import QueryAnswer
-from streamgnn.workers.shard import ApplyResult, Shard
+from __future__ import annotations
 
-__all__ = ["ApplyResult", "ChangedLabels", "Engine", "Placement", "QueryAnswer", "Shard"]
+import importlib
+from typing import Any
+
+_HOME = {"ApplyResult": "batch", "ChangedLabels": "labels", "Engine": "engine",
+         "Placement": "placement", "QueryAnswer": "query", "Shard": "shard"}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(f"streamgnn.workers.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'streamgnn.workers' has no attribute {name!r}")

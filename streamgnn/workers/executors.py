@@ -88,8 +88,8 @@ def calibrate(engine, sizes: tuple[int, ...] = (1, 16, 64, 256, 1024, 4096),
     import time
 
     import numpy as np
-    from tqdm.auto import tqdm
 
+    from streamgnn.progress import track
     from streamgnn.queries import QueryColumns
 
     g, rng = engine.graph, np.random.default_rng(seed)
@@ -97,7 +97,7 @@ def calibrate(engine, sizes: tuple[int, ...] = (1, 16, 64, 256, 1024, 4096),
     degree = max(1, round(g.num_edges / max(g.num_vertices, 1)))
     cuda = [d for d in engine.executors.devices if d.type == "cuda"]
     measured = []
-    for n in tqdm(sizes, desc="calibrating", disable=not progress, leave=False):
+    for n in track(sizes, "calibrating", "size", enabled=progress):
         first = int(ids.max()) + 1
         x = g.x[g.slots(rng.choice(ids, n))]
         ends = np.sort(rng.choice(ids, (n, degree)), axis=1)  # repeats now adjacent

@@ -1,5 +1,5 @@
-"""Query serving (DESIGN.md "Query serving"): new vertices answered from the engine's exact
-embeddings, as if inserted, without changing them.
+"""Query serving (docs/architecture.md "The life of a query"): new vertices answered from
+the engine's exact embeddings, as if inserted, without changing them.
 
 Over G plus the query Q (`QueryGraph`: query vertex i gets the virtual slot N + i), per
 layer l = 1..L (`plan`):
