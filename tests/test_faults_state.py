@@ -57,18 +57,25 @@ def label_changes(broker) -> dict[str, bytes]:
     return out
 
 
+def served_once(state):
+    """The tiny stream served to its end once, checkpointed in ``state``: the data, the
+    model, the broker, the service's opener (to restart it) and the finished service."""
+    data, model = setup()
+    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
+    broker = streamed(events)
+    open_service = opener(broker, snapshot, model, QUIET, state)
+    first = open_service()
+    first.run(idle_exit_s=0.5)
+    first.close()
+    return data, model, broker, open_service, first
+
+
 def test_retention_keeps_the_last_verified_generation_and_moves_a_corrupt_one_aside(tmp_path):
     """Generations 1 and 2; 2 corrupted: the restart moves it aside, uses 1, and its
     checkpoint 3 must not delete 1 (the old retention kept the corrupt 2 instead). 3
     corrupted too: the next restart still resumes from 1, replays everything journaled
     since, and ends where an uninterrupted run did."""
-    data, model = setup()
-    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
-    broker = streamed(events)
-    open_service = opener(broker, snapshot, model, QUIET, tmp_path)
-    first = open_service()
-    first.run(idle_exit_s=0.5)
-    first.close()
+    data, model, broker, open_service, first = served_once(tmp_path)
     store = Checkpoints(tmp_path)
     assert store.generations() == [1, 2]
     flip(store.folder(2) / "shard0.npz")
@@ -94,13 +101,7 @@ def test_an_edited_manifest_is_corrupt_like_a_flipped_byte(tmp_path):
     """The newest manifest's offsets edited back by 10 (still valid JSON): that generation
     does not verify, is moved aside, and the previous one is used; nothing is consumed
     twice (no duplicate dead-lettered), and the state ends exact."""
-    data, model = setup()
-    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
-    broker = streamed(events)
-    open_service = opener(broker, snapshot, model, QUIET, tmp_path)
-    first = open_service()
-    first.run(idle_exit_s=0.5)
-    first.close()
+    data, model, broker, open_service, first = served_once(tmp_path)
     manifest = Checkpoints(tmp_path).folder(2) / "manifest.json"
     raw = json.loads(manifest.read_text())
     raw["state"]["positions"]["0"] -= 10
