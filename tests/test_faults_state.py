@@ -59,7 +59,8 @@ def label_changes(broker) -> dict[str, bytes]:
 
 def served_once(state):
     """The tiny stream served to its end once, checkpointed in ``state``: the data, the
-    model, the broker, the service's opener (to restart it) and the finished service."""
+    model, the snapshot it bootstrapped, the broker, the service's opener (to restart it)
+    and the finished service."""
     data, model = setup()
     snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
     broker = streamed(events)
@@ -67,7 +68,7 @@ def served_once(state):
     first = open_service()
     first.run(idle_exit_s=0.5)
     first.close()
-    return data, model, broker, open_service, first
+    return data, model, snapshot, broker, open_service, first
 
 
 def test_retention_keeps_the_last_verified_generation_and_moves_a_corrupt_one_aside(tmp_path):
@@ -75,7 +76,7 @@ def test_retention_keeps_the_last_verified_generation_and_moves_a_corrupt_one_as
     checkpoint 3 must not delete 1 (the old retention kept the corrupt 2 instead). 3
     corrupted too: the next restart still resumes from 1, replays everything journaled
     since, and ends where an uninterrupted run did."""
-    data, model, broker, open_service, first = served_once(tmp_path)
+    data, model, _, broker, open_service, first = served_once(tmp_path)
     store = Checkpoints(tmp_path)
     assert store.generations() == [1, 2]
     flip(store.folder(2) / "shard0.npz")
@@ -101,7 +102,7 @@ def test_an_edited_manifest_is_corrupt_like_a_flipped_byte(tmp_path):
     """The newest manifest's offsets edited back by 10 (still valid JSON): that generation
     does not verify, is moved aside, and the previous one is used; nothing is consumed
     twice (no duplicate dead-lettered), and the state ends exact."""
-    data, model, broker, open_service, first = served_once(tmp_path)
+    data, model, _, broker, open_service, first = served_once(tmp_path)
     manifest = Checkpoints(tmp_path).folder(2) / "manifest.json"
     raw = json.loads(manifest.read_text())
     raw["state"]["positions"]["0"] -= 10
@@ -122,13 +123,7 @@ def test_with_no_generation_that_verifies_the_service_refuses_unless_asked_to_re
     """Both generations corrupted: opening refuses with one message naming the state
     directory and a hint naming --rebuild-state, and bootstraps nothing; asked to
     rebuild, it bootstraps a state of a new epoch."""
-    data, model = setup()
-    snapshot, events = sg.datasets.split_stream(data, 0.2, 0)
-    broker = streamed(events)
-    open_service = opener(broker, snapshot, model, QUIET, tmp_path)
-    first = open_service()
-    first.run(idle_exit_s=0.5)
-    first.close()
+    _, model, snapshot, broker, open_service, first = served_once(tmp_path)
     for generation in (1, 2):
         flip(Checkpoints(tmp_path).folder(generation) / "shard0.npz")
     with (pytest.warns(UserWarning, match="does not match"),
