@@ -5,6 +5,7 @@ checkpoint when the engine fails."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -86,14 +87,18 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
 
+    @functools.cache
+    def model_file() -> Checkpoint:  # read once: to bootstrap from, or to check
+        return Checkpoint.load(settings.checkpoint)
+
     def open_service() -> Service:
         service = Service.open(
-            lambda: Checkpoint.load(settings.checkpoint), start,
+            model_file, start,
             KafkaTransport(kafka, topics.updates, reset=settings.offset_reset), settings,
             checkpoints, settings.device, workers,
             KafkaTransport(kafka, topics.queries, reset=settings.offset_reset), reads,
             settings.rebuild_state)
-        _check_model(service.model, settings)
+        _check_model(service.model, model_file, settings)
         if settings.calibration.exists():
             service.engine.executors.calibration = Calibration.load(settings.calibration)
         if not current and not stopping.is_set():  # once a process, before consuming
@@ -128,13 +133,12 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
     return service, stopping.is_set()
 
 
-def _check_model(served: Checkpoint, settings: ServeSettings) -> None:
+def _check_model(served: Checkpoint, model_file: Callable[[], Checkpoint],
+                 settings: ServeSettings) -> None:
     """Refuse a --checkpoint (when its file exists) that is another model than the one the
     state directory's service holds: it would be ignored, and the state served as it is."""
-    from streamgnn.models.zoo import Checkpoint
-
-    if settings.checkpoint.exists() and not served.same_model(
-            given := Checkpoint.load(settings.checkpoint)):
+    if settings.checkpoint.exists() and (given := model_file()) is not served and (
+            not served.same_model(given)):
         differ = (f"{_about(served)} there, {_about(given)} here"
                   if served.spec != given.spec else "the same architecture, other weights")
         raise InputError(
