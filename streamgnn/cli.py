@@ -428,7 +428,12 @@ def _serve_settings(given: dict[str, Any]) -> ServeSettings:
     try:
         return ServeSettings(**given)
     except pydantic.ValidationError as e:
-        raise UserError(f"serve settings: {e}", "see `streamgnn serve --help`") from None
+        command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+        flags = {p.name: p.opts[0] for p in command.params}
+        raise UserError("; ".join(
+            f"{flags.get(str(err['loc'][0]), err['loc'][0]) if err['loc'] else 'serve'}: "
+            f"{err['msg'].lower()} (got {err['input']!r})" for err in e.errors()),
+            "see `streamgnn serve --help`") from None
 
 
 def _print_stats(stats, extra: list[tuple[str, str]] = ()) -> None:

@@ -67,6 +67,9 @@ def model_file(path: Path, in_dim: int, out_dim: int) -> Path:
     (("query", "missing.json", "-b", "127.0.0.1:9"),
      "cannot read the query request file missing.json: No such file",
      '{"vertices": [{"id": 900001, "x": [...]}]'),
+    (("serve", "--bs", "0", "--http", "off"),
+     "--batch-size: input should be greater than or equal to 1 (got 0)",
+     "streamgnn serve --help"),
 ])
 def test_an_unknown_name_or_a_missing_file_names_the_choices_or_how_to_make_one(
         tmp_path, args, error, hint):
