@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from streamgnn.api.protocol import HEAD_TIMEOUT_S, MAX_HEAD_BYTES
+from streamgnn.api.protocol import HEAD_TIMEOUT_S, LINGER_BYTES, MAX_HEAD_BYTES
 from streamgnn.api.server import MAX_CONNECTIONS
 from streamgnn.stream.schemas import DecodeError, decode_query, decode_update
 from tests.test_api import Running
@@ -90,6 +90,16 @@ def test_a_head_at_the_limit_is_served_one_byte_more_gets_431(child):
     assert refused.startswith(b"HTTP/1.1 431 ")
     assert b'"error":"request_header_fields_too_large"' in refused
     assert f"{MAX_HEAD_BYTES:,} bytes".encode() in refused
+
+
+def test_a_refusal_ends_in_a_clean_close_while_the_client_still_sends(child):
+    """Bytes the client sends after the answer are read and dropped, so that the client
+    reads the answer and then the end of the connection, never a reset."""
+    for _ in range(3):
+        with child.connect() as s:
+            s.sendall(_head("/healthz", MAX_HEAD_BYTES + 1) + b"x" * (LINGER_BYTES // 2))
+            time.sleep(0.2)
+            assert _until_closed(s).startswith(b"HTTP/1.1 431 ")
 
 
 @pytest.mark.parametrize("head", [

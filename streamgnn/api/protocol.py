@@ -3,6 +3,12 @@ headers) bounded in size (`MAX_HEAD_BYTES`, else 431) and in time (`HEAD_TIMEOUT
 else 408), the connection closed either way, before any of the head reaches the app
 (authentication included). httptools alone buffers a head of any size, for good.
 
+A refusal closes the way HTTP servers must for the client to read it: the answer, then
+our half of the connection (FIN), then what the client still sends is read and dropped
+(up to `LINGER_BYTES`, for up to `LINGER_S`) before the socket closes. Closing with
+unread bytes makes the kernel send a reset, and a reset can discard the answer before
+the client reads it.
+
 Must not import kafka or mpi4py.
 """
 
@@ -16,6 +22,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 MAX_HEAD_BYTES = 16 << 10
 HEAD_TIMEOUT_S = 10.0
+LINGER_BYTES = 1 << 20
+LINGER_S = 2.0
 _END = b"\r\n\r\n"
 
 
@@ -30,11 +38,12 @@ class BoundedHttp(HttpToolsProtocol):
 
     _head: int | None  # bytes of the head so far; None from its end to its message's end
     _tail: bytes  # the head's last 3 bytes so far: an end split across two reads
-    _deadline: asyncio.TimerHandle | None
+    _deadline: asyncio.TimerHandle | None  # the head's timeout, then the linger's
+    _linger: int | None  # bytes still to drop after a refusal; None before one
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head, self._tail = 0, b""
+        self._head, self._tail, self._linger = 0, b"", None
         self._deadline = self.loop.call_later(HEAD_TIMEOUT_S, self._late)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -42,6 +51,11 @@ class BoundedHttp(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:
+            self._linger -= len(data)
+            if self._linger < 0:
+                self.transport.close()
+            return
         if self._head is not None:
             seen = self._tail + data
             end = seen.find(_END)
@@ -75,8 +89,8 @@ class BoundedHttp(HttpToolsProtocol):
             self._deadline = None
 
     def _refuse(self, status: int, reason: str) -> None:
-        """Answer ``status`` with the app's error body, and close."""
-        if self.transport.is_closing():
+        """Answer ``status`` with the app's error body, and close (lingering)."""
+        if self.transport.is_closing() or self._linger is not None:
             return
         error = HTTPStatus(status).phrase.lower().replace(" ", "_")
         body = orjson.dumps({"error": error, "reason": reason})
@@ -85,4 +99,10 @@ class BoundedHttp(HttpToolsProtocol):
                 b"content-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\n\r\n" % len(body)]
         self.transport.write(b"".join(head) + body)
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._stop_deadline()
+        self._linger = LINGER_BYTES
+        self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
