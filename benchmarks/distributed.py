@@ -6,7 +6,7 @@ the engine split into P partitions, each against its baseline in the same run.
 - communication: bytes exchanged per batch by the engine (ghost rows of the sources that
   changed, sent once per holding partition before each superstep but the first, and the
   ghosts' features the router sends with the batch) vs distributed RC (the
-  same affected region recomputed, every remote in-neighbour row fetched on demand: 8-byte
+  same affected region recomputed, every remote in-neighbor row fetched on demand: 8-byte
   request + 8-byte id + the row), and what two other designs would send for the same
   batches: the engine with messages combined at the sender plus remote rows fetched for
   its pulls. GraphConv-sum and SAGE-max, 2 layers; P = 2, 4, 8; bs = 10, 100, 1000.
@@ -186,7 +186,7 @@ def cut_edges(engine: Engine) -> int:
 def cut_adds(engine: Engine, batch) -> int:
     """Edges the batch added (and kept) whose ends different partitions own."""
     adds = batch.op == ADD_EDGE
-    src, dst = batch.a[adds], batch.b[adds]
+    src, dst = batch.src[adds], batch.dst[adds]
     live = engine.graph.contains(src) & engine.graph.contains(dst)
     return int((engine.partition_of(src[live]) != engine.partition_of(dst[live])).sum())
 

@@ -1,5 +1,5 @@
 """Query-serving benchmark (issue 15): new vertices answered by the engine (exact mode and
-SRPE) against full k-hop recompute and neighbour sampling with PyG's layers, in the same run.
+SRPE) against full k-hop recompute and neighbor sampling with PyG's layers, in the same run.
 
     python benchmarks/queries.py                      # arxiv-like, 500 requests per batch size
     python benchmarks/queries.py --quick              # 40 requests, shorter Poisson/mixed runs
@@ -22,7 +22,7 @@ between two held-out vertices are dropped, as in OMEGA (``--query-to-query`` kee
 whose ends are both in the same request). Edges have weight 1.
 
 Methods, one request at a time, each timed from the request in hand to the labels:
-- full k-hop: the request's k-hop in-neighbourhood in G plus the query, extracted from a
+- full k-hop: the request's k-hop in-neighborhood in G plus the query, extracted from a
   numpy CSR, features gathered, PyG's own convs run layer by layer (layer l only for the
   vertices layer l+1 needs). GCN's normalisation uses the true in-degrees of G plus the
   query (a sampler's subgraph lacks the in-edges of its outermost hop), so full k-hop
@@ -206,7 +206,7 @@ def make_requests(wl: Workload, size: int, count: int, seed: int,
 
 # ---------------------------------------------------------------- baselines
 class Baseline:
-    """Full k-hop recompute and neighbour sampling: subgraphs from a numpy CSR of the
+    """Full k-hop recompute and neighbor sampling: subgraphs from a numpy CSR of the
     snapshot's in-edges plus the request's edges, PyG's convs on them."""
 
     def __init__(self, model: torch.nn.Module, wl: Workload, seed: int = 0) -> None:
@@ -348,7 +348,7 @@ def floyd(count: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
 # ---------------------------------------------------------------- measurement
 class Contention:
     """CPU time other processes took while a section ran (from /proc/stat, less this
-    process's own): the machine is shared, and a busy neighbour shows up in the p99s."""
+    process's own): the machine is shared, and a busy neighbor shows up in the p99s."""
 
     def __init__(self) -> None:
         self.last = self._now()
@@ -659,7 +659,7 @@ def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate
         req, pyd = queries[i % len(queries)]
         other = np.where(req.src >= n0, req.dst, req.src)  # the existing end (or a query)
         gone = (other < n0) & ~engine.graph.contains(snap.ids[np.minimum(other, n0 - 1)])
-        if gone.any():  # LinkBench deleted some of the request's neighbours since
+        if gone.any():  # LinkBench deleted some of the request's neighbors since
             keep = ~gone
             pyd = sg.QueryColumns(pyd.ids, pyd.x, pyd.src[keep], pyd.dst[keep],
                                   pyd.weight[keep])
@@ -825,10 +825,10 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES,
                         help="SRPE candidate policies")
     parser.add_argument("--fanout", type=int, default=10,
-                        help="neighbour sampling: in-edges sampled per vertex and layer")
+                        help="neighbor sampling: in-edges sampled per vertex and layer")
     parser.add_argument("--undirected", action="store_true",
                         help="add every edge's reverse before the split (OMEGA's datasets "
-                             "are undirected: every neighbour of a query is then an SRPE "
+                             "are undirected: every neighbor of a query is then an SRPE "
                              "candidate)")
     parser.add_argument("--query-to-query", action="store_true",
                         help="keep held-out -> held-out edges whose ends are in the same "
@@ -914,7 +914,7 @@ def main() -> None:
     spec = ModelSpec(name, snap.num_features, snap.num_classes, hidden=args.hidden,
                      num_layers=args.layers)
     trained = train(snap, spec, epochs=args.epochs, seed=args.seed)
-    model = trained.checkpoint.model()
+    model = trained.model_file.model()
     console.print(f"trained {name} ({args.epochs} epochs, {trained.seconds:.0f} s): snapshot "
                   f"test accuracy {trained.gnn.test:.4f} (MLP {trained.mlp.test:.4f})")
     engine = sg.Engine.from_pyg(model, snap)

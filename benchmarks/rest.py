@@ -38,7 +38,7 @@ from soak import chunks
 import streamgnn as sg
 from streamgnn.allocator import keep_freed_memory
 from streamgnn.api.server import HttpServer
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.router import BatchReport, Service, ServiceConfig
 from streamgnn.router.reads import Reads
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
@@ -81,7 +81,7 @@ class Bench:
         data = sg.datasets.synthetic(args.preset, seed=0)
         spec = ModelSpec("sage-mean", data.num_features, data.num_classes, 64, 2)
         torch.manual_seed(0)
-        model = Checkpoint(spec, spec.build().state_dict())
+        model = ModelFile(spec, spec.build().state_dict())
         self.broker, self.config = MemoryBroker(), ServiceConfig(batch_size=args.batch_size)
         self.topic = self.config.topics.updates
         self.reads = Reads()

@@ -28,7 +28,7 @@ from rich.table import Table
 
 import streamgnn as sg
 from streamgnn.allocator import keep_freed_memory
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.router import Service, ServiceConfig
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 
@@ -85,7 +85,7 @@ def main() -> None:
     data = sg.datasets.synthetic(args.preset, seed=0)
     spec = ModelSpec("sage-mean", data.num_features, data.num_classes, 64, 2)
     torch.manual_seed(0)
-    model = Checkpoint(spec, spec.build().state_dict())
+    model = ModelFile(spec, spec.build().state_dict())
     broker, config = MemoryBroker(), ServiceConfig(batch_size=args.batch_size)
     topic = config.topics.updates
     service = Service(sg.Engine.from_pyg(model.model(), data), model,

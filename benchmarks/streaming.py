@@ -41,7 +41,7 @@ from rich.table import Table
 
 import streamgnn as sg
 from streamgnn.allocator import keep_freed_memory
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.router import Service, ServiceConfig
 from streamgnn.stream import Topics, encode
@@ -83,7 +83,7 @@ def setup(preset: str, model: str):
     snapshot, events = sg.datasets.split_stream(full, 0.2, seed=0)
     spec = ModelSpec(model, full.num_features, full.num_classes, 128, 2)
     torch.manual_seed(0)
-    return snapshot, events, Checkpoint(spec, spec.build().state_dict())
+    return snapshot, events, ModelFile(spec, spec.build().state_dict())
 
 
 @dataclass

@@ -17,9 +17,10 @@ import importlib
 __version__ = "0.1.0"
 
 _ERRORS = ("DuplicateEdgeError", "DuplicateVertexError", "FeatureDimensionError",
-           "InvalidQueryError", "InvalidUpdateError", "NonFiniteEmbeddingError",
-           "NonFiniteValueError", "OutOfRangeError", "SelfLoopError", "StreamGNNError",
-           "UnknownEdgeError", "UnknownVertexError", "UnsupportedModelError")
+           "InvalidInputError", "InvalidQueryError", "InvalidUpdateError",
+           "NonFiniteEmbeddingError", "NonFiniteValueError", "OutOfRangeError",
+           "SelfLoopError", "StreamGNNError", "UnknownEdgeError", "UnknownVertexError",
+           "UnsupportedModelError")
 _UPDATES = ("AddEdge", "AddVertex", "DeleteEdge", "DeleteVertex", "Update", "UpdateBatch",
             "UpdateEdge", "UpdateFeatures", "ValueLimits")
 # public name -> the module that defines it (None: the name is a subpackage)

@@ -182,7 +182,7 @@ def train(
     hidden: Annotated[int, typer.Option(help="Hidden width.")] = 128,
     layers: Annotated[int, typer.Option(help="Number of GNN layers.")] = 2,
     epochs: Annotated[int, typer.Option(help="Full-batch training epochs.")] = 100,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint path.")] = Path(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the model file.")] = Path(
         "artifacts/model.pt"),
     holdout: HoldoutOpt = 0.2,
     seed: SeedOpt = 0,
@@ -205,13 +205,14 @@ def _train(dataset, model, hidden, layers, epochs, out, holdout, seed):
     for name, acc in ((model, result.gnn), ("MLP (same features)", result.mlp)):
         table.add_row(name, f"{acc.train:.3f}", f"{acc.val:.3f}", f"{acc.test:.3f}")
     print_table(table)
-    console.print(f"checkpoint -> {result.checkpoint.save(out)}")
+    console.print(f"model file -> {result.model_file.save(out)}")
     return full, data, events, result
 
 
 @app.command()
 def bootstrap(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="From `train`.")] = Path(
+    checkpoint: Annotated[Path, typer.Option(
+        "--checkpoint", "-c", help="The model file, from `train`.")] = Path(
         "artifacts/model.pt"),
     dataset: DatasetOpt = "arxiv-like",
     holdout: HoldoutOpt = 0.2,
@@ -220,9 +221,9 @@ def bootstrap(
 ) -> None:
     """Compute every layer's embedding of every vertex (layer-wise full inference) and
     compare its time with PyG's own forward pass."""
-    from streamgnn.models.zoo import Checkpoint
+    from streamgnn.models.zoo import ModelFile
 
-    trained = Checkpoint.load(checkpoint)
+    trained = ModelFile.load(checkpoint)
     _, data, _ = _snapshot(dataset, seed, holdout)
     _bootstrap(data, trained.model_for(data, dataset), device)
 
@@ -271,8 +272,8 @@ def demo(
     kafka = kafka_settings(broker.bootstrap, kafka_config)
     out = Path("artifacts") / f"{model}-{dataset}.pt"
     full, data, events, result = _train(dataset, model, 128, 2, epochs, out, 0.2, seed)
-    _bootstrap(data, result.checkpoint.model(), device)
-    summary = run_demo(broker, kafka, full, data, events, result.checkpoint, batch_size,
+    _bootstrap(data, result.model_file.model(), device)
+    summary = run_demo(broker, kafka, full, data, events, result.model_file, batch_size,
                        device, console)
     _print_stats(summary.stats, extra=summary.rows)
 
@@ -543,12 +544,12 @@ def calibrate(
     """Measure where query batches run quicker on cuda than on cpu (exact queries of 1 to
     4,096 new vertices on the dataset) and store the threshold `serve` dispatches by.
     Without a GPU there is one choice: the file says so."""
-    from streamgnn.models.zoo import Checkpoint, ModelSpec
+    from streamgnn.models.zoo import ModelFile, ModelSpec
     from streamgnn.workers import Engine
     from streamgnn.workers.executors import calibrate as measure
 
     _, data, _ = _snapshot(dataset, seed, 0.0)
-    net = (Checkpoint.load(checkpoint).model_for(data, dataset) if checkpoint else
+    net = (ModelFile.load(checkpoint).model_for(data, dataset) if checkpoint else
            ModelSpec(model, data.num_features, data.num_classes).build().eval())
     engine = Engine.from_pyg(net, data, progress=True)
     cal = measure(engine)

@@ -28,7 +28,7 @@ from rich.text import Text
 
 from streamgnn.datasets import GraphData
 from streamgnn.models.gnn import pyg_forward
-from streamgnn.models.zoo import Checkpoint
+from streamgnn.models.zoo import ModelFile
 from streamgnn.router import Service, ServiceConfig, Stats
 from streamgnn.stream import LabelChange, LabelChanges, Topics, encode
 from streamgnn.stream.broker import EmbeddedBroker
@@ -73,7 +73,7 @@ class _LabelFeed(threading.Thread):
 
 
 def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
-             snapshot: GraphData, events: Sequence[Update], checkpoint: Checkpoint,
+             snapshot: GraphData, events: Sequence[Update], model_file: ModelFile,
              batch_size: int, device: str, console: Console) -> Summary:
     """The demo against ``broker`` (started here unless it runs), reached with ``kafka``'s
     client settings."""
@@ -82,7 +82,7 @@ def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
         broker.start()
         console.print(f"embedded broker started at {broker.bootstrap}")
     try:
-        return _serve_and_stream(kafka, full, snapshot, events, checkpoint,
+        return _serve_and_stream(kafka, full, snapshot, events, model_file,
                                  batch_size, device, console)
     finally:
         if started_broker:
@@ -91,7 +91,7 @@ def run_demo(broker: EmbeddedBroker, kafka: KafkaConfig, full: GraphData,
 
 
 def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
-                      events: Sequence[Update], checkpoint: Checkpoint, batch_size: int,
+                      events: Sequence[Update], model_file: ModelFile, batch_size: int,
                       device: str, console: Console) -> Summary:
     prefix = f"demo-{uuid.uuid4().hex[:6]}-"
     topics = Topics.prefixed(prefix)
@@ -100,11 +100,11 @@ def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
         stream = Path(tmp) / "held-out.jsonl"
         stream.write_bytes(b"".join(encode(u) + b"\n" for u in events))
         with console.status(WARMING_UP):
-            seconds = warm_up_if_possible(checkpoint.model(), device)
+            seconds = warm_up_if_possible(model_file.model(), device)
         if seconds is not None:
             console.print(f"kernels ready in {seconds:.1f} s")
-        engine = Engine.from_pyg(checkpoint.model(), snapshot, device=device)
-        service = Service(engine, checkpoint, KafkaTransport(kafka, topics.updates),
+        engine = Engine.from_pyg(model_file.model(), snapshot, device=device)
+        service = Service(engine, model_file, KafkaTransport(kafka, topics.updates),
                           ServiceConfig(batch_size=batch_size, topics=topics))
         feed = _LabelFeed(kafka, topics.labels)
         feed.start()
@@ -135,7 +135,7 @@ def _serve_and_stream(kafka: KafkaConfig, full: GraphData, snapshot: GraphData,
             # the producer sends as fast as it can: an update mostly waits behind earlier
             # ones, so the latency is queueing, and processing speed is 'while busy'
             ("latency p50 / p99 is mostly", "queueing (the producer is unpaced)")]
-    return Summary(stats, rows + _check(service.engine, checkpoint, full, device))
+    return Summary(stats, rows + _check(service.engine, model_file, full, device))
 
 
 def _view(service: Service, feed: _LabelFeed, total: int) -> Group:
@@ -153,11 +153,11 @@ def _view(service: Service, feed: _LabelFeed, total: int) -> Group:
                       "back"), table)
 
 
-def _check(engine: Engine, checkpoint: Checkpoint, full: GraphData,
+def _check(engine: Engine, model_file: ModelFile, full: GraphData,
            device: str) -> list[tuple[str, str]]:
     current = engine.graph.to_data()
     t = time.perf_counter()
-    ref = pyg_forward(checkpoint.model().to(device), current, device)
+    ref = pyg_forward(model_file.model().to(device), current, device)
     t_full = time.perf_counter() - t
     err = float(np.abs(engine.lookup(current.ids) - ref.cpu().numpy()).max())
     rows = [("max |engine - PyG forward|, final graph", f"{err:.1e}"),

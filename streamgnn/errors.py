@@ -1,8 +1,10 @@
 """Exceptions raised by streamgnn's Python API.
 
 Owns the exception hierarchy only; imports nothing from the rest of the package.
-Every bad update raises a subclass of :class:`InvalidUpdateError` that names the
-offending id and the reason, and carries the position of the update in its batch.
+Bad input raises an :class:`InvalidInputError` naming the offending id and the reason:
+a bad update an :class:`InvalidUpdateError` subclass, which carries the update's position
+in its batch; a query that cannot be answered an :class:`InvalidQueryError` (or, for an
+unknown or duplicate vertex id, the same vertex error an update gets).
 A mistake of the user (a missing file, an unknown name, no broker) raises a
 :class:`UserError`, which the ``streamgnn`` command prints in a few lines.
 """
@@ -14,11 +16,11 @@ class StreamGNNError(Exception):
     """Base class of every error streamgnn raises on purpose."""
 
 
-class InvalidUpdateError(StreamGNNError, ValueError):
-    """An update that cannot be applied to the current graph; nothing was applied.
-    ``kind`` names the problem in one word (a dead letter's ``error``)."""
+class InvalidInputError(StreamGNNError, ValueError):
+    """Input that cannot be taken: an update, a query or a read request. ``kind`` names
+    the problem in one word (a dead letter's or an error result's ``error``)."""
 
-    kind = "invalid_update"
+    kind = "invalid_input"
 
     def __init__(self, reason: str, *, index: int | None = None) -> None:
         self.reason = reason
@@ -26,15 +28,21 @@ class InvalidUpdateError(StreamGNNError, ValueError):
         self._where = ""
         super().__init__(reason)
 
+    def __str__(self) -> str:
+        return f"{self.reason}{self._where}"
+
+
+class InvalidUpdateError(InvalidInputError):
+    """An update that cannot be applied to the current graph; nothing was applied."""
+
+    kind = "invalid_update"
+
     def at(self, index: int) -> InvalidUpdateError:
         """Return this error annotated with the update's position in its batch (which
         its message then names; a query's or a read's errors name the vertex instead)."""
         self.index = index
         self._where = f" (update #{index} of the batch)"
         return self
-
-    def __str__(self) -> str:
-        return f"{self.reason}{self._where}"
 
 
 class UnknownVertexError(InvalidUpdateError, KeyError):
@@ -86,7 +94,7 @@ class OutOfRangeError(InvalidUpdateError):
     kind = "out_of_range"
 
 
-class InvalidQueryError(InvalidUpdateError):
+class InvalidQueryError(InvalidInputError):
     """A query request that cannot be answered: empty or over-size, an id of an existing
     vertex, an edge naming an unknown vertex or joining two existing vertices."""
 

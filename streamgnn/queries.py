@@ -130,7 +130,7 @@ class QueryColumns:
         """These columns (ids and ends int64, ``x`` and ``weight`` float32) once checked
         for everything that does not depend on the graph: sizes, feature dimension,
         finite values within `ValueLimits`, duplicate ids and edges, self-loops. Raises
-        the `InvalidUpdateError` subclass naming the first problem (``index``: the
+        the `InvalidInputError` subclass naming the first problem (``index``: the
         vertex's or edge's position)."""
         limits = limits or ValueLimits()
         ids, src, dst = (_integers(name, getattr(self, name)) for name in ("ids", "src", "dst"))

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from streamgnn.api.server import HttpServer
     from streamgnn.datasets import GraphData
-    from streamgnn.models.zoo import Checkpoint
+    from streamgnn.models.zoo import ModelFile
     from streamgnn.router import Service
     from streamgnn.router.reads import Reads
     from streamgnn.settings import ServeSettings
@@ -48,7 +48,7 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
     stopped it."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.graph import DynamicGraph
-    from streamgnn.models.zoo import Checkpoint
+    from streamgnn.models.zoo import ModelFile
     from streamgnn.router import Checkpoints, Service, run_recovering
     from streamgnn.router.reads import Reads
     from streamgnn.stream.kafka import KafkaTransport
@@ -66,7 +66,7 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
         console.print("resuming from the newest checkpoint in "
                       f"{settings.state_dir} that verifies")
 
-    def start(model: Checkpoint) -> Engine:
+    def start(model: ModelFile) -> Engine:
         # the snapshot's graph alone: the whole dataset and the held-out part go before
         # the bootstrap (GBs at products-like size)
         data = snapshot()
@@ -88,8 +88,8 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
         signal.signal(signum, on_signal)
 
     @functools.cache
-    def model_file() -> Checkpoint:  # read once: to bootstrap from, or to check
-        return Checkpoint.load(settings.checkpoint)
+    def model_file() -> ModelFile:  # read once: to bootstrap from, or to check
+        return ModelFile.load(settings.checkpoint)
 
     def open_service() -> Service:
         service = Service.open(
@@ -133,7 +133,7 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
     return service, stopping.is_set()
 
 
-def _check_model(served: Checkpoint, model_file: Callable[[], Checkpoint],
+def _check_model(served: ModelFile, model_file: Callable[[], ModelFile],
                  settings: ServeSettings) -> None:
     """Refuse a --checkpoint (when its file exists) that is another model than the one the
     state directory's service holds: it would be ignored, and the state served as it is."""
@@ -148,7 +148,7 @@ def _check_model(served: Checkpoint, model_file: Callable[[], Checkpoint],
             "--state-dir (STREAMGNN_STATE_DIR)")
 
 
-def _about(model: Checkpoint) -> str:
+def _about(model: ModelFile) -> str:
     spec = model.spec
     return (f"{spec.name}, {spec.num_layers} layers of {spec.hidden}, "
             f"{spec.in_dim} -> {spec.out_dim}" + (f", trained on {model.dataset}"

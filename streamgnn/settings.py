@@ -92,7 +92,7 @@ class ServeSettings(ServiceConfig):
         "thresholds written by `streamgnn calibrate` (serve: used when the file exists; "
         "without it query batches run on --device).")
     http: str = Field(
-        "127.0.0.1:8080", description="Serve the REST API (embeddings, labels, neighbours, "
+        "127.0.0.1:8080", description="Serve the REST API (embeddings, labels, neighbors, "
         "queries, status, /metrics, /healthz, /readyz; OpenAPI at /docs) on HOST:PORT, "
         "or off.")
     http_token: str | None = Field(

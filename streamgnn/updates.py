@@ -102,22 +102,23 @@ class UpdateBatch:
     wherever a list of updates is (``engine.apply``, ``graph.apply``), so a producer that
     has arrays skips building an object per update.
 
-    Row i is update i: ``op`` its code (`OP_CODES`), ``a`` the source (edge updates) or the
-    vertex id, ``b`` the destination, ``w`` the weight (add/update edge), ``xrow`` the row of
-    ``x`` [k, num_features] holding its features (add_vertex/update_features; ``NO_X``
-    otherwise, ``BAD_WIDTH`` for a vector of the wrong length, whose length is then in
-    ``b``). Columns that do not apply to an update are ignored."""
+    Row i is update i: ``op`` its code (`OP_CODES`), ``src`` an edge update's source or a
+    vertex update's vertex, ``dst`` an edge update's destination, ``w`` the weight
+    (add/update edge), ``xrow`` the row of ``x`` [k, num_features] holding its features
+    (add_vertex/update_features; ``NO_X`` otherwise, ``BAD_WIDTH`` for a vector of the
+    wrong length, whose length is then in ``dst``). Columns that do not apply to an update
+    are ignored. (A columns message on Kafka names ``src`` and ``dst`` ``a`` and ``b``.)"""
 
     op: np.ndarray
-    a: np.ndarray
-    b: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
     w: np.ndarray
     xrow: np.ndarray
     x: np.ndarray
 
     def __post_init__(self) -> None:
         n = len(self.op)
-        for name, dtype in (("op", np.int64), ("a", np.int64), ("b", np.int64),
+        for name, dtype in (("op", np.int64), ("src", np.int64), ("dst", np.int64),
                             ("w", np.float32), ("xrow", np.int64)):
             given = np.asarray(getattr(self, name))
             if dtype is np.int64 and given.size and given.dtype.kind not in "iu":
@@ -140,13 +141,13 @@ class UpdateBatch:
                              f"of x (0..{len(x) - 1}) or BAD_WIDTH")
 
     @classmethod
-    def unchecked(cls, op: np.ndarray, a: np.ndarray, b: np.ndarray, w: np.ndarray,
+    def unchecked(cls, op: np.ndarray, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
                   xrow: np.ndarray, x: np.ndarray) -> UpdateBatch:
-        """A batch of columns already as the checks leave them (int8 ``op``; int64 ``a``,
-        ``b``, ``xrow``; float32 ``w`` and 2-D ``x``; contiguous) and valid, taken as
-        they are: for a router splitting a batch its graph accepted."""
+        """A batch of columns already as the checks leave them (int8 ``op``; int64 ``src``,
+        ``dst``, ``xrow``; float32 ``w`` and 2-D ``x``; contiguous) and valid, taken as
+        they are: for the coordinator splitting a batch its graph accepted."""
         batch = object.__new__(cls)
-        batch.__dict__.update(op=op, a=a, b=b, w=w, xrow=xrow, x=x)  # (frozen: no setattr)
+        batch.__dict__.update(op=op, src=src, dst=dst, w=w, xrow=xrow, x=x)  # frozen: no setattr
         return batch
 
     @classmethod
@@ -155,31 +156,31 @@ class UpdateBatch:
         ``BAD_WIDTH`` (the graph rejects them by index)."""
         n = len(updates)
         op = np.fromiter((OP_CODES[type(u)] for u in updates), np.int8, n)
-        a, b = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        src, dst = np.zeros(n, np.int64), np.zeros(n, np.int64)
         w, xrow = np.zeros(n, np.float32), np.full(n, NO_X, np.int64)
         rows: list[list[float]] = []
         for i, u in enumerate(updates):
             if op[i] <= UPDATE_EDGE:
-                a[i], b[i] = u.src, u.dst
+                src[i], dst[i] = u.src, u.dst
                 if op[i] != DELETE_EDGE:
                     w[i] = u.weight
                 continue
-            a[i] = u.id
+            src[i] = u.id
             if op[i] != DELETE_VERTEX:
                 if len(u.x) == num_features:
                     xrow[i] = len(rows)
                     rows.append(u.x)
                 else:
-                    xrow[i], b[i] = BAD_WIDTH, len(u.x)
+                    xrow[i], dst[i] = BAD_WIDTH, len(u.x)
         x = np.array(rows, np.float32).reshape(len(rows), num_features)
-        return cls(op, a, b, w, xrow, x)
+        return cls(op, src, dst, w, xrow, x)
 
     @classmethod
     def concat(cls, parts: Sequence[UpdateBatch]) -> UpdateBatch:
         """``parts`` (at least one, their features equally wide) as one batch, in order."""
         firsts = np.cumsum([0] + [len(p.x) for p in parts[:-1]])
         return cls(*(np.concatenate([getattr(p, name) for p in parts])
-                     for name in ("op", "a", "b", "w")),
+                     for name in ("op", "src", "dst", "w")),
                    np.concatenate([np.where(p.xrow >= 0, p.xrow + first, p.xrow)
                                    for p, first in zip(parts, firsts, strict=True)]),
                    np.concatenate([p.x for p in parts]))
@@ -191,12 +192,12 @@ class UpdateBatch:
         taken = self.x[xrow[featured]]
         xrow = xrow.copy()
         xrow[featured] = np.arange(len(taken))
-        return UpdateBatch(self.op[rows], self.a[rows], self.b[rows], self.w[rows], xrow, taken)
+        return UpdateBatch(self.op[rows], self.src[rows], self.dst[rows], self.w[rows], xrow, taken)
 
     def update(self, i: int, event_id: str | None = None,
                event_time: float | None = None) -> Update:
         """Update ``i`` as an object (not for a ``BAD_WIDTH`` one: its features are gone)."""
-        code, a, b = int(self.op[i]), int(self.a[i]), int(self.b[i])
+        code, a, b = int(self.op[i]), int(self.src[i]), int(self.dst[i])
         kind, meta = UPDATE_TYPES[code], {"event_id": event_id, "event_time": event_time}
         if code == DELETE_EDGE:
             return kind(src=a, dst=b, **meta)
@@ -219,6 +220,6 @@ class UpdateBatch:
         if self.x.shape[1] == num_features:
             return self
         bad = self.xrow >= 0
-        return UpdateBatch(self.op, self.a, np.where(bad, self.x.shape[1], self.b), self.w,
+        return UpdateBatch(self.op, self.src, np.where(bad, self.x.shape[1], self.dst), self.w,
                            np.where(bad, BAD_WIDTH, self.xrow),
                            np.zeros((0, num_features), np.float32))

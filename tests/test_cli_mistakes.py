@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import streamgnn as sg
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from tests.kafka_fixtures import free_port
 
 STREAMGNN = str(Path(sys.executable).with_name("streamgnn"))  # the [project.scripts] entry
@@ -45,7 +45,7 @@ def mistake(*args: str, cwd: Path, error: str, hint: str,
 
 def model_file(path: Path, in_dim: int, out_dim: int) -> Path:
     spec = ModelSpec("gcn", in_dim, out_dim, hidden=8)
-    return Checkpoint(spec, spec.build().state_dict(), dataset="tiny-snapshot").save(path)
+    return ModelFile(spec, spec.build().state_dict(), dataset="tiny-snapshot").save(path)
 
 
 @pytest.mark.parametrize(("args", "error", "hint"), [

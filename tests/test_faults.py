@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import streamgnn as sg
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.router import Checkpoints, Service, ServiceConfig, run_recovering
 from streamgnn.router import service as service_module
 from streamgnn.stream import DeadLetter, LabelChanges, QueryResult, Topics, encode
@@ -33,7 +33,7 @@ def setup(name: str = "sage-mean"):
     data = sg.datasets.synthetic("tiny", 0)
     spec = ModelSpec(name, data.num_features, data.num_classes, 16, 2)
     torch.manual_seed(0)
-    return data, Checkpoint(spec, spec.build().state_dict())
+    return data, ModelFile(spec, spec.build().state_dict())
 
 
 def opener(broker, data, model, config, state=None, partitions=1):

@@ -254,7 +254,7 @@ def test_update_batch_columns_apply_like_the_updates_they_hold():
     (s1, d1), (s2, d2) = sorted(Reference(data).e)[:2]
     x = np.arange(2 * D, dtype=np.float64).reshape(2, D)
     by_columns.apply(sg.UpdateBatch(
-        op=[3, 0, 5, 2, 1, 4], a=[40, 1, 2, s1, s2, 5], b=[0, 40, 0, d1, d2, 0],
+        op=[3, 0, 5, 2, 1, 4], src=[40, 1, 2, s1, s2, 5], dst=[0, 40, 0, d1, d2, 0],
         w=[0, 0.5, 0, 2.0, 0, 0], xrow=[1, -1, 0, -1, -1, -1], x=x))
     by_list.apply([sg.AddVertex(id=40, x=x[1].tolist()), sg.AddEdge(src=1, dst=40, weight=0.5),
                    sg.UpdateFeatures(id=2, x=x[0].tolist()),
@@ -269,7 +269,7 @@ def test_update_batch_columns_apply_like_the_updates_they_hold():
 
 def test_update_batch_of_the_wrong_width_rejects_its_feature_updates_by_index():
     graph = DynamicGraph.from_data(_start(3))
-    batch = sg.UpdateBatch(op=[5, 0, 3], a=[1, 2, 50], b=[0, 3, 0], w=[0, 1, 0],
+    batch = sg.UpdateBatch(op=[5, 0, 3], src=[1, 2, 50], dst=[0, 3, 0], w=[0, 1, 0],
                            xrow=[0, -1, 1], x=np.zeros((2, D + 2)))
     diff = graph.apply(batch, skip_invalid=True)
     assert [(type(e), e.index) for e in diff.rejected] == [(sg.FeatureDimensionError, 0),
@@ -282,14 +282,14 @@ def test_update_batch_of_the_wrong_width_rejects_its_feature_updates_by_index():
 @pytest.mark.parametrize(("columns", "needle"), [
     ({"op": [0, 6]}, "codes outside"),
     ({"op": [0, 261]}, "codes outside"),
-    ({"a": [1.5, 2]}, "must hold integers"),
-    ({"a": [1]}, "UpdateBatch.a has shape"),
+    ({"src": [1.5, 2]}, "must hold integers"),
+    ({"src": [1]}, "UpdateBatch.src has shape"),
     ({"xrow": [-1, -1]}, "needs a row of x"),
     ({"xrow": [-1, 3]}, "needs a row of x"),
     ({"x": np.zeros(3)}, "2-D"),
 ])
 def test_update_batch_names_malformed_columns(columns, needle):
-    good = {"op": [0, 5], "a": [1, 2], "b": [2, 0], "w": [1, 0], "xrow": [-1, 0],
+    good = {"op": [0, 5], "src": [1, 2], "dst": [2, 0], "w": [1, 0], "xrow": [-1, 0],
             "x": np.zeros((1, D))}
     with pytest.raises(ValueError, match=needle):
         sg.UpdateBatch(**(good | columns))

@@ -16,7 +16,7 @@ from streamgnn.graph import DynamicGraph
 from streamgnn.models import GNN, decompose, layerwise_inference, small_product
 from streamgnn.models.inference import aggregate_edgewise, aggregate_spmm
 from streamgnn.models.layers import GINLayer
-from streamgnn.models.zoo import MODELS, Checkpoint, ModelSpec
+from streamgnn.models.zoo import MODELS, ModelFile, ModelSpec
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
 
@@ -62,7 +62,7 @@ def test_layerwise_random_graphs(seed, n, density, arch, max_edges):
                              "graphconv-min", "sage-max", "pyg-gcn"]))
 def test_edgewise_aggregation_equals_the_sparse_product(seed, n, density, arch):
     """Off CPU, max and min go edge by edge (torch's sparse product reduces them on CPU
-    only): that path gives the same states, empty neighbourhoods included."""
+    only): that path gives the same states, empty neighborhoods included."""
     rng = np.random.default_rng(seed)
     graph = DynamicGraph.from_data(random_graph(rng, n=n, m=int(density * n), d=F_IN, hubs=1))
     layer = decompose(randomise(ARCHS[arch](1), seed).double())[0]
@@ -81,7 +81,7 @@ def test_edgewise_aggregation_equals_the_sparse_product(seed, n, density, arch):
 def test_fused_attention_reduce_equals_the_edgewise_one(seed, n, density, arch):
     """Attention on CPU aggregates with a fused kernel (logits computed edge by edge from
     the kept scores); the edge-wise torch path, which other devices use, gives the same
-    states, empty neighbourhoods included."""
+    states, empty neighborhoods included."""
     rng = np.random.default_rng(seed)
     graph = DynamicGraph.from_data(random_graph(rng, n=n, m=int(density * n), d=F_IN, hubs=1))
     layer = decompose(randomise(ARCHS[arch](1), seed).double())[0]
@@ -142,8 +142,8 @@ def test_zoo_checkpoint_roundtrip(name, tmp_path):
     data = sg.datasets.synthetic("tiny", seed=1)
     spec = ModelSpec(name, data.num_features, data.num_classes, hidden=16)
     model = randomise(spec.build(), seed=2)
-    path = Checkpoint(spec, model.state_dict(), dataset="tiny").save(tmp_path / "m.pt")
-    loaded = Checkpoint.load(path)
+    path = ModelFile(spec, model.state_dict(), dataset="tiny").save(tmp_path / "m.pt")
+    loaded = ModelFile.load(path)
     assert loaded.spec == spec
     for a, b in zip(model.state_dict().values(), loaded.model().state_dict().values()):
         assert torch.equal(a, b)
@@ -153,7 +153,7 @@ def test_zoo_checkpoint_roundtrip(name, tmp_path):
 def test_checkpoint_rejects_foreign_files(tmp_path):
     torch.save({"weights": 1}, tmp_path / "x.pt")
     with pytest.raises(ValueError, match="not a streamgnn checkpoint"):
-        Checkpoint.load(tmp_path / "x.pt")
+        ModelFile.load(tmp_path / "x.pt")
 
 
 def test_bootstrap_comparison_times_both_and_agrees_with_pyg():

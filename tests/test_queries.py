@@ -146,7 +146,7 @@ def test_srpe_equals_the_layers_fed_the_rows_it_reused(arch, num_layers, partiti
        seed=st.integers(0, 10_000), req=queries())
 def test_srpe_with_the_whole_budget_is_exact_for_two_layers(arch, seed, req):
     """With two layers only the query's direct targets change below the last layer, so
-    gamma = 1 recomputes all of them (GCN also changes their out-neighbours' degrees
+    gamma = 1 recomputes all of them (GCN also changes their out-neighbors' degrees
     terms: left out)."""
     data = start_graph(seed)
     model = randomise(ARCHS[arch](2), seed).double()

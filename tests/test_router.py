@@ -15,7 +15,7 @@ from streamgnn.npz import sha256 as _sha256
 from streamgnn.npz import write_arrays
 from streamgnn.router import Arrivals, Checkpoints
 from streamgnn.router.journal import runs
-from streamgnn.router.pending import Cut, Origin, Pending, Run
+from streamgnn.router.pending import AdmittedColumns, Cut, Origin, Pending
 from streamgnn.stream import Record, decode_updates, encode_columns
 from streamgnn.updates import ADD_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES, UpdateBatch
 from streamgnn.workers import Placement
@@ -90,7 +90,7 @@ def entries(messages: list[tuple[bool, list[sg.Update]]]) -> tuple[list, list]:
         if columnar and updates:
             record = Record("t", 0, offset, b"")
             rows = decode_updates(encode_columns(UpdateBatch.from_updates(updates, width)))
-            out.append(Run(rows, record))
+            out.append(AdmittedColumns(rows, record))
             flat += [(u, Origin(record, i)) for i, u in enumerate(updates)]
         else:
             for k, u in enumerate(updates):
@@ -120,7 +120,7 @@ def test_batches_cut_from_pending_are_its_updates_in_order_in_columns(messages, 
         taken, flat = flat[:size], flat[size:]
         assert len(queue) == len(flat)
         expected = UpdateBatch.from_updates([u for u, _ in taken], 1)
-        for name in ("op", "a", "b", "w", "xrow", "x"):
+        for name in ("op", "src", "dst", "w", "xrow", "x"):
             assert np.array_equal(getattr(cut.updates, name), getattr(expected, name))
         assert [cut.item(i) for i in range(len(taken))] == taken
         assert cut.runs() == runs(o.key for _, o in taken)
@@ -215,13 +215,14 @@ def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
     part = lambda v: int(p.part[graph.slots([v])[0]])  # noqa: E731
     assert part(100) == a
     assert part(101) == int(np.argmin(load_before + np.eye(2, dtype=int)[a]))
-    edges = {q: set(zip(r.batch.a[r.batch.op == ADD_EDGE].tolist(),
-                        r.batch.b[r.batch.op == ADD_EDGE].tolist())) for q, r in enumerate(routed)}
+    edges = {q: set(zip(r.batch.src[r.batch.op == ADD_EDGE].tolist(),
+                        r.batch.dst[r.batch.op == ADD_EDGE].tolist()))
+             for q, r in enumerate(routed)}
     assert (1, 2) in edges[a] and (11, 3) in edges[a] and (100, 0) in edges[a]
     assert (101, 12) in edges[b]
     assert 11 in routed[a].ghosts.tolist()
     assert 11 in routed[b].subscribed[routed[b].subscribers == a].tolist()
-    assert 19 in routed[b].batch.a[routed[b].batch.op == DELETE_VERTEX].tolist()
+    assert 19 in routed[b].batch.src[routed[b].batch.op == DELETE_VERTEX].tolist()
     assert p.load().sum() == load_before.sum() + 2 - 1
     COLUMNS = [f.name for f in dataclasses.fields(UpdateBatch)]
     for r in routed:  # built unchecked: the checks would take the columns as they are
@@ -242,7 +243,7 @@ def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
 
 def _featured(routed) -> set[tuple[int, int, int]]:
     """(partition, vertex id, op) of the routed items that carry features."""
-    return {(q, int(r.batch.a[i]), int(r.batch.op[i])) for q, r in enumerate(routed)
+    return {(q, int(r.batch.src[i]), int(r.batch.op[i])) for q, r in enumerate(routed)
             for i in np.flatnonzero(r.batch.xrow >= 0)}
 
 
@@ -252,7 +253,7 @@ def _check_rows(routed, sent: dict[int, list[float]]) -> None:
         featured = np.flatnonzero(r.batch.xrow >= 0)
         assert len(featured) == len(r.batch.x)
         for i in featured:
-            assert r.batch.x[r.batch.xrow[i]].tolist() == sent[int(r.batch.a[i])]
+            assert r.batch.x[r.batch.xrow[i]].tolist() == sent[int(r.batch.src[i])]
 
 
 def test_hash_placement_uses_the_id():

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import streamgnn as sg
 from streamgnn.datasets import split_stream
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.router import Service, ServiceConfig
 from streamgnn.stream import (
@@ -33,7 +33,7 @@ from streamgnn.stream import (
 from streamgnn.stream.broker import BrokerError, EmbeddedBroker
 from streamgnn.stream.kafka import KafkaTransport, producer
 from streamgnn.stream.kafka_tools import SendFailed, UpdateSender, ensure_topics, follow
-from streamgnn.stream.schemas import Rows, encode_columns
+from streamgnn.stream.schemas import DecodedColumns, encode_columns
 from streamgnn.updates import UpdateBatch
 from tests.conftest import pyg_layers
 from tests.kafka_fixtures import STRICT_TOPIC, free_port
@@ -93,7 +93,7 @@ def columns(updates: list[sg.Update], width: int = 3) -> bytes:
 def decoded(raw: bytes) -> list[sg.Update]:
     """The updates of a graph-updates message, whatever its form."""
     out = decode_updates(raw)
-    return [out.update(j) for j in range(len(out))] if isinstance(out, Rows) else out
+    return [out.update(j) for j in range(len(out))] if isinstance(out, DecodedColumns) else out
 
 
 @given(st.lists(update_strategy(IDS, st.floats(-1e3, 1e3, width=32), ROWS), min_size=1,
@@ -319,7 +319,7 @@ def tiny_setup(dtype=torch.float32):
     snapshot, events = split_stream(full, 0.2, 0)
     spec = ModelSpec("sage-mean", full.num_features, full.num_classes, 16, 2)
     torch.manual_seed(0)
-    return full, snapshot, events, Checkpoint(spec, spec.build().state_dict())
+    return full, snapshot, events, ModelFile(spec, spec.build().state_dict())
 
 
 def linkbench_stream(snapshot, events, batches: int = 30) -> list[sg.Update]:

@@ -65,15 +65,15 @@ def edge_sets(graph: sg.DynamicGraph) -> dict[int, tuple[set, set]]:
     return out
 
 
-def assert_neighbours(view: ReadView, expected: dict[int, tuple[set, set]], batch: int):
+def assert_neighbors(view: ReadView, expected: dict[int, tuple[set, set]], batch: int):
     """Every id of the pool: its edges as ``expected`` has them, named ``batch``; the
     others unknown."""
     for v in range(POOL):
         if v not in expected:
             with pytest.raises(sg.UnknownVertexError, match=f"vertex {v} "):
-                view.neighbours(v)
+                view.neighbors(v)
             continue
-        got = view.neighbours(v)
+        got = view.neighbors(v)
         assert got.batch == batch
         for edges, want in zip((got.ins, got.outs), expected[v], strict=True):
             pairs = list(zip(edges.ids.tolist(), edges.weights.tolist(), strict=True))
@@ -83,22 +83,22 @@ def assert_neighbours(view: ReadView, expected: dict[int, tuple[set, set]], batc
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), batches=st.lists(st.lists(update, max_size=40),
                                                       min_size=1, max_size=6))
-def test_neighbours_read_while_a_batch_runs_are_those_before_it(seed, batches):
+def test_neighbors_read_while_a_batch_runs_are_those_before_it(seed, batches):
     """Between `Engine.apply` changing the graph and the view publishing the batch (the
-    batch in flight), `neighbours` answers the state before the batch, named so; once
+    batch in flight), `neighbors` answers the state before the batch, named so; once
     published, the state after it. Vertices deleted, re-added, slots reused, edges of
     deleted vertices cascading."""
     data = start_graph(seed)
     engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), seed), data)
     view = ReadView(engine, 0)
     before = edge_sets(engine.graph)
-    assert_neighbours(view, before, 0)
+    assert_neighbors(view, before, 0)
     for n, batch in enumerate(batches, 1):
         result = engine.apply(batch, skip_invalid=True)  # in flight until published
-        assert_neighbours(view, before, n - 1)
+        assert_neighbors(view, before, n - 1)
         view.publish(n, result, engine)
         before = edge_sets(engine.graph)
-        assert_neighbours(view, before, n)
+        assert_neighbors(view, before, n)
 
 
 def test_a_vertex_deleted_and_added_again_in_one_batch_reads_its_new_row():

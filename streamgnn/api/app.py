@@ -1,5 +1,5 @@
 """The REST app (docs/architecture.md "A REST read"): current embeddings, labels,
-neighbours, query serving, status and metrics of a running `Service`, and health probes.
+neighbors, query serving, status and metrics of a running `Service`, and health probes.
 
 Every ``/v1`` answer comes from one consistent state between two batches and names that
 batch (``batch``: the batches applied before it): vertex rows from the service's
@@ -29,12 +29,12 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from streamgnn.errors import InvalidUpdateError, UnknownVertexError
+from streamgnn.errors import InvalidInputError, UnknownVertexError
 from streamgnn.extras import needs
 from streamgnn.queries import QueryRequest, StrictVertexId, vertex_id_text
 from streamgnn.router.reads import NotServing, Reads
 from streamgnn.router.service import Service
-from streamgnn.router.view import EdgeList, Rows, engine_neighbours, engine_rows
+from streamgnn.router.view import EdgeList, Rows, engine_neighbors, engine_rows
 from streamgnn.stream.schemas import QueryResult
 
 with needs("the REST API (serve --http)"):
@@ -84,7 +84,7 @@ class Lookup(BaseModel):
 
 
 class Edges(BaseModel):
-    ids: list[int] = Field(description="the neighbours' ids, ascending")
+    ids: list[int] = Field(description="the neighbors' ids, ascending")
     weights: list[float]
 
 
@@ -150,8 +150,8 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
         return _problem(422, "; ".join(map(_invalid, e.errors())), "invalid_request")
 
-    @app.exception_handler(InvalidUpdateError)
-    async def invalid(_: Request, e: InvalidUpdateError) -> JSONResponse:
+    @app.exception_handler(InvalidInputError)
+    async def invalid(_: Request, e: InvalidInputError) -> JSONResponse:
         return _problem(404 if isinstance(e, UnknownVertexError) else 422, e.reason, e.kind)
 
     @app.exception_handler(NotServing)
@@ -195,8 +195,8 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     async def neighbors(id: _ID) -> Neighbors:
         """The vertex's in- and out-edges with their weights."""
         view = reads.view
-        got = (view.neighbours(id) if view is not None else
-               await answer(lambda service: engine_neighbours(service.engine,
+        got = (view.neighbors(id) if view is not None else
+               await answer(lambda service: engine_neighbors(service.engine,
                                                               service.batch_seq, id)))
         return Neighbors(id=id, batch=got.batch, **{"in": _edges(got.ins)},
                          out=_edges(got.outs))

@@ -2,7 +2,7 @@
 blocks with slack inside shared numpy arrays; single-edge operations are numba functions
 that other kernels call, batch reads are vectorised.
 
-A vertex's neighbours live in ``nbr[start[v] : start[v] + deg[v]]`` (weights alongside in
+A vertex's neighbors live in ``nbr[start[v] : start[v] + deg[v]]`` (weights alongside in
 ``w``) with room for ``room[v]``; a full block moves to the end of the arrays with
 half again the room, and the arrays are compacted when they run out. Order inside a block is not
 meaningful (deletion swaps in the last entry). A deleted vertex keeps its (empty) block
@@ -116,7 +116,7 @@ def _gather(adj, vertices, ptr, out_nbr, out_w):
 def entries_except(adj, vertices, skip):
     """The entries of ``vertices`` (int64) in the adjacency arrays ``adj`` except the pairs
     whose `pair_keys` are in sorted ``skip`` (int64), COO-style: (position of the owner in
-    ``vertices``, neighbour, weight). Where ``vertices`` ascend, one walk along ``skip``
+    ``vertices``, neighbor, weight). Where ``vertices`` ascend, one walk along ``skip``
     finds each one's skipped pairs; else a search each."""
     start, deg, _, nbr, w, _ = adj
     total = 0
@@ -184,12 +184,12 @@ def _compact(adj, new_nbr, new_w):
 
 
 def pair_keys(owner: np.ndarray, nbr: np.ndarray) -> np.ndarray:
-    """One int64 per (owner, neighbour) pair: owner << 32 | neighbour."""
+    """One int64 per (owner, neighbor) pair: owner << 32 | neighbor."""
     return (np.asarray(owner, np.int64) << 32) | np.asarray(nbr, np.int64)
 
 
 class Adjacency:
-    """One direction of the edges: ``neighbours(v)`` are out-neighbours for the out side."""
+    """One direction of the edges: ``neighbors(v)`` are out-neighbors for the out side."""
 
     def __init__(self, vertex_capacity: int) -> None:
         self.start = np.zeros(vertex_capacity, np.int64)
@@ -244,7 +244,7 @@ class Adjacency:
         return out
 
     def gather(self, vertices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Neighbour lists of ``vertices`` concatenated: (ptr, nbr, w), CSR-style."""
+        """Neighbor lists of ``vertices`` concatenated: (ptr, nbr, w), CSR-style."""
         vertices = np.ascontiguousarray(vertices, np.int64)
         ptr = np.zeros(len(vertices) + 1, np.int64)
         np.cumsum(self.deg[vertices], out=ptr[1:])

@@ -284,7 +284,7 @@ class DynamicGraph:
         checked before it changes anything) and its error listed in ``GraphDiff.rejected``."""
         enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
                else UpdateBatch.from_updates(batch, self.num_features))
-        counts, cascade = batch_sizes(enc.op, enc.a, self._ids.table, self.out.deg,
+        counts, cascade = batch_sizes(enc.op, enc.src, self._ids.table, self.out.deg,
                                       self.inn.deg)
         self._reserve(int(counts[ADD_VERTEX]))
         log, xsave = self._new_log(enc, counts, cascade)
@@ -293,7 +293,7 @@ class DynamicGraph:
         status, index = OK, 0
         rejected: list[InvalidUpdateError] = []
         while True:
-            status, index = apply_kernel((enc.op, enc.a, enc.b, enc.w, enc.xrow, enc.x), index,
+            status, index = apply_kernel((enc.op, enc.src, enc.dst, enc.w, enc.xrow, enc.x), index,
                                          *args, log, xsave, limits)
             if status in (NEED_ROOM_OUT, NEED_ROOM_IN):
                 self._make_room(status, len(enc) - index)
@@ -364,7 +364,7 @@ class DynamicGraph:
 def _error(status: int, i: int, enc: UpdateBatch, num_features: int, limits: ValueLimits
            ) -> InvalidUpdateError:
     """The exception for a kernel status, naming the update's ids."""
-    a, b, code = int(enc.a[i]), int(enc.b[i]), int(enc.op[i])
+    a, b, code = int(enc.src[i]), int(enc.dst[i]), int(enc.op[i])
     edge = f"edge ({a}, {b})"
     if status == UNKNOWN_A and code > UPDATE_EDGE:
         err = UnknownVertexError(f"vertex {a} is not in the graph")

@@ -1,4 +1,4 @@
-"""Neighbour aggregations, one small class each: sum, mean, max, min and softmax
+"""Neighbor aggregations, one small class each: sum, mean, max, min and softmax
 attention.
 
 Each aggregation keeps a per-destination *state* (one row of a tensor) and knows how to
@@ -12,7 +12,7 @@ Each aggregation keeps a per-destination *state* (one row of a tensor) and knows
   pull: ``fold`` takes their messages as rows of the sources' t with coefficients, and
   ``combine`` sums such messages per destination;
 - ``merge`` the states of two disjoint sets of a destination's in-edges (computation-graph
-  parallelism: each partition aggregates the in-neighbours it owns).
+  parallelism: each partition aggregates the in-neighbors it owns).
 Owns the reductions only; must not import kafka, mpi4py or the graph store.
 """
 
@@ -124,9 +124,9 @@ class Aggregation:
 class SumAggregation(Aggregation):
     """States in the embeddings' dtype. A delta adds to a state row with one rounding
     per element; a row whose rounding errors since it was last computed from all
-    in-neighbours may add up to more than ``drift_limit`` roundings at its size is
+    in-neighbors may add up to more than ``drift_limit`` roundings at its size is
     recomputed so (re-anchored): long delta chains keep the error of a fresh sum. A row
-    computed from all in-neighbours starts at ``fresh_roundings`` roundings at its size
+    computed from all in-neighbors starts at ``fresh_roundings`` roundings at its size
     (its own error), so a row that later falls far below that size is re-anchored too.
     Re-anchoring costs a fixed ~0.5 ms a superstep beside its rows' share, so once one
     row of a superstep's region must be, every row past ``ripe`` of the limit is
@@ -141,7 +141,7 @@ class SumAggregation(Aggregation):
 
     def fresh_drift(self, rows: Tensor) -> Tensor:
         """The rounding bounds (float32) of state rows just computed from all
-        in-neighbours."""
+        in-neighbors."""
         unit = torch.finfo(rows.dtype).eps / 2
         chunk = 1 << 16  # rows at a time (a bootstrap's |rows| would double its peak)
         top = (rows.abs().amax(dim=1) if len(rows) <= chunk else
@@ -171,7 +171,7 @@ class SumAggregation(Aggregation):
         the destinations ``region`` (in-degrees ``count``; None: states that are the
         layer's pre-activation, which nothing divides) in ``t``'s dtype, in one pass,
         how worn their rounding bounds are (`re_anchored` picks the rows to recompute
-        from all in-neighbours), and with ``keep`` their states before (`fold_rows_`)."""
+        from all in-neighbors), and with ``keep`` their states before (`fold_rows_`)."""
         divisor = ones(len(region)) if count is None else self.divisor(count)
         if scale is None:
             scale, bias = ones(len(region)), np.zeros(state.shape[1])
@@ -179,7 +179,7 @@ class SumAggregation(Aggregation):
                           self.drift_limit, scale, bias, keep)
 
     def re_anchored(self, wear: np.ndarray) -> np.ndarray:
-        """Positions of the rows to recompute from all in-neighbours, given each row's
+        """Positions of the rows to recompute from all in-neighbors, given each row's
         `fold` wear: none unless one is stale (wear above 1), then all the ripe ones."""
         if not any_above(wear, 1.0):
             return _NONE
@@ -213,7 +213,7 @@ class MaxAggregation(Aggregation):
     column is re-aggregated (from all in-edges, that column only) where its last known
     tie leaves, and every column of a destination that had no in-edge (its 0 is a
     placeholder, not a maximum). Ties matter after ReLU: a column that is 0 at all
-    in-neighbours has its max 0 many times over."""
+    in-neighbors has its max 0 many times over."""
 
     name = "max"
     spmm = "amax"

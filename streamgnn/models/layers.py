@@ -225,7 +225,7 @@ class GCNLayer(Layer):
 
 class _LinearRootLayer(Layer):
     """SAGEConv / GraphConv: h'_v = lin_nbr(aggr(m)) + lin_root(h_v) (L2-normalised for
-    SAGEConv(normalize=True)). For sum and mean the neighbour weight is applied at the
+    SAGEConv(normalize=True)). For sum and mean the neighbor weight is applied at the
     source when that shrinks messages (out < in). With a sum or mean and a root term
     without bias the layer keeps its pre-activation: rel = lin_nbr without bias, root =
     lin_root."""
@@ -276,17 +276,17 @@ class _LinearRootLayer(Layer):
         return self.combine_root(agg, None if self.lin_root is None else self.root(h))
 
     def combine_root(self, agg, root):
-        out = self._neighbours(agg)
+        out = self._neighbors(agg)
         return self._normalized(out if root is None else out + root)
 
-    def _neighbours(self, agg: Tensor) -> Tensor:
+    def _neighbors(self, agg: Tensor) -> Tensor:
         """lin_nbr of the aggregated messages (applied at the source when ``pre``)."""
         if not self.pre:
             return self.lin_nbr(agg)
         return agg if self.lin_nbr.bias is None else agg + self.lin_nbr.bias
 
     def preactivation(self, h, agg):
-        return self._neighbours(agg) + self.root(h)
+        return self._neighbors(agg) + self.root(h)
 
     def activate(self, z):
         return self.finish(self._normalized(z))

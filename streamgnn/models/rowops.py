@@ -1,6 +1,6 @@
 """Row-wise kernels on 2-D tensors, the inner loops of a sum's superstep: a
 gather-scale-scatter (``combine_rows``), the same folded into stored states and read back
-(``fold_rows_``), in-neighbours' rows summed per vertex where they are stored
+(``fold_rows_``), in-neighbors' rows summed per vertex where they are stored
 (``in_row_sums``: a linear pull), the store of a superstep's new rows that reports which changed
 (``store_rows_``), the rows a linear layer's delta transforms (``difference_table``), the
 rows of a layer kept as z activated and compared in one pass (``activated_rows``), rows
@@ -139,7 +139,7 @@ def in_row_sums(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndarray,
                 device: torch.device) -> Tensor:
     """Per vertex i, the rows ``src[begin[i]:end[i]]`` of ``table`` (ReLU of them where
     ``relu``: the table is z), each times its weight in ``w`` (None: 1), summed in float64;
-    returned in ``dtype`` on ``device``: a linear aggregation's pull from all in-neighbours
+    returned in ``dtype`` on ``device``: a linear aggregation's pull from all in-neighbors
     without gathering their rows first."""
     on_cpu = table.device.type == device.type == "cpu"
     kernel = in_row_sums_numba if on_cpu else in_row_sums_torch

@@ -18,7 +18,7 @@ from torch_geometric.utils import to_torch_csr_tensor
 
 from streamgnn.datasets import GraphData
 from streamgnn.models.gnn import takes_edge_weights
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.progress import track
 
 
@@ -31,7 +31,7 @@ class Accuracy:
 
 @dataclass
 class TrainResult:
-    checkpoint: Checkpoint
+    model_file: ModelFile
     gnn: Accuracy
     mlp: Accuracy
     seconds: float
@@ -71,9 +71,9 @@ def train(data: GraphData, spec: ModelSpec, epochs: int = 100, lr: float = 0.01,
     seconds = time.perf_counter() - start
     mlp = MLP([data.num_features, spec.hidden, data.num_classes], dropout=0.5)
     mlp_acc, _ = _fit(mlp, lambda m: m(g.x), g.y, masks, epochs, lr, progress, "mlp")
-    ckpt = Checkpoint(spec, best, dataset=data.name,
+    model_file = ModelFile(spec, best, dataset=data.name,
                       metrics={"gnn": vars(gnn_acc), "mlp": vars(mlp_acc), "epochs": epochs})
-    return TrainResult(ckpt, gnn_acc, mlp_acc, seconds)
+    return TrainResult(model_file, gnn_acc, mlp_acc, seconds)
 
 
 def _fit(model, forward, y, masks, epochs, lr, progress, label) -> tuple[Accuracy, dict]:

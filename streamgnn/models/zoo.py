@@ -64,7 +64,7 @@ class ModelSpec:
 
 
 @dataclass
-class Checkpoint:
+class ModelFile:
     spec: ModelSpec
     state_dict: dict
     dataset: str = ""
@@ -91,7 +91,7 @@ class Checkpoint:
                              f"--dataset {dataset} has {data.num_classes}", hint)
         return self.model()
 
-    def same_model(self, other: Checkpoint) -> bool:
+    def same_model(self, other: ModelFile) -> bool:
         """Whether ``other`` is this model: the same architecture and the same weights."""
         return self.spec == other.spec and self.state_dict.keys() == other.state_dict.keys() \
             and all(torch.equal(t, other.state_dict[k]) for k, t in self.state_dict.items())
@@ -105,7 +105,7 @@ class Checkpoint:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Checkpoint:
+    def load(cls, path: str | Path) -> ModelFile:
         """A model file written by `save`; raises `InputError` for a missing file or one
         of another kind (a PyTorch model or state dict of its own, not a model file)."""
         make = f"`streamgnn train --dataset DATASET --out {path}` writes a model file"

@@ -104,14 +104,14 @@ class Arrivals(Generic[S]):
         """Admit all of ``batch`` at once if `admit` would, in its order, with none of its
         updates waiting and none releasing a waiting one; else change nothing and return
         False (the caller then admits its updates one by one)."""
-        op, a = batch.op, batch.a
+        op, a = batch.op, batch.src
         events = np.flatnonzero((op == ADD_VERTEX) | (op == DELETE_VERTEX))
         added = a[op == ADD_VERTEX]
         if self.waiting and not self.waiting.keys().isdisjoint(added.tolist()):
             return False
         edge = op <= UPDATE_EDGE
         ref_rows = np.concatenate([np.flatnonzero(op != ADD_VERTEX), np.flatnonzero(edge)])
-        ref_ids = np.concatenate([a[op != ADD_VERTEX], batch.b[edge]])
+        ref_ids = np.concatenate([a[op != ADD_VERTEX], batch.dst[edge]])
         ids = np.unique(np.concatenate([ref_ids, a[events]]))
         alive = self._alive(ids)[np.searchsorted(ids, ref_ids)]
         if len(events):  # a reference after adds/deletes of its vertex sees the last one

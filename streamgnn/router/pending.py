@@ -1,6 +1,7 @@
 """`Pending`: the updates the service admitted and has not applied yet, in order, as
 they came: single updates with their source (`Item`) and the rows of columnar messages,
-still in columns (`Run`); and `Cut`, a batch taken from the front, as the engine's columns.
+still in columns (`AdmittedColumns`); and `Cut`, a batch taken from the front, as the
+engine's columns.
 
 Must not import kafka, torch or mpi4py.
 """
@@ -13,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from streamgnn.router.journal import Key, runs
-from streamgnn.stream.schemas import Rows
+from streamgnn.stream.schemas import DecodedColumns
 from streamgnn.stream.transport import Record
 from streamgnn.updates import OP_NAMES, Update, UpdateBatch
 
@@ -34,10 +35,10 @@ class Origin(NamedTuple):
 Item = tuple[Update, Origin]
 
 
-class Run(NamedTuple):
-    """Rows of one columnar record, admitted together."""
+class AdmittedColumns(NamedTuple):
+    """The decoded rows of one columns record, admitted together."""
 
-    rows: Rows
+    rows: DecodedColumns
     record: Record
 
     def items(self) -> list[Item]:
@@ -46,12 +47,12 @@ class Run(NamedTuple):
                 for j, i in enumerate(self.rows.index.tolist())]
 
 
-Entry = Item | Run
+Entry = Item | AdmittedColumns
 
 
 def size(entry: Entry) -> int:
     """How many updates ``entry`` holds."""
-    return len(entry.rows) if isinstance(entry, Run) else 1
+    return len(entry.rows) if isinstance(entry, AdmittedColumns) else 1
 
 
 class Pending:
@@ -78,8 +79,8 @@ class Pending:
             k = size(entry)
             if k > left:
                 head, tail = entry.rows[:left], entry.rows[left:]
-                out.append(Run(head, entry.record))
-                self.entries = [Run(tail, entry.record), *self.entries[i + 1:]]
+                out.append(AdmittedColumns(head, entry.record))
+                self.entries = [AdmittedColumns(tail, entry.record), *self.entries[i + 1:]]
                 left = 0
                 break
             out.append(entry)
@@ -96,7 +97,7 @@ class Pending:
         """Every update as an object, runs broken into items (in place: from now on the
         entries are items)."""
         self.entries = [item for entry in self.entries for item in (
-            entry.items() if isinstance(entry, Run) else [entry])]
+            entry.items() if isinstance(entry, AdmittedColumns) else [entry])]
         return self.entries
 
 
@@ -114,7 +115,7 @@ class Cut:
         parts: list[UpdateBatch] = []
         items: list[Update] = []
         for entry in entries:  # consecutive items go in one part
-            if isinstance(entry, Run):
+            if isinstance(entry, AdmittedColumns):
                 if items:
                     parts.append(UpdateBatch.from_updates(items, num_features))
                     items = []
@@ -128,9 +129,10 @@ class Cut:
 
     def times(self) -> np.ndarray:
         """The event times its updates have (in no particular order)."""
-        items = [e[0].event_time for e in self.entries if not isinstance(e, Run)]
+        columns = [e for e in self.entries if isinstance(e, AdmittedColumns)]
+        items = [e[0].event_time for e in self.entries if not isinstance(e, AdmittedColumns)]
         times = np.concatenate([np.array([t for t in items if t is not None], np.float64),
-                                *(e.rows.times for e in self.entries if isinstance(e, Run))])
+                                *(e.rows.times for e in columns)])
         return times[~np.isnan(times)]
 
     def runs(self) -> list[list[int]]:
@@ -138,7 +140,7 @@ class Cut:
         out: list[list[int]] = []
         items: list[Key] = []
         for entry in self.entries:
-            if isinstance(entry, Run):
+            if isinstance(entry, AdmittedColumns):
                 out += runs(items) + _run_runs(entry)
                 items = []
             else:
@@ -146,14 +148,14 @@ class Cut:
         return out + runs(items)
 
     def records(self) -> list[Record]:
-        return [entry.record if isinstance(entry, Run) else entry[1].record
+        return [entry.record if isinstance(entry, AdmittedColumns) else entry[1].record
                 for entry in self.entries]
 
     def item(self, row: int) -> Item:
         """Update ``row`` as an object, and where it came from."""
         e = int(np.searchsorted(self.starts, row, "right")) - 1
         entry = self.entries[e]
-        if isinstance(entry, Run):
+        if isinstance(entry, AdmittedColumns):
             j = row - int(self.starts[e])
             return entry.rows.update(j), Origin(entry.record, int(entry.rows.index[j]))
         return entry
@@ -164,7 +166,7 @@ class Cut:
                 if n}
 
 
-def _run_runs(run: Run) -> list[list[int]]:
+def _run_runs(run: AdmittedColumns) -> list[list[int]]:
     """`journal.runs` of a run's rows: one per stretch of consecutive positions."""
     index = run.rows.index
     breaks = np.flatnonzero(np.diff(index) != 1) + 1

@@ -2,7 +2,7 @@
 sees the state after one batch and before the next, never a half-applied one, and can
 name that batch.
 
-Vertex rows and neighbours come from the service's `ReadView` while the engine's shards
+Vertex rows and neighbors come from the service's `ReadView` while the engine's shards
 run in this process: read on the caller's thread, at once, while the loop applies the next
 batch. Every other read (and those when the shards live on MPI ranks) is queued and run by
 the service loop itself between two batches, where only the loop's thread touches the

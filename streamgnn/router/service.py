@@ -58,8 +58,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from streamgnn.errors import InvalidQueryError, InvalidUpdateError, StreamGNNError
-from streamgnn.models.zoo import Checkpoint, ModelSpec
+from streamgnn.errors import InvalidInputError, InvalidQueryError, StreamGNNError
+from streamgnn.models.zoo import ModelFile, ModelSpec
 from streamgnn.npz import write_arrays
 from streamgnn.queries import QueryRequest
 from streamgnn.router.arrivals import Arrivals, Waiting, referenced
@@ -67,13 +67,13 @@ from streamgnn.router.checkpoint import Checkpoints, NoVerifiedStateError, Saved
 from streamgnn.router.journal import Journal, Key, Suspects, spans, step_keys
 from streamgnn.router.metrics import Counts, Stats
 from streamgnn.router.outputs import Outputs, escaped
-from streamgnn.router.pending import Cut, Entry, Item, Origin, Pending, Run, size
+from streamgnn.router.pending import AdmittedColumns, Cut, Entry, Item, Origin, Pending, size
 from streamgnn.router.reads import Reads
 from streamgnn.settings import ServiceConfig
 from streamgnn.stream.schemas import (
+    DecodedColumns,
     DecodeError,
     QueryResult,
-    Rows,
     decode_query,
     decode_updates,
     encode,
@@ -111,13 +111,13 @@ class BatchReport:
 
 
 class Service:
-    def __init__(self, engine: Engine, checkpoint: Checkpoint, transport: Transport,
+    def __init__(self, engine: Engine, model: ModelFile, transport: Transport,
                  config: ServiceConfig, checkpoints: Checkpoints | None = None,
                  queries: Transport | None = None, reads: Reads | None = None) -> None:
         """``transport`` consumes the updates topic; ``queries``, if given, the
         query-requests topic; ``reads``, if given, reads asked by other threads (REST)."""
         self.engine = engine
-        self.model = checkpoint
+        self.model = model
         self.transport = transport
         self.queries = queries
         self.reads = reads
@@ -146,7 +146,7 @@ class Service:
 
     # ---------------------------------------------------------------- start / resume
     @classmethod
-    def open(cls, checkpoint: Callable[[], Checkpoint], bootstrap: Callable[[Checkpoint], Engine],
+    def open(cls, model_file: Callable[[], ModelFile], bootstrap: Callable[[ModelFile], Engine],
              transport: Transport, config: ServiceConfig,
              checkpoints: Checkpoints | None = None, device: str = "cpu",
              workers: Workers | None = None, queries: Transport | None = None,
@@ -163,7 +163,7 @@ class Service:
                 checkpoints.corrupt() or Journal(checkpoints.directory).exists()):
             raise NoVerifiedStateError(checkpoints.directory, len(checkpoints.corrupt()))
         if saved is None:
-            model = checkpoint()
+            model = model_file()
             service = cls(bootstrap(model), model, transport, config, checkpoints, queries,
                           reads)
             if service.suspects is not None:
@@ -419,7 +419,7 @@ class Service:
         except DecodeError as e:
             kind, reason = e.error, str(e)
             self.stats.queries[kind] += 1
-        except InvalidUpdateError as e:  # counted by `query`
+        except InvalidInputError as e:  # counted by `query`
             kind, reason = e.kind, str(e)
         except Exception as e:  # one request must never stop the service
             kind, reason = "internal", f"{type(e).__name__}: {e}"
@@ -430,7 +430,7 @@ class Service:
               ) -> QueryResult:
         """``req`` answered from the current state (call it between two batches), counted
         in the stats with its latency from ``since`` (a `time.time`); raises the
-        `InvalidUpdateError` naming why it cannot be answered (counted by its kind).
+        `InvalidInputError` naming why it cannot be answered (counted by its kind).
         ``event_id``: the result's (default: a new one)."""
         try:
             if req.insert:
@@ -438,7 +438,7 @@ class Service:
                                         "vertices and edges to the updates topic (the one "
                                         "writer of the graph) and query them after")
             answer = self.engine.query(req)
-        except InvalidUpdateError as e:
+        except InvalidInputError as e:
             self.stats.queries[e.kind] += 1
             raise
         latency_ms = (time.time() - since) * 1e3
@@ -482,7 +482,7 @@ class Service:
             return []
         try:
             decoded = self._decode(r)
-            if isinstance(decoded, Run):
+            if isinstance(decoded, AdmittedColumns):
                 if gate and self.arrivals.admit_columns(decoded.rows.batch):
                     return [decoded]
                 decoded = decoded.items()
@@ -491,7 +491,7 @@ class Service:
             self.outputs.dead_letter(origin, "internal", f"{type(e).__name__}: {e}")
             return []
 
-    def _decode(self, r: Record) -> list[Item] | Run:
+    def _decode(self, r: Record) -> list[Item] | AdmittedColumns:
         """The updates of a record (a columnar one's in a run); dead letters for what is
         not one."""
         try:
@@ -500,12 +500,12 @@ class Service:
             self.outputs.dead_letter(Origin(r), e.error, str(e))
             self.stats.events += 1
             return []
-        if isinstance(items, Rows):
+        if isinstance(items, DecodedColumns):
             for i, e in items.errors:
                 self.outputs.dead_letter(Origin(r, i), e.error, str(e), payload=e.item,
                                          source_event_id=items.event_id)
             self.stats.events += len(items) + len(items.errors)
-            return Run(items, r) if len(items) else []
+            return AdmittedColumns(items, r) if len(items) else []
         indexed = is_array(r.value)
         decoded = []
         for i, item in enumerate(items):
@@ -708,9 +708,9 @@ def new_epoch() -> str:
     return f"{time.time_ns() // 1_000_000:x}"
 
 
-def saved_model(saved: Saved) -> Checkpoint:
+def saved_model(saved: Saved) -> ModelFile:
     """The model a service checkpoint holds (loaded with at least its ``model`` file)."""
-    return Checkpoint(ModelSpec(**saved.meta["spec"]), {
+    return ModelFile(ModelSpec(**saved.meta["spec"]), {
         k: torch.from_numpy(a) for k, a in saved.files["model"].items()})
 
 

@@ -1,4 +1,4 @@
-"""`ReadView`: what the REST API's vertex and neighbour reads serve (every layer's
+"""`ReadView`: what the REST API's vertex and neighbor reads serve (every layer's
 embedding of every vertex, the labels from the output layer, every vertex's edges),
 readable from any thread while the service loop applies the next batch.
 
@@ -16,7 +16,7 @@ change under them.
 
 Edges are read from the engine's own graph under `Engine.graph_lock` (held by a batch
 only while it changes the graph); while a batch runs, its change (`Engine.last_diff`) is
-taken back for the vertex read, so neighbours show the same state as the rows.
+taken back for the vertex read, so neighbors show the same state as the rows.
 
 Memory: one copy of every layer's rows at the graph's slot capacity (``nbytes``), an id
 map, and one batch's rewritten rows; nothing grows with the number of updates.
@@ -42,13 +42,13 @@ from streamgnn.workers import ApplyResult, Engine
 
 
 class EdgeList(NamedTuple):
-    """A vertex's in- or out-neighbours (ids, in no order) and the edges' weights."""
+    """A vertex's in- or out-neighbors (ids, in no order) and the edges' weights."""
 
     ids: np.ndarray
     weights: np.ndarray
 
 
-class Neighbours(NamedTuple):
+class Neighbors(NamedTuple):
     """A vertex's in- and out-edges in the state after ``batch`` batches."""
 
     batch: int
@@ -75,10 +75,10 @@ def layer_index(num_layers: int, layer: int) -> int:
     return layer % (num_layers + 1)
 
 
-def engine_neighbours(engine: Engine, batch: int, id: int) -> Neighbours:
-    """The same answer as `ReadView.neighbours`, from the engine itself (call it between
+def engine_neighbors(engine: Engine, batch: int, id: int) -> Neighbors:
+    """The same answer as `ReadView.neighbors`, from the engine itself (call it between
     two batches, on the loop's thread)."""
-    return _neighbours(engine.graph, batch, id, None)
+    return _neighbors(engine.graph, batch, id, None)
 
 
 def engine_rows(engine: Engine, batch: int, ids: np.ndarray, layer: int) -> Rows:
@@ -160,7 +160,7 @@ class ReadView:
                                   none)
         self._readers = threading.Condition(threading.Lock())
         self._engine = engine
-        self._graph_batch = batch  # the batch `neighbours` names ...
+        self._graph_batch = batch  # the batch `neighbors` names ...
         self._graph_diff = engine.last_diff  # ... and the graph's last change it includes
 
     @property
@@ -195,7 +195,7 @@ class ReadView:
         with self.state() as state:
             return state.read(ids, layer)
 
-    def neighbours(self, id: int) -> Neighbours:
+    def neighbors(self, id: int) -> Neighbors:
         """In- and out-edges of vertex ``id`` in the state after the last batch published,
         read from the engine's graph while the next batch runs: where that batch already
         changed the graph (`Engine.last_diff`), its change is taken back for the answer.
@@ -203,7 +203,7 @@ class ReadView:
         engine = self._engine
         with engine.graph_lock:  # the graph does not change meanwhile
             pending = None if engine.last_diff is self._graph_diff else engine.last_diff
-            return _neighbours(engine.graph, self._graph_batch, id, pending)
+            return _neighbors(engine.graph, self._graph_batch, id, pending)
 
     def publish(self, batch: int, result: ApplyResult, engine: Engine) -> None:
         """Make the state after ``batch`` (whose `ApplyResult` is ``result``) the one
@@ -233,13 +233,13 @@ class ReadView:
         self._ids.insert(added, added_slots)
 
 
-def _neighbours(graph: DynamicGraph, batch: int, id: int, pending: GraphDiff | None
-                ) -> Neighbours:
+def _neighbors(graph: DynamicGraph, batch: int, id: int, pending: GraphDiff | None
+                ) -> Neighbors:
     """Vertex ``id``'s edges in ``graph`` as it was before its ``pending`` change."""
     slot = _slot_before(graph, id, pending)
     ins = _edges_before(graph.in_edges(np.array([slot])), slot, pending, "dst")
     outs = _edges_before(graph.out_edges(np.array([slot])), slot, pending, "src")
-    return Neighbours(batch, *(EdgeList(graph.ext[nbr], w) for nbr, w in (ins, outs)))
+    return Neighbors(batch, *(EdgeList(graph.ext[nbr], w) for nbr, w in (ins, outs)))
 
 
 def _slot_before(graph: DynamicGraph, id: int, pending: GraphDiff | None) -> int:
@@ -259,7 +259,7 @@ def _slot_before(graph: DynamicGraph, id: int, pending: GraphDiff | None) -> int
 
 def _edges_before(edges: tuple[np.ndarray, np.ndarray, np.ndarray], slot: int,
                   pending: GraphDiff | None, side: str) -> tuple[np.ndarray, np.ndarray]:
-    """One vertex's neighbours (slots) and weights, ``edges`` as the graph holds them now
+    """One vertex's neighbors (slots) and weights, ``edges`` as the graph holds them now
     (CSR of one vertex), with the ``pending`` change taken back: of the pairs it changed
     at ``slot`` (as ``side``, "src" or "dst"), those present after it leave and those
     present before it come back with their old weights."""

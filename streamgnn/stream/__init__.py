@@ -9,11 +9,11 @@ imports none of them.
 from streamgnn.stream.schemas import (
     Columns,
     DeadLetter,
+    DecodedColumns,
     DecodeError,
     LabelChange,
     LabelChanges,
     QueryResult,
-    Rows,
     SourceRange,
     Topics,
     decode_update,
@@ -24,7 +24,21 @@ from streamgnn.stream.schemas import (
 )
 from streamgnn.stream.transport import Record, Transport
 
-__all__ = ["Columns", "DeadLetter", "DecodeError", "LabelChange", "LabelChanges",
-           "QueryResult", "Record", "Rows", "SourceRange", "Topics", "Transport",
-           "decode_update", "decode_updates", "encode", "encode_columns",
-           "label_changes_json"]
+__all__ = [
+    "Columns",
+    "DeadLetter",
+    "DecodeError",
+    "DecodedColumns",
+    "LabelChange",
+    "LabelChanges",
+    "QueryResult",
+    "Record",
+    "SourceRange",
+    "Topics",
+    "Transport",
+    "decode_update",
+    "decode_updates",
+    "encode",
+    "encode_columns",
+    "label_changes_json",
+]

@@ -213,7 +213,7 @@ class Columns(BaseModel):
 
 
 @dataclass(frozen=True)
-class Rows:
+class DecodedColumns:
     """The updates of a `Columns` message that may go on: ``batch`` row j is the message's
     row ``index[j]``, with event time ``times[j]`` (NaN: none); ``errors`` are the other
     rows (their positions and why)."""
@@ -227,9 +227,9 @@ class Rows:
     def __len__(self) -> int:
         return len(self.batch)
 
-    def __getitem__(self, rows: slice | np.ndarray) -> Rows:
+    def __getitem__(self, rows: slice | np.ndarray) -> DecodedColumns:
         """Rows ``rows`` (a slice, or positions) of these, without the errors."""
-        return Rows(self.batch[rows], self.index[rows], self.times[rows], self.event_id)
+        return DecodedColumns(self.batch[rows], self.index[rows], self.times[rows], self.event_id)
 
     def update(self, j: int) -> Update:
         """Row ``j`` as an update object."""
@@ -246,8 +246,8 @@ def encode_columns(batch: UpdateBatch, event_time: np.ndarray | None = None,
         raise ValueError("a feature vector of the wrong length cannot go in columns")
     if not np.isfinite(batch.w).all():
         raise ValueError("a NaN or inf weight cannot go in columns (JSON has no such number)")
-    message = {"op": "columns", "ops": batch.op.tolist(), "a": batch.a.tolist(),
-               "b": batch.b.tolist(), "w": batch.w.tolist(), "width": batch.x.shape[1],
+    message = {"op": "columns", "ops": batch.op.tolist(), "a": batch.src.tolist(),
+               "b": batch.dst.tolist(), "w": batch.w.tolist(), "width": batch.x.shape[1],
                "x": base64.b64encode(batch.x[featured].astype("<f4").tobytes()).decode()}
     if event_time is not None:
         message["event_time"] = np.asarray(event_time, np.float64).tolist()
@@ -269,7 +269,7 @@ def column_update(item: dict) -> Update | None:
     return update
 
 
-def _rows(message: Columns) -> Rows:
+def _rows(message: Columns) -> DecodedColumns:
     """The usable rows of ``message``; raises `DecodeError` if its columns do not line up."""
     n = len(message.ops)
     if not n:
@@ -303,13 +303,13 @@ def _rows(message: Columns) -> Rows:
                                   else None)) for i in np.flatnonzero(bad).tolist())
     times = (np.full(n, np.nan) if message.event_time is None
              else np.array(message.event_time, np.float64))
-    rows = Rows(UpdateBatch(np.where(unknown, 0, op), np.array(message.a, np.int64),
+    rows = DecodedColumns(UpdateBatch(np.where(unknown, 0, op), np.array(message.a, np.int64),
                             np.array(message.b, np.int64), w.astype(np.float32), xrow, x),
                 np.arange(n), times, message.event_id)
     if not errors:
         return rows
     good = rows[np.flatnonzero(~bad)]
-    return Rows(good.batch, good.index, good.times, message.event_id, errors)
+    return DecodedColumns(good.batch, good.index, good.times, message.event_id, errors)
 
 
 def _row_error(message: Columns, i: int, code: int, w: float, x: np.ndarray | None
@@ -378,9 +378,9 @@ def is_array(raw: bytes | None) -> bool:
     return raw is not None and raw.removeprefix(_BOM).lstrip()[:1] == b"["
 
 
-def decode_updates(raw: bytes | None) -> list[Update | DecodeError] | Rows:
+def decode_updates(raw: bytes | None) -> list[Update | DecodeError] | DecodedColumns:
     """Parse one ``graph-updates`` message: a JSON object (one update, or a `Columns`
-    batch: its `Rows`) or a JSON array (several, in order). For an array, each item is the
+    batch: its `DecodedColumns`) or a JSON array (several, in order). For an array, each item is the
     update or the `DecodeError` saying why it is not one. Raises `DecodeError` when the
     message as a whole is none of these (no value, not JSON, nested too deep, not a valid
     update, an empty array, columns that do not line up)."""

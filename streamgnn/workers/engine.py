@@ -1,6 +1,6 @@
 """`Engine`: exact incremental GNN inference over a dynamic graph split into partitions
 (docs/architecture.md "Partitions and MPI ranks"). The engine keeps the whole graph for
-validation (the router's view: a batch is checked and applied to it atomically, exactly as
+validation (the coordinator's view: a batch is checked and applied to it atomically, exactly as
 with one partition), routes the batch's net change to the partitions (`Placement`) and runs
 the `Shard` supersteps in lock step: before superstep l each shard sends the rows of h^(l-1)
 that changed to the shards holding them as ghosts, as packed buffers through an `Exchange`
@@ -98,7 +98,7 @@ class Engine:
         self._query_sets = SlotSets(0)  # over the virtual slots of a query (`QueryGraph`)
         self._slot_maps: list[SlotMap] = []  # per local shard: its slots -> the graph's
         # `apply` changes the graph holding this lock; then ``last_diff`` is that change:
-        # other threads read the graph under it (`ReadView.neighbours`)
+        # other threads read the graph under it (`ReadView.neighbors`)
         self.graph_lock = threading.Lock()
         self.last_diff: GraphDiff | None = None
         # the last batch collected: its change and the shards' reports
@@ -107,7 +107,7 @@ class Engine:
 
     def _cutter(self) -> Callable[[int], dict[str, np.ndarray]]:
         """``cut(p)``: shard ``p`` without layer state (`Shard.bootstrap` computes it):
-        the vertices it owns, the in-neighbours it needs as ghosts (their in-degrees too),
+        the vertices it owns, the in-neighbors it needs as ghosts (their in-degrees too),
         the edges into its vertices."""
         edges = self.graph.edge_slots()
         return functools.partial(self._cut, edges)
@@ -272,7 +272,7 @@ class Engine:
         `QueryColumns`; the keyword ``options`` (``budget``, ``policy``, ``insert``)
         override a request's own. The dense work runs on ``device``, by default the one
         `Executors.pick` chooses for its size. A bad request raises the
-        `InvalidUpdateError` naming its problem."""
+        `InvalidInputError` naming its problem."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         settings = _options(req, options)

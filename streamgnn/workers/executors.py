@@ -1,4 +1,4 @@
-"""Executors for the dense work of a query batch (the router's side of `query.run`:
+"""Executors for the dense work of a query batch (the coordinator's side of `query.run`:
 transforms, partial aggregates over the rows computed for the query, merges, updates):
 the same code on every device, the device a parameter. `Executors.pick` chooses one per
 query batch from its expected computation-graph size, the in-edges of every vertex it

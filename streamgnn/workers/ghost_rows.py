@@ -28,7 +28,7 @@ from streamgnn.workers.tables import Tables
 
 def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarray,
                  added: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Who holds what once the router's split ``routed`` of a batch (which made ``diff``
+    """Who holds what once the coordinator's split ``routed`` of a batch (which made ``diff``
     on the shard's graph, removing and adding these slots) begins (`begin_halo`): the
     owned slots another partition now holds as ghosts, that partition, and the bytes of
     ghosts' features (and ids) the routed batch brought."""
@@ -40,7 +40,7 @@ def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarra
         tb.holders, tb.owned, tb.graph.in_weight)
     if unknown >= 0:
         named = np.concatenate([r.ghosts, r.subscribed, r.unsubscribed])[unknown]
-        raise RuntimeError(f"the router named vertex {named}, which this partition "
+        raise RuntimeError(f"the coordinator named vertex {named}, which this partition "
                            "does not hold")
     ghost_rows = len(r.ghosts) + int(np.count_nonzero(tb.ghost[diff.changed]))
     return slots, r.subscribers, ghost_rows * (8 + tb.graph.x.itemsize

@@ -1,4 +1,4 @@
-"""MPI workers: rank 0 runs the `Engine` (the router: the whole graph, validation,
+"""MPI workers: rank 0 runs the `Engine` (the coordinator: the whole graph, validation,
 placement) with `MpiWorkers`; ranks 1..N each run one `Shard` (`run_worker`). Every rank
 builds the same model itself (SPMD: from the same model file), so nothing but arrays
 crosses the wire.
@@ -381,12 +381,12 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- payloads as arrays
 def _routed_arrays(r: Routed) -> dict[str, np.ndarray]:
     b = r.batch
-    return {"op": b.op, "a": b.a, "b": b.b, "w": b.w, "xrow": b.xrow, "x": b.x,
+    return {"op": b.op, "src": b.src, "dst": b.dst, "w": b.w, "xrow": b.xrow, "x": b.x,
             **{f.name: getattr(r, f.name) for f in dataclasses.fields(Routed)[1:]}}  # arrays
 
 
 def _routed(a: dict[str, np.ndarray]) -> Routed:
-    return Routed(UpdateBatch(a["op"].astype(np.int64), a["a"], a["b"], a["w"], a["xrow"],
+    return Routed(UpdateBatch(a["op"].astype(np.int64), a["src"], a["dst"], a["w"], a["xrow"],
                               a["x"]), *(a[f.name] for f in dataclasses.fields(Routed)[1:]))
 
 

@@ -4,12 +4,12 @@ routing of a batch's net change to the partitions (RIPPLE++ sections 4.3-4.4, Al
 Every edge lives with its destination's owner; an edge whose source another partition
 owns makes that partition hold the source as a ghost (the owner then sends it the
 source's rows). The initial owners come from METIS (pymetis) over the snapshot, or from
-``id % P`` (``hash``). A new vertex joins the partition of the first existing neighbour
-its batch links it to if that neighbour has a high in-degree (more than twice the average,
+``id % P`` (``hash``). A new vertex joins the partition of the first existing neighbor
+its batch links it to if that neighbor has a high in-degree (more than twice the average,
 refreshed every ``refresh_every`` updates), else the least-loaded partition; with
 ``hash``, ``id % P``.
 
-Per-vertex arrays are indexed by the router graph's slots. Owns placement metadata and
+Per-vertex arrays are indexed by the coordinator graph's slots. Owns placement metadata and
 routing only; must not import torch, kafka or mpi4py.
 """
 
@@ -149,7 +149,7 @@ class Placement:
     # ---------------------------------------------------------------- routing
     def route(self, graph: DynamicGraph, diff: GraphDiff, updates: int) -> list[Routed]:
         """Split the net change ``diff`` (of ``updates`` updates, already applied to the
-        router's ``graph``) into each partition's batch, placing the vertices it added."""
+        coordinator's ``graph``) into each partition's batch, placing the vertices it added."""
         self._fit(graph.num_slots)
         self._since_refresh += updates
         if self._since_refresh >= self.refresh_every:
@@ -303,8 +303,8 @@ def _release(src, lost_at, part, holders, start, deg, nbr):
 
 
 @njit(cache=True)
-def _first_neighbours(src, dst, after, added):
-    """For each of the vertices ``added`` (sorted), the first neighbour, in the order of
+def _first_neighbors(src, dst, after, added):
+    """For each of the vertices ``added`` (sorted), the first neighbor, in the order of
     the net edge changes ``src -> dst`` that exist after the batch (``after`` not NaN),
     that the batch did not add; -1 where there is none."""
     first = np.full(len(added), -1, np.int64)
@@ -324,10 +324,10 @@ def _first_neighbours(src, dst, after, added):
 def _alg1(src, dst, after, added, in_degree, high_cut, part, load):
     """Alg. 1's owners for the vertices ``added`` (sorted) by the net edge changes ``src
     -> dst`` (existing after the batch where ``after`` is not NaN): the owner of a
-    vertex's first neighbour (`_first_neighbours`) whose ``in_degree`` is above
+    vertex's first neighbor (`_first_neighbors`) whose ``in_degree`` is above
     ``high_cut``; else, in turn, the least-loaded partition counting those (``load``: the
     vertices per partition before the batch; not changed)."""
-    first = _first_neighbours(src, dst, after, added)
+    first = _first_neighbors(src, dst, after, added)
     out = np.full(len(added), -1, np.int64)
     load = load.copy()
     for i in range(len(added)):

@@ -1,5 +1,5 @@
 """Recompute pulls: states a delta cannot fix in place, aggregated again from all the
-vertex's in-neighbours. Whole states (`pull`): RC's every destination, a linear state
+vertex's in-neighbors. Whole states (`pull`): RC's every destination, a linear state
 re-anchored once its rounding bound grew too large, an attention state whose own input
 changed or whose denominator cancelled. Some columns only (`pull_columns`): max/min
 where the last known carrier of a column left; also how max/min's ties are first
@@ -25,10 +25,10 @@ from streamgnn.workers.tables import Tables
 
 
 def pull(tb: Tables, hop: int, layer: Layer, slots: np.ndarray) -> tuple[Tensor, int]:
-    """Recompute the states of ``slots`` from all their in-neighbours; also returns how
+    """Recompute the states of ``slots`` from all their in-neighbors; also returns how
     many distinct ghosts they read. A linear aggregation sums the rows of h and
     transforms the sums (its transform is linear without bias, so it commutes with
-    them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbour:
+    them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbor:
     where h is a stored table, summed in place (`_sums`), else from rows gathered
     (`_gathered`)."""
     state, count, remote = _sums(tb, hop, layer, slots) or _gathered(tb, hop, layer, slots)
@@ -63,7 +63,7 @@ def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
 
 def _gathered(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
               ) -> tuple[Tensor, np.ndarray, int]:
-    """`pull`'s aggregation from the rows of t its in-neighbours read, gathered (and
+    """`pull`'s aggregation from the rows of t its in-neighbors read, gathered (and
     transformed unless the sums will be), or read in place where t is kept."""
     g = tb.graph
     ptr, src, w = g.in_edges(slots)
@@ -86,7 +86,7 @@ def _gathered(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
 
 
 def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull) -> int:
-    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` from all their in-neighbours
+    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` from all their in-neighbors
     (`Aggregation.pull_columns`), reading their rows of t in place where t is h as stored
     (and, without ghosts to count, the in-edges where the graph keeps them); returns how
     many distinct ghosts they read."""

@@ -4,10 +4,10 @@ the engine's exact embeddings, as if inserted, without changing them.
 Over G plus the query Q (`QueryGraph`: query vertex i gets the virtual slot N + i), per
 layer l = 1..L (`plan`):
 - *needed* B_l: the vertices whose h^l the answer reads: B_L = Q, B_(l-1) = B_l and their
-  in-neighbours;
+  in-neighbors;
 - *recomputed* R_l: exact mode, the needed vertices whose h^l the query changes (Q, what is
   within l hops downstream of it and, for degree-normalised layers, the vertices whose
-  in-degree it changes and their out-neighbours); SRPE, Q and the candidates the budget
+  in-degree it changes and their out-neighbors); SRPE, Q and the candidates the budget
   lets a policy choose (OMEGA section 5). Every other row is the engine's stored one:
   exact for G, and for a vertex the query does not change, exact for G plus Q.
 Layer l then aggregates each vertex of R_l over its in-edges in G plus Q (`run`): edges
@@ -15,7 +15,7 @@ from R_(l-1) here, from the rows just computed; edges from any other vertex at t
 partition owning it, from its stored rows, one partial aggregate per destination and
 partition (computation-graph parallelism: rows never travel, partials do); the partials
 merge by the aggregation's own rule (`Aggregation.merge`) and the update runs here. The
-query vertices live with the router, so the all-to-all of partials is a gather to it.
+query vertices live with the coordinator, so the all-to-all of partials is a gather to it.
 
 Owns query planning and execution; must not import kafka or mpi4py.
 """
@@ -44,9 +44,9 @@ class QueryAnswer:
     ``embeddings`` [n, d_L] and ``labels`` (argmax); how it was computed: ``budget``
     (None: exact) and ``policy``, ``candidates`` (SRPE: existing vertices that receive a
     query edge and feed the answer) and per layer 1..L the ids of the existing vertices
-    ``recomputed``; between the router and the partitions per layer, the bytes
+    ``recomputed``; between the coordinator and the partitions per layer, the bytes
     ``sent`` and ``received`` (edge lists out, partial aggregates and rows back) and
-    ``pull_bytes``, what fetching the stored in-neighbour rows instead of partials would
+    ``pull_bytes``, what fetching the stored in-neighbor rows instead of partials would
     have received; ``work``, the in-edges aggregated, and the ``device`` the dense work
     ran on. ``changed_labels``: with ``insert``, what inserting changed."""
 
@@ -180,7 +180,7 @@ def plan(qg: QueryGraph, layers: list[Layer], budget: float | None, policy: str,
     """R_1..R_L (sorted virtual slots) and the number of SRPE candidates. Exact mode
     finds R_l among B_l alone: a vertex of B_l changes at layer l if it is in R_(l-1)
     or receives an edge from it (or, for degree-normalised layers, from a vertex whose
-    in-degree the query changes), and all its in-neighbours are in B_(l-1)."""
+    in-degree the query changes), and all its in-neighbors are in B_(l-1)."""
     num = len(layers)
     need: list[np.ndarray] = [qg.q] * (num + 1)
     for hop in range(num, 1, -1):
@@ -203,7 +203,7 @@ def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
            seed: int = 0) -> np.ndarray:
     """The ceil(budget x |candidates|) candidates to recompute (sorted): ``top-ratio``,
     the highest share of in-edges from the query (OMEGA's top-query-edges-ratio);
-    ``degree``, the highest importance score 1/deg(v) x sum over in-neighbours u of
+    ``degree``, the highest importance score 1/deg(v) x sum over in-neighbors u of
     1/deg(u) (OMEGA's IS); ``random``, uniformly with ``seed``. Ties go to the smaller
     external id."""
     k = min(len(candidates), math.ceil(round(budget * len(candidates), 9)))

@@ -8,7 +8,7 @@ in-degree changed): every message that stops arriving (old value, old edge) and 
 message that starts arriving (new value, new edge) is sent, combined per destination and
 folded into the stored states by the aggregation (`fold`, or ``apply_delta`` of the
 messages `messages` builds); destinations it cannot fix that way are pulled (`pulls`):
-their state is recomputed from all in-neighbours, whole (attention at a vertex whose own
+their state is recomputed from all in-neighbors, whole (attention at a vertex whose own
 input changed or whose denominator cancelled) or in the columns that need it (max/min
 where the maximum may have left). Then h^l is recomputed for the destinations and for
 vertices whose own h^{l-1} changed. ``recompute=True`` is the RC baseline: the same
@@ -21,10 +21,10 @@ its root term and bias where the in-degree changed), and h = `Layer.activate` of
 wherever a row is read.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
-copies of remote in-neighbours (their features, in-degree and every layer's row as the
+copies of remote in-neighbors (their features, in-degree and every layer's row as the
 owner stores it, h or z, never computed here). Between supersteps (`ghost_rows`) each
 owner sends the rows of its vertices that changed to the shards holding them as ghosts,
-so messages and pulls read every in-neighbour locally. Without ghosts (one partition)
+so messages and pulls read every in-neighbor locally. Without ghosts (one partition)
 nothing is sent.
 
 Owns a batch's BSP program (begin, the supersteps with the exchanges between them, the
@@ -207,17 +207,17 @@ class Shard:
 
     def run_routed(self, routed: Routed, me: int, partitions: int
                    ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
-        """`run` for this shard's part of a batch as the router split it (applying it to
+        """`run` for this shard's part of a batch as the coordinator split it (applying it to
         the shard's graph is part of the first step's compute)."""
         start = time.perf_counter()
-        diff = self.graph.apply(routed.batch)  # valid: the router's whole graph accepted it
+        diff = self.graph.apply(routed.batch)  # valid: the coordinator's whole graph accepted it
         applied = time.perf_counter() - start
         result = yield from self.run(diff, me, partitions, routed)
         self.busy[0] += applied
         return result
 
     def _begin(self, diff: GraphDiff, routed: Routed | None = None) -> None:
-        """Start a batch whose updates made ``diff`` on the graph; ``routed``: the router's
+        """Start a batch whose updates made ``diff`` on the graph; ``routed``: the coordinator's
         split of it for this partition, with the ghosts it added and who now holds what
         (`begin_routed`)."""
         tb = self.tables

@@ -64,7 +64,7 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
                                 keep=keeps_z and not last)
         anchored = layer.aggr.re_anchored(wear)
         pulled_slots, remote = region[anchored], 0
-        if len(pulled_slots):  # re-anchored: summed again from all in-neighbours
+        if len(pulled_slots):  # re-anchored: summed again from all in-neighbors
             pulled, remote = pull(tb, hop, layer, pulled_slots)
             agg[tb.index(anchored)] = (pulled if keeps_z else
                 layer.aggr.finalize(pulled, tb.index(count[anchored]))).to(agg.dtype)

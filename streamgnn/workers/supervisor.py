@@ -165,7 +165,7 @@ def serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
     a fresh start), then one partition until rank 0 says stop. Signals are rank 0's to
     act on (it stops the workers at a batch boundary)."""
     from streamgnn.allocator import keep_freed_memory
-    from streamgnn.models.zoo import Checkpoint
+    from streamgnn.models.zoo import ModelFile
     from streamgnn.router.checkpoint import Checkpoints
     from streamgnn.router.service import saved_model
     from streamgnn.workers.mpi import run_worker
@@ -175,6 +175,6 @@ def serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
         signal.signal(signum, signal.SIG_IGN)
     keep_freed_memory()  # the shard's batches run here: as rank 0 does in one process
     saved = Checkpoints(state_dir).load(names=("model",))
-    model = (Checkpoint.load(checkpoint) if saved is None else saved_model(saved)).model()
+    model = (ModelFile.load(checkpoint) if saved is None else saved_model(saved)).model()
     warm_up_if_possible(model, device, 2)  # (another host has its own cache)
     run_worker(model, comm, device)

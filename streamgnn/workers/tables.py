@@ -259,7 +259,7 @@ def keeps_z(layer: Layer, state: Tensor | None) -> bool:
 
 
 def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
-    """Rounding bounds of states just computed from all in-neighbours, for aggregations
+    """Rounding bounds of states just computed from all in-neighbors, for aggregations
     whose deltas round (linear ones)."""
     if state is None or not layer.aggr.linear:
         return None

@@ -106,7 +106,7 @@ def warm_up_if_possible(model: torch.nn.Module, device: str = "cpu",
 
 
 def _random_graph(features: int) -> GraphData:
-    """``VERTICES`` vertices, ``DEGREE`` distinct in-neighbours each on average (no
+    """``VERTICES`` vertices, ``DEGREE`` distinct in-neighbors each on average (no
     self-loops), features and weights at random."""
     rng = np.random.default_rng(0)
     pairs = rng.choice(VERTICES * (VERTICES - 1), VERTICES * DEGREE, replace=False)
