@@ -58,9 +58,10 @@ if wants engine; then  # issue 51's table: arxiv-like, 2 layers, bs 1 / 100 / 10
     --seconds 4 --out "$work/engine-cuda.json"
 fi
 
-if wants queries; then  # batch 1,024 on arxiv-like, every executor the calibration allows
-  bounded 90 queries python3 benchmarks/queries.py --dataset arxiv-like --batch-sizes 1024 \
-    --parts main --quick --threads 16 --epochs 5 --out "$work" --json "$work/queries.json"
+if wants queries; then  # batch 1,024 on arxiv-like: exact and SRPE on the CPU and on cuda
+  bounded 120 queries python3 benchmarks/queries.py --dataset arxiv-like --batch-sizes 1024 \
+    --parts main --quick --threads 16 --epochs 5 --devices cpu cuda --out "$work" \
+    --json "$work/queries.json"
 fi
 
 if wants mpi; then  # real mpiexec on the 16 cores: 1 + P ranks, arxiv-like, bs=1000

@@ -401,6 +401,7 @@ class Method:
     kind: str            # full, ns, exact, srpe
     gamma: float | None = None
     policy: str | None = None
+    device: str | None = None  # where engine.query's dense work runs (None: its choice)
 
 
 class Tally:
@@ -411,10 +412,19 @@ class Tally:
         self.extra: list[dict] = []
 
 
-def methods(fanout: int, gammas: list[float], policies: list[str]) -> list[Method]:
+def methods(fanout: int, gammas: list[float], policies: list[str],
+            devices: list[str] | None = None) -> list[Method]:
+    """The baselines, then the engine's modes; with ``devices``, exact and SRPE once per
+    device (the first device's keys are the plain ones, the others' end in @device)."""
     out = [Method("full k-hop", "full"), Method(f"NS fan-out {fanout}", "ns"),
-           Method("exact", "exact"), Method("exact (objects)", "objects")]
-    out += [Method(f"SRPE {p} {g:g}", "srpe", g, p) for p in policies for g in gammas]
+           Method("exact", "exact", device=devices[0] if devices else None),
+           Method("exact (objects)", "objects")]
+    for i, device in enumerate(devices or [None]):
+        at = f" @{device}" if i else ""
+        if i:
+            out.append(Method(f"exact{at}", "exact", device=device))
+        out += [Method(f"SRPE {p} {g:g}{at}", "srpe", g, p, device)
+                for p in policies for g in gammas]
     return out
 
 
@@ -428,7 +438,7 @@ def serve(method: Method, engine: sg.Engine, base: Baseline, req: Request,
         rows, info = base.run(req, fanout)
     else:
         kw = {} if method.kind != "srpe" else {"budget": method.gamma, "policy": method.policy}
-        res = engine.query(asked[method.kind == "objects"], **kw)
+        res = engine.query(asked[method.kind == "objects"], device=method.device, **kw)
         rows = res.embeddings
         info = {"recomputed": [len(r) for r in res.recomputed], "candidates": res.candidates,
                 "work": getattr(res, "work", 0)}
@@ -456,7 +466,7 @@ def run_batch(size: int, reqs: list[Request], warm: list[Request], ms: list[Meth
                 tally.seconds.append(seconds)
                 tally.labels.append(rows.argmax(axis=1))
                 tally.extra.append(info)
-                if m.kind == "exact":
+                if m.key == "exact":
                     exact_rows[i] = rows
                 elif m.kind == "full":
                     full_rows[i] = rows
@@ -478,6 +488,9 @@ def run_batch(size: int, reqs: list[Request], warm: list[Request], ms: list[Meth
         row["accuracy"] = float((labels == y).mean())
         row["agreement"] = float((labels == exact).mean())
         row["speedup"] = full_p50 / row["p50_ms"]
+        if m.device is not None and " @" in m.key:  # against the same mode on devices[0]
+            first = percentiles(tallies[m.key.rsplit(" @", 1)[0]].seconds)["p50_ms"]
+            row["vs_first_device"] = first / row["p50_ms"]
         if m.kind in ("full", "ns"):
             row["subgraph_vertices"] = float(np.mean([e["vertices"] for e in tally.extra]))
             row["subgraph_edges"] = float(np.mean([e["edges"] for e in tally.extra]))
@@ -503,9 +516,12 @@ def print_batch(rows: list[dict], title: str) -> None:
         else:
             work = (f"{' / '.join(f'{v:,.0f}' for v in r['recomputed_per_layer'])} "
                     f"(cand {r['candidates']:,.0f})")
+        speedup = f"{r['speedup']:.1f}x"
+        if "vs_first_device" in r:
+            speedup += f" ({r['vs_first_device']:.1f}x the first device)"
         table.add_row(r["method"], f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
                       f"{r['queries_per_s']:,.0f}", f"{r['accuracy']:.4f}",
-                      f"{r['agreement']:.4f}", f"{r['speedup']:.1f}x", work)
+                      f"{r['agreement']:.4f}", speedup, work)
     console.print(table)
 
 
@@ -857,6 +873,10 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["main", "cgp", "poisson", "mixed"],
                         choices=["main", "cgp", "poisson", "mixed"],
                         help="what to run: the methods table, CGP, Poisson, mixed")
+    parser.add_argument("--devices", nargs="+", default=None,
+                        help="answer exact and SRPE queries on each of these devices (e.g. "
+                             "cpu cuda), compared with the first as a ratio (vs_first_device);"
+                             " default: the device the engine's calibration picks")
     parser.add_argument("--merge", action="store_true",
                         help="start from the results file (--json) of an earlier run with "
                              "the same settings: the batch sizes and parts run now replace "
@@ -921,7 +941,7 @@ def main() -> None:
     base = Baseline(model, wl, args.seed) if "main" in args.parts else None
     console.print(f"engine ready [{time.perf_counter() - t0:.0f} s]")
 
-    ms = methods(args.fanout, args.gammas, args.policies)
+    ms = methods(args.fanout, args.gammas, args.policies, args.devices)
     requests = {size: make_requests(wl, size, args.requests + args.warmup, args.seed,
                                     args.query_to_query) for size in args.batch_sizes}
     frozen([])

@@ -13,8 +13,8 @@ The engine's per-vertex tables (every layer's embeddings, states, carrier counts
 terms) are read and written a row at a time at random: with 4 KB pages nearly every row
 costs a TLB miss. `huge_pages` puts such a table in its own mapping, aligned to 2 MB and
 advised as huge-page memory (transparent huge pages in "madvise" mode, the common default):
-1,800 random rows of a 169K x 128 table 564 -> 335 us cold; in place, a GraphConv-sum
-batch's fold and store passes 1.1-1.2x quicker (the graph's own tables gained nothing).
+random rows of such a table read quicker cold, and a GraphConv-sum batch's fold and store
+passes ran quicker in place (the graph's own tables gained nothing).
 Such a mapping reserves room after the table (address space, no memory until written), so
 that a table growing with the graph (`lengthened`) takes its new rows in place instead of
 being copied whole, with the old and the new copy both resident, at every growth.

@@ -6,9 +6,9 @@ thread count, the project's one thread setting (`torch.set_num_threads`: `serve
 --torch-threads`, the benchmarks' ``--threads``): loops touching fewer than `MIN_WORK`
 elements run serially, larger ones on as many threads as torch uses, in chunks of about
 equal cost (`chunk_rows`). Waking
-threads that went to sleep costs ~0.1 ms: the sum fold of a bs=100 batch (50-120K
-elements, 0.1-0.26 ms) ran slower threaded, that of a bs=1000 batch (0.5-0.9M elements,
-0.9-1.9 ms) 1.4-1.6x quicker. The chunks cover the same rows as the serial loop, each
+threads that went to sleep is a fixed cost a small loop does not earn back: the sum fold
+of a bs=100 batch (50-120K elements) ran slower threaded, that of a bs=1000 batch
+(0.5-0.9M elements) quicker. The chunks cover the same rows as the serial loop, each
 row computed alike, so both give the same bits.
 
 Threads come from numba's OpenMP or TBB layer ("threadsafe": queries and REST reads call

@@ -1,7 +1,7 @@
 """Memory prefetch hints for numba loops that read rows of large tables at random: each
 loop asks for what it will need ``AHEAD`` iterations on (`prefetch_row`, `prefetch`), so
-the memory system fetches several rows at once instead of one after the other (1.4-1.6x
-on cold rows).
+the memory system fetches several rows at once instead of one after the other (quicker
+where the rows are not in cache).
 
 Owns these hints only; must not import torch, kafka or mpi4py.
 """

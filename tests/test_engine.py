@@ -225,6 +225,28 @@ def test_cuda_engine_stays_exact(arch, partitions):
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("arch", ["graphconv-add", "graphconv-max", "pyg-gat", "pyg-gcn"])
+def test_a_checkpoint_written_on_cuda_continues_on_the_cpu_and_back(arch, partitions,
+                                                                   tmp_path):
+    """Checkpoints are host arrays whatever the device: a CUDA engine's files read into a
+    CPU engine, and that engine's files read back onto the GPU, each exact afterwards."""
+    data = random_graph(np.random.default_rng(11), n=300, m=1500, d=F_IN, hubs=3)
+    model = randomise(ARCHS[arch](2), 11).double()
+    engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda", partitions=partitions)
+    for seed, (device, folder) in enumerate((("cpu", tmp_path / "from-cuda"),
+                                             ("cuda", tmp_path / "from-cpu"))):
+        engine.apply(LinkBenchWorkload(engine.graph, seed=seed).batch(100))
+        folder.mkdir()
+        engine.write(folder)
+        engine = Engine.read(copy.deepcopy(model), folder, device=device)
+        assert engine.device.type == device
+        assert_exact(engine, model, torch.float64, 1e-9)
+        engine.apply(LinkBenchWorkload(engine.graph, seed=seed + 10).batch(100))
+        assert_exact(engine, model, torch.float64, 1e-9)
+
+
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # patches only
 @given(arch=st.sampled_from(sorted(ARCHS)), seed=st.integers(0, 10_000),
        batches=st.lists(st.lists(update, max_size=40), min_size=1, max_size=4),

@@ -71,7 +71,7 @@ def _look_ahead(enc, i, ids, x, out, inn) -> None:
     """Memory hints for the updates ahead of update ``i``, in stages as each needs what
     the last brought: their ids' hash cells (16 on), the ids in those cells (8 on), their
     vertices' block bounds (4 on), the blocks and feature rows (2 on). Each update's
-    lookups otherwise miss the cache one after the other (~1 us an update)."""
+    lookups otherwise miss the cache one after the other, each waiting on the last."""
     op, a, b = enc[0], enc[1], enc[2]
     k = i + 16
     if k < len(op):

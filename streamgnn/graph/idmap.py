@@ -42,7 +42,7 @@ def get1(table, key) -> int:
     """Slot of ``key``, or -1. ``table`` is (cells, ext, counts[live, non-empty cells])."""
     cells = table[0]
     i = _cell(table, key)
-    if i < 0:  # not one conditional expression: numba compiles that 7x slower here
+    if i < 0:  # not one conditional expression: numba compiles that to slower code here
         return -1
     return cells[i]
 

@@ -128,7 +128,7 @@ class SumAggregation(Aggregation):
     recomputed so (re-anchored): long delta chains keep the error of a fresh sum. A row
     computed from all in-neighbors starts at ``fresh_roundings`` roundings at its size
     (its own error), so a row that later falls far below that size is re-anchored too.
-    Re-anchoring costs a fixed ~0.5 ms a superstep beside its rows' share, so once one
+    Re-anchoring has a fixed cost a superstep beside its rows' share, so once one
     row of a superstep's region must be, every row past ``ripe`` of the limit is
     recomputed with it (`re_anchored`) rather than alone a few batches later."""
 

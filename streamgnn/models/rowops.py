@@ -32,8 +32,8 @@ _ONES = np.ones(1024)
 
 def ones(n: int) -> np.ndarray:
     """``n`` float64 ones for a kernel to read (never to write: every caller gets a view of
-    one array). A batch's kernels take several such all-ones factors; np.ones cost 8.7 us a
-    call amid a batch's work (2.6 alone), a view 0.4 alone."""
+    one array). A batch's kernels take several such all-ones factors; amid a batch's work
+    each np.ones call costs several times what it does alone, and far more than a view."""
     global _ONES
     if len(_ONES) < n:  # (a race between threads grows it twice, both all ones)
         _ONES = np.ones(max(n, 2 * len(_ONES)))
@@ -43,7 +43,7 @@ def ones(n: int) -> np.ndarray:
 @njit(cache=True)
 def any_above(values, limit):
     """Whether some of ``values`` is above ``limit``: numpy's max of a small batch's few
-    values cost 20 us amid its work (3.2 alone), a numba call ~1 alone."""
+    values costs far more amid its work than alone, and more than a numba call."""
     for v in values:  # noqa: SIM110 (numba compiles no generator expression)
         if v > limit:
             return True
@@ -179,7 +179,7 @@ def _fold_loop(state, drift, t, rows, coef, local, region, divisor, limit, out, 
         for i in range(start, end):
             if i + AHEAD < end:
                 prefetch_row(state, region[i + AHEAD])
-                prefetch_row(drift, region[i + AHEAD])  # a miss of its own: 8-15 % of the loop
+                prefetch_row(drift, region[i + AHEAD])  # a cache miss of its own otherwise
             delta[:] = 0.0
             for q in range(first[i], first[i + 1]):
                 k = order[q]
@@ -247,7 +247,7 @@ def fold_rows_numba(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
                     coef: np.ndarray, local: np.ndarray, region: np.ndarray,
                     divisor: np.ndarray, limit: float, scale: np.ndarray, bias: np.ndarray,
                     keep: bool = False) -> tuple[Tensor, np.ndarray, Tensor | None]:
-    states, rows_t = state.numpy(), t.numpy()  # (a view costs ~2.5 us: one each)
+    states, rows_t = state.numpy(), t.numpy()  # (a view is not free: one each)
     out = np.empty((len(region), states.shape[1]), rows_t.dtype)
     wear = np.empty(len(region))
     before = np.empty((len(region) if keep else 0, states.shape[1]), states.dtype)
@@ -626,8 +626,8 @@ def fill_rows_torch(table: Tensor, index: np.ndarray, row: Tensor | None) -> Non
 
 def fill_rows_(table: Tensor, index: np.ndarray, row: Tensor | None) -> None:
     """``table[index[i]] = row`` for every i (``row`` None: zeros): rows reset in place.
-    Between a batch's kernels torch's indexed assignment costs ~10x its cost alone
-    (~40 us for three rows)."""
+    Between a batch's kernels torch's indexed assignment costs many times what it does
+    alone, even for a few rows."""
     kernel = fill_rows_numba if table.device.type == "cpu" else fill_rows_torch
     kernel(table, index, row)
 
@@ -638,7 +638,7 @@ def _argmax_loop(rows, out, chunks):
     for chunk in prange(chunks):
         for i in range(chunk * n // chunks, (chunk + 1) * n // chunks):
             best, k = rows[i, 0], 0
-            for j in range(1, rows.shape[1]):  # selects, not branches: 3x quicker on 40
+            for j in range(1, rows.shape[1]):  # selects, not branches: quicker on 40
                 v = rows[i, j]
                 better = v > best
                 k = j if better else k
@@ -659,6 +659,6 @@ def argmax_rows_torch(rows: Tensor) -> np.ndarray:
 
 def argmax_rows(rows: Tensor) -> np.ndarray:
     """Each row's first largest column (rows finite), as numpy's and torch's argmax: at
-    a few tens of columns numpy's costs ~2.5x this loop."""
+    a few tens of columns numpy's costs more than this loop."""
     kernel = argmax_rows_numba if rows.device.type == "cpu" else argmax_rows_torch
     return kernel(rows)

@@ -1,7 +1,7 @@
 """The product of a few rows by a layer's weights in one numba loop: below ~2^18
 multiply-adds (a handful of rows at bs=1, a few dozen at bs=10) a torch matmul's fixed cost
-(~17 us a call with two threads, two calls for a paired product) is most of a superstep's
-transform. The loop's crossover with torch: `benchmarks/products.py`.
+(paid on each call, two calls for a paired product) is most of a superstep's transform.
+The loop's crossover with torch: `benchmarks/products.py`.
 
 Owns this product only; must not import kafka, mpi4py or the graph store.
 """

@@ -171,9 +171,9 @@ def reduce_attention_csr(t: Tensor, channels: int, ptr: np.ndarray, src: Tensor,
     ``src[ptr[i]:ptr[i+1]]``, for attention logits ``leaky_relu(a_src[u] + a_dst[v],
     slope)`` per head; ``t`` [n, heads, channels + 2] holds each vertex's values and then
     its source and destination scores (`GATLayer.transform`), read whole: a contiguous
-    table lets the loops over channels run as vector code (1.5x quicker than on views of
-    its parts). On CPU in one pass over the edges (online softmax: 1.5x quicker than a
-    pass for the shift and one for the sums) with no per-edge temporaries. No
+    table lets the loops over channels run as vector code (quicker than on views of its
+    parts). On CPU in one pass over the edges (online softmax: quicker than a pass for
+    the shift and one for the sums) with no per-edge temporaries. No
     in-edge: shift -inf, sums 0."""
     return torch.from_numpy(_reduce_loop(np.ascontiguousarray(t.numpy()), channels,
                                          ptr.astype(np.int64), src.numpy(), dst.numpy(),

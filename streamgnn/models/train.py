@@ -59,8 +59,8 @@ def train(data: GraphData, spec: ModelSpec, epochs: int = 100, lr: float = 0.01,
     masks = split_masks(data.num_vertices, seed)
     start = time.perf_counter()
     model = spec.build()
-    # A sparse adjacency (rows = destinations): PyG's fused sparse-dense products, about
-    # 3x faster than edge-wise gather/scatter here and the same function.
+    # A sparse adjacency (rows = destinations): PyG's fused sparse-dense products, quicker
+    # than edge-wise gather/scatter here and the same function.
     weight = g.edge_weight if takes_edge_weights(model) else None
     with warnings.catch_warnings():  # torch: "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)

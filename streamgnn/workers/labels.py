@@ -2,7 +2,7 @@
 old label, new label) and read as a mapping id -> (old, new).
 
 A batch of 1,000 updates changes ~1,600 labels on arxiv-like: columns cost a few numpy
-calls where a dict of tuples cost ~0.6 ms per batch to build, and shards' columns merge
+calls where a dict of tuples builds Python objects for every label, and shards' columns merge
 and travel between ranks as they are. The mapping view (a dict) is built on first lookup.
 `relabel_` finds which of a shard's stored labels a batch changed, in one numba pass.
 

@@ -3,21 +3,20 @@ numba's on-disk cache, before its first batch rather than during it.
 
 numba compiles a kernel on its first call for each kind of argument and keeps it on disk;
 a process that finds no cache for this machine and source (a fresh install, a new
-container, an upgrade) compiles each kernel where a batch first needs it. Measured on
-the 2-core AVX2 machine, GraphConv sum with 2 layers on arxiv-like: the first batches
-after bootstrap took 7.7 s, 20.1 s and 0.6 s, and the first one large enough to split its
-loops over threads (`cores.RowLoop`) 17.8 s more; with the cache, 0.05-0.09 s. `serve`
-calls this before it consumes, so the stall comes once, at start-up, and a stream's
-latency holds from its first batch.
+container, an upgrade) compiles each kernel where a batch first needs it. The first
+batches after bootstrap, and the first one large enough to split its loops over threads
+(`cores.RowLoop`), then stall for many times a batch's usual latency while numba compiles;
+with the cache they do not. `serve` calls this before it consumes, so the stall comes
+once, at start-up, and a stream's latency holds from its first batch.
 
 It runs the engine on a small random graph of the model's feature width: bootstrap,
 LinkBench batches of every update type, then one that re-anchors the states it touches
 (`worn_out`) and one refused as a whole (`refused`), and an exact and a selective query,
 once with the row loops serial and, where torch may use more than one thread, once with
 every one on threads whatever its size (the threaded builds); with two partitions too
-where the service is partitioned. Measured without the last two batches: the first
-re-anchoring batch of a stream stalled 1.4 s and the first large one 3.3 s more; the
-first bad batch a library user applied, 1.5 s (its undo kernel).
+where the service is partitioned. Without the last two batches, the first re-anchoring
+batch of a stream stalled to compile, the first large one again (its threaded build), and
+so did the first bad batch a library user applied (its undo kernel).
 
 Owns that start-up step; must not import kafka or mpi4py.
 """
