@@ -31,6 +31,7 @@ from streamgnn.options import (
     DeviceOpt,
     HoldoutOpt,
     KafkaConfigOpt,
+    PlacementOpt,
     SeedOpt,
     TopicPrefixOpt,
     console,
@@ -171,6 +172,47 @@ def datasets_info(dataset: DatasetOpt = "tiny", seed: SeedOpt = 0) -> None:
     for k, v in rows:
         table.add_row(k, v)
     print_table(table)
+
+
+@datasets_app.command("partition")
+def datasets_partition(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write map.npz and "
+                                      "part-0.npz, part-1.npz ... into (created if need "
+                                      "be).")],
+    parts: Annotated[int, typer.Option("--parts", help="Number of partitions P (1 to 64).")
+                     ] = 4,
+    placement: PlacementOpt = SERVE.placement,
+    dataset: DatasetOpt = SERVE.dataset,
+    holdout: HoldoutOpt = 0.0,
+    seed: SeedOpt = 0,
+) -> None:
+    """Split a dataset into P partition files, one per partition, by the initial owners
+    `serve --partitions P --placement ...` gives it: each part file holds its vertices
+    (ids, features, labels) and the edges into them; map.npz holds every vertex's
+    partition."""
+    from streamgnn.workers.partition_files import (
+        check_request,
+        make_folder,
+        owners,
+        write_partitions,
+    )
+
+    check_request(parts, placement)  # (before the dataset loads)
+    make_folder(out)
+    _, data, _ = _snapshot(dataset, seed, holdout)
+    t = time.perf_counter()
+    owner = owners(data, parts, placement)
+    console.print(f"placed by {placement} in {time.perf_counter() - t:.1f} s")
+    summary = write_partitions(data, owner, parts, placement, out)
+    table = Table(title=f"{data.name}: {parts} partitions by {placement} -> {out}")
+    for col in ("partition", "vertices", "edges", "ghosts"):
+        table.add_column(col, justify="right")
+    for p in range(parts):
+        table.add_row(str(p), *(f"{int(a[p]):,}" for a in (
+            summary.vertices, summary.edges, summary.ghosts)))
+    print_table(table)
+    console.print(f"edge cut {summary.cut:.1%} of {data.num_edges:,} edges; balance "
+                  f"{summary.balance:.3f} (largest partition / mean)")
 
 
 @app.command()
@@ -336,8 +378,7 @@ def serve(
                             ] = SERVE.checkpoint_s,
     partitions: Annotated[int, setting("partitions", "--partitions",
                                         envvar="STREAMGNN_PARTITIONS")] = SERVE.partitions,
-    placement: Annotated[str, setting("placement", "--placement",
-                                       envvar="STREAMGNN_PLACEMENT")] = SERVE.placement,
+    placement: PlacementOpt = SERVE.placement,
     until_idle: Annotated[float | None, setting("until_idle", "--until-idle")
                           ] = SERVE.until_idle,
     max_abs_feature: Annotated[float, setting("max_abs_feature", "--max-abs-feature",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -42,7 +43,10 @@ _ALIGN = 64  # bytes: every array of a message starts at a multiple of this
 
 def to_bytes(arrays: dict[str, np.ndarray]) -> np.ndarray:
     """``arrays`` as one message in a uint8 array: the layout's length (8 bytes), the
-    layout (JSON: each array's name, dtype, shape and offset), then the arrays."""
+    layout (JSON: each array's name, dtype, shape and offset), then the arrays; no bytes
+    at all for no arrays."""
+    if not arrays:
+        return np.zeros(0, np.uint8)
     arrays = {name: np.asarray(a, order="C") for name, a in arrays.items()}
     layout, size = [], 0
     for name, a in arrays.items():
@@ -51,14 +55,12 @@ def to_bytes(arrays: dict[str, np.ndarray]) -> np.ndarray:
         size += _aligned(a.nbytes)
     head = json.dumps(layout).encode()
     start = _aligned(8 + len(head))
-    out = np.empty(start + size, np.uint8)
-    out[:8] = np.frombuffer(len(head).to_bytes(8, "little"), np.uint8)
-    out[8:8 + len(head)] = np.frombuffer(head, np.uint8)
-    out[8 + len(head):start] = 0
+    out = np.zeros(start + size, np.uint8)  # (the padding stays zero)
+    out[:8 + len(head)] = np.frombuffer(len(head).to_bytes(8, "little") + head, np.uint8)
     for entry, a in zip(layout, arrays.values(), strict=True):
-        at = start + entry["at"]
-        out[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
-        out[at + a.nbytes:at + _aligned(a.nbytes)] = 0
+        if a.nbytes:
+            at = start + entry["at"]
+            out[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
     return out
 
 
@@ -73,7 +75,7 @@ def from_bytes(buffer: np.ndarray) -> dict[str, np.ndarray]:
         dtype, shape = np.dtype(entry["dtype"]), tuple(int(d) for d in entry["shape"])
         plain(dtype, entry["name"])
         at = start + int(entry["at"])
-        nbytes = int(np.prod(shape)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # (np.prod makes an array of it first)
         if entry["at"] < 0 or min(shape, default=0) < 0 or at + nbytes > len(buffer):
             raise ValueError(f"array {entry['name']!r} lies outside the message")
         out[entry["name"]] = buffer[at:at + nbytes].view(dtype).reshape(shape)

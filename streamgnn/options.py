@@ -29,6 +29,7 @@ def setting(name: str, *flags: str, **option: Any) -> Any:
 DatasetOpt = Annotated[str, setting("dataset", "--dataset", "-d", envvar="STREAMGNN_DATASET")]
 SeedOpt = Annotated[int, setting("seed", "--seed", envvar="STREAMGNN_SEED")]
 HoldoutOpt = Annotated[float, setting("holdout", "--holdout")]
+PlacementOpt = Annotated[str, setting("placement", "--placement", envvar="STREAMGNN_PLACEMENT")]
 DeviceOpt = Annotated[str, setting("device", "--device", envvar="STREAMGNN_DEVICE")]
 BootstrapOpt = Annotated[str, setting("bootstrap_servers", "--bootstrap-servers", "-b",
                                       envvar="STREAMGNN_BOOTSTRAP_SERVERS")]

@@ -61,7 +61,8 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
     partitions = settings.partitions if workers is None else workers.size
     ensure_topics(kafka, topics.all())
     reads = Reads()
-    checkpoints = Checkpoints(settings.state_dir)
+    # MPI workers keep their own files of each generation in their own --state-dir
+    checkpoints = Checkpoints(settings.state_dir, copies=workers)
     if checkpoints.generations():
         console.print("resuming from the newest checkpoint in "
                       f"{settings.state_dir} that verifies")

@@ -60,8 +60,11 @@ class ServeSettings(ServiceConfig):
         "their event ids, so none reuses an old id.")
     partitions: int = Field(1, description="Split the engine's state into P partitions (in "
                             "this process; same answers for every P).")
-    placement: str = Field("metis", description="metis (initial owners by METIS, new "
-                           "vertices by RIPPLE++ Alg. 1) or hash (id mod P).")
+    placement: str = Field(
+        "metis", description="Initial owners: metis (METIS over the whole graph), stream "
+        "(Fennel, one pass over the vertices in id order: for a graph too large for METIS) "
+        "or hash (id mod P). New vertices go by RIPPLE++ Alg. 1 (by id mod P "
+        "with hash).")
     until_idle: float | None = Field(None, description="Exit after this many seconds "
                                      "without input (default: run until Ctrl-C).")
     workers: int = Field(

@@ -11,12 +11,14 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import streamgnn as sg
 from streamgnn.api.server import HttpServer
 from streamgnn.errors import UserError
+from streamgnn.npz import write_arrays
 from streamgnn.router import Checkpoints, Service, ServiceConfig
 from streamgnn.router.reads import Reads
 from streamgnn.stream import LabelChanges, encode
@@ -245,3 +247,52 @@ def test_counters_kept_in_the_checkpoint_equal_an_uninterrupted_runs_after_a_res
     assert exposed == expected
     assert body["events"] < state["events"]  # this process's own: since the restart
     assert body["batch"] == s.batches and body["epoch"] == service.epoch
+
+
+class DirectoryCopies:
+    """`Copies` another process keeps in its own state directory ``store`` (as MPI workers
+    on other hosts do), answered here."""
+
+    def __init__(self, store: Checkpoints) -> None:
+        self.store = store
+
+    def owns(self, name: str) -> bool:
+        return name.startswith("shard")
+
+    def verify(self, generation: int, entries: list[dict]) -> list[str]:
+        return self.store.check(generation, entries)
+
+    def move_aside(self, generation: int) -> None:
+        self.store.move_aside(generation)
+
+    def drop_before(self, generation: int, kept: list[int]) -> None:
+        self.store.drop_before(generation, kept)
+
+
+def test_files_another_process_keeps_are_checked_moved_aside_and_dropped_where_they_are(
+        tmp_path):
+    """Generations whose ``shard0`` lies in another state directory: retention drops them
+    there too; a load reads only its own files and has the other side check its own; a
+    byte flipped there moves the generation aside on both sides, and the previous one is
+    used; that side, with no manifest of its own, peeks at nothing; a background write
+    is written in place (the copies are told over MPI: not from a forked child)."""
+    theirs = Checkpoints(tmp_path / "B")
+    store = Checkpoints(tmp_path / "A", copies=DirectoryCopies(theirs))
+    for n in range(1, 5):
+        generation = store.begin()
+        theirs.folder(generation).mkdir(parents=True)
+        store.commit(generation, {"n": n}, [
+            write_arrays(store.folder(generation), "engine", {"x": np.full(10, n)}),
+            write_arrays(theirs.folder(generation), "shard0", {"x": np.full(10, -n)})])
+    assert store.generations() == theirs.generations() == [3, 4]
+    saved = store.load()
+    assert saved.meta == {"n": 4} and list(saved.files) == ["engine"]
+    flip(theirs.folder(4) / "shard0.npz")
+    with pytest.warns(UserWarning, match="B/gen-000004/shard0.npz is missing or does not "
+                                         "match.*moved aside to corrupt-gen-000004"):
+        assert store.load().meta == {"n": 3}
+    assert store.corrupt() == theirs.corrupt() == [4]
+    assert theirs.peek("shard0") is None and store.peek("engine").meta == {"n": 3}
+    writing = store.write(store.begin(), lambda folder: [], {"n": 5}, background=True)
+    assert writing._pid is None and store.generations() == [3, 5]
+    assert theirs.generations() == [3]

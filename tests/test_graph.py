@@ -246,6 +246,25 @@ def test_diff_of_update_then_delete_reports_features_from_before_the_batch():
     assert diff.removed[0] != diff.added[0] and len(diff.changed) == 0
 
 
+def test_an_empty_batch_gives_the_diff_a_batch_without_net_effect_gives():
+    """An empty batch (a partition's share of a batch that does not touch it) skips the
+    kernels: its diff has the columns, dtypes and widths of the kernels' diff of a batch
+    whose updates cancel, and the graph's counters end as that batch leaves them."""
+    data = _start(3)
+    (s, d), w = sorted(Reference(data).e.items())[0]
+    cancelling = [sg.DeleteEdge(src=s, dst=d), sg.AddEdge(src=s, dst=d, weight=w)]
+    columns = {}
+    for batch in ([], cancelling, sg.UpdateBatch.from_updates([], D)):
+        graph = DynamicGraph.from_data(data)
+        graph.apply([sg.UpdateFeatures(id=3, x=[9.0] * D)])
+        diff = graph.apply(batch)
+        arrays = {**vars(diff.edges), **{k: v for k, v in vars(diff).items()
+                                         if isinstance(v, np.ndarray)}}
+        columns[len(batch)] = ({k: (a.dtype, a.shape) for k, a in arrays.items()},
+                               graph.to_arrays()["counts"].tolist(), diff.rejected)
+    assert columns[0] == columns[len(cancelling)]
+
+
 def test_update_batch_columns_apply_like_the_updates_they_hold():
     """Columns a producer built itself (its own dtypes, x rows out of order) change the
     graph as the same updates as objects do."""

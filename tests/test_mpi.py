@@ -279,6 +279,110 @@ def test_serve_with_workers_answers_rest_reads_with_rows_from_the_ranks(broker, 
     assert np.abs(np.array(answer["embeddings"]) - want.embeddings).max() < 1e-5
 
 
+def mpmd_serve(tmp_path, broker, topics, router_state, worker_state
+               ) -> subprocess.CompletedProcess:
+    """`serve` as an MPI job of rank 0 with ``--state-dir router_state`` and two worker
+    ranks with ``worker_state`` (mpiexec's MPMD form: an environment per rank group), as
+    on hosts that share no filesystem; until the topic is idle for 3 s."""
+    args = ["-m", "streamgnn.cli", "serve", "-c", str(tmp_path / "model.pt"), "--dataset",
+            "tiny", "--bs", "20", "--checkpoint-every", "5", "-b", broker.bootstrap,
+            "--topic-prefix", topics.updates.removesuffix("graph-updates"), "--http", "off",
+            "--until-idle", "3"]
+    env = {**os.environ, "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("STREAMGNN_STATE_DIR", None)
+    return subprocess.run(
+        [MPIEXEC, "-n", "1", "-env", "STREAMGNN_STATE_DIR", str(router_state),
+         sys.executable, *args, ":", "-n", "2", "-env", "STREAMGNN_STATE_DIR",
+         str(worker_state), sys.executable, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_ranks_without_a_shared_state_directory_resume_and_fall_back(broker, kafka,
+                                                                    tmp_path):
+    """Rank 0 serves with --state-dir A, its two workers with B, so no rank sees another's
+    files: A holds manifests, engine and model, B the workers' shard files, generation for
+    generation. A restart resumes from the checkpoint (not a new state); a byte flipped in
+    a worker's shard file in B makes the next restart move that generation aside in A and
+    B and resume from the one before, replaying the journal; the state ends exact, with
+    repeated label changes identical; with no generation left that verifies, it refuses."""
+    import shutil
+    import uuid
+
+    import numpy as np
+
+    from streamgnn.router import Checkpoints
+    from streamgnn.stream import LabelChanges, Topics
+    from streamgnn.stream.kafka_tools import ensure_topics, follow
+    from tests.conftest import pyg_layers
+    from tests.test_faults_state import flip
+    from tests.test_stream import linkbench_stream, messages, tiny_setup
+    from tests.test_torture import send
+
+    _, snapshot, held_out, model = tiny_setup()
+    events = linkbench_stream(snapshot, held_out, 12)
+    model.save(tmp_path / "model.pt")
+    topics = Topics.prefixed(f"m{uuid.uuid4().hex[:6]}-")
+    ensure_topics(kafka, topics.all())
+    a, b = Checkpoints(tmp_path / "A"), Checkpoints(tmp_path / "B")
+
+    def serve(part) -> tuple[str, dict]:
+        send(kafka, topics.updates, part)
+        run = mpmd_serve(tmp_path, broker, topics, a.directory, b.directory)
+        log = run.stdout + run.stderr
+        assert run.returncode == 0, log[-4000:]
+        return log, manifest(a.generations()[-1])
+
+    def manifest(generation) -> dict:
+        return json.loads((a.folder(generation) / "manifest.json").read_text())["state"]
+
+    third = len(events) // 3
+    log, first = serve(events[:third])
+    assert len(a.generations()) == 2 and a.generations() == b.generations(), log[-4000:]
+    for g in a.generations():
+        assert {f.name for f in a.folder(g).iterdir()} == {"manifest.json", "engine.npz",
+                                                          "model.npz"}
+        assert {f.name for f in b.folder(g).iterdir()} == {"shard0.npz", "shard1.npz"}
+    log, second = serve(events[third:2 * third])  # resumes: the same state, batches on
+    assert f"from batch {first['batch_seq'] + 1})" in log, log[-4000:]
+    assert second["epoch"] == first["epoch"] and second["batch_seq"] > first["batch_seq"]
+    newest, previous = a.generations()[-1], manifest(a.generations()[0])
+    flip(b.folder(newest) / "shard1.npz")
+    log, last = serve(events[2 * third:])
+    assert "shard1.npz is missing or does not match" in log and "moved aside" in log, log
+    assert f"from batch {previous['batch_seq'] + 1})" in log, log[-4000:]
+    assert a.corrupt() == b.corrupt() == [newest], log[-4000:]
+    assert last["epoch"] == first["epoch"]
+
+    merged = tmp_path / "merged" / a.folder(a.generations()[-1]).name  # as if one folder
+    shutil.copytree(a.folder(a.generations()[-1]), merged)
+    for f in b.folder(a.generations()[-1]).iterdir():
+        shutil.copy(f, merged)
+    saved, engine = final_engine(merged.parent, model)
+    assert saved.meta["positions"] == {"0": len(list(follow(
+        kafka, topics.updates, True, idle_s=1.0)))}
+    current = engine.graph.to_data()
+    expected = sg_graph_after(snapshot, events)
+    assert np.array_equal(np.sort(current.ids), np.sort(expected.ids))
+    assert current.num_edges == expected.num_edges
+    for layer, ref in enumerate(pyg_layers(model.model(), current)):
+        assert np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max() < 1e-4
+    assert messages(kafka, topics.dead_letters) == []
+    repeated: dict[str, bytes] = {}
+    for record in follow(kafka, topics.labels, True, idle_s=1.0):
+        event_id = LabelChanges.model_validate_json(record.value).event_id
+        assert repeated.setdefault(event_id, record.value) == record.value, event_id
+
+    for g in b.generations():
+        flip(b.folder(g) / "shard0.npz")
+    run = mpmd_serve(tmp_path, broker, topics, a.directory, b.directory)
+    log = run.stdout + run.stderr
+    assert run.returncode == 3, log[-4000:]
+    # (the job's abort may cut rank 0's output short: its reason is in this file too)
+    error = "".join(f.read_text() for f in (a.directory / "ranks").glob("*.error"))
+    assert f"no checkpoint in {a.directory} verifies" in error, log[-4000:]
+    assert a.generations() == b.generations() == [], log[-4000:]
+
+
 def test_message_offsets_past_two_gib_do_not_wrap():
     """Payloads to several ranks add up past 2 GiB on products-like: the offsets of the
     later ones must not wrap as 32-bit integers did (mpi4py then uses MPI-4's large-count

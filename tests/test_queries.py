@@ -85,7 +85,7 @@ def reference(model: torch.nn.Module, data: sg.GraphData, req: sg.QueryRequest,
 
 @settings(max_examples=60, deadline=None)
 @given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
-       partitions=st.integers(1, 4), placement=st.sampled_from(["metis", "hash"]),
+       partitions=st.integers(1, 4), placement=st.sampled_from(["metis", "hash", "stream"]),
        seed=st.integers(0, 10_000), req=queries())
 def test_exact_queries_equal_pyg_on_the_graph_plus_the_query(arch, num_layers, partitions,
                                                             placement, seed, req):

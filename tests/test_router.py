@@ -263,6 +263,17 @@ def test_hash_placement_uses_the_id():
     assert p.part[graph.slots([104])[0]] == 104 % 3
 
 
+def test_streamed_placement_places_new_vertices_by_alg1():
+    graph, p = placed(2, "stream")
+    hub = int(p.part[graph.slots([0])[0]])
+    batch = [sg.AddVertex(id=100, x=[7.5]), sg.AddEdge(src=100, dst=0),  # hub 0: its side
+             sg.AddVertex(id=101, x=[8.5]), sg.AddEdge(src=101, dst=12)]  # least loaded
+    load_before = p.load()
+    p.route(graph, graph.apply(batch), len(batch))
+    assert p.part[graph.slots([100])[0]] == hub
+    assert p.part[graph.slots([101])[0]] == np.argmin(load_before + np.eye(2, dtype=int)[hub])
+
+
 def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
     (tmp_path / "gen-000001").mkdir()
     (tmp_path / "gen-000001" / "manifest.json").write_text('{"format": "streamgnn-state/1"}')

@@ -282,6 +282,9 @@ class DynamicGraph:
         everything the batch did is undone and the error (``index`` = the update's position)
         is raised. With ``skip_invalid`` a bad update is left out instead (each update is
         checked before it changes anything) and its error listed in ``GraphDiff.rejected``."""
+        if not len(batch):  # (a partition's share of a batch that does not touch it)
+            self._counts[3] = 0  # (the log's feature rows, as any batch starts them)
+            return self.unchanged()
         enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
                else UpdateBatch.from_updates(batch, self.num_features))
         counts, cascade = batch_sizes(enc.op, enc.src, self._ids.table, self.out.deg,
@@ -312,6 +315,13 @@ class DynamicGraph:
         diff = self._net(log, xsave, rejected)
         self._release()
         return diff
+
+    def unchanged(self) -> GraphDiff:
+        """The net effect of an empty batch: nothing, in the columns `apply` returns."""
+        slots, weights = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        rows = np.zeros((0, self.num_features), np.float32)
+        return GraphDiff(EdgeLog(slots, slots, weights, weights), slots, slots, rows, slots,
+                         rows, [])
 
     def _reserve(self, adds: int) -> None:
         """Room for ``adds`` more vertices."""

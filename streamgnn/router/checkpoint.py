@@ -14,10 +14,17 @@ committed, so the newest verified one is never deleted for a newer one that is n
 generation is re-read to verify it after the load.
 
 Files of one generation may come from different processes (`write_arrays`, one shard per
-rank; `streamgnn.npz`); `commit` makes the set complete. `write` writes a generation here
-or, in the background, from a forked child: the child's memory is a copy-on-write snapshot
-of this process at the fork, so the caller's state may change at once while the child
-writes it as it was (the way Redis' BGSAVE does). Must not import torch, kafka or mpi4py.
+rank; `streamgnn.npz`); `commit` makes the set complete. Processes that keep files of
+each generation in a state directory of their own (MPI workers on other hosts: `Copies`)
+check, move aside and drop their copies of a generation when this process decides, so no
+process reads another's files; a generation verifies only if every process's files do.
+Where all share one directory (one host, a shared filesystem), the copies are the same
+folders.
+
+`write` writes a generation here or, in the background, from a forked child: the child's
+memory is a copy-on-write snapshot of this process at the fork, so the caller's state may
+change at once while the child writes it as it was (the way Redis' BGSAVE does). Must not
+import torch, kafka or mpi4py.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import warnings
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -128,10 +136,39 @@ class Writing:
         return self._ok
 
 
+class Copies(Protocol):
+    """Other processes that write some files of every generation into state directories
+    of their own (MPI workers: each its ``shard<p>``), the same folders as this process's
+    or not. They act on their copies of a generation only when asked."""
+
+    def owns(self, name: str) -> bool:
+        """Whether a generation's file ``name`` is theirs (written and kept by them)."""
+        ...
+
+    def verify(self, generation: int, entries: list[dict]) -> list[str]:
+        """Why their copies of the files ``entries`` name (manifest entries, theirs only)
+        in generation ``generation`` do not match them: one reason per file that does
+        not (none: they all match)."""
+        ...
+
+    def move_aside(self, generation: int) -> None:
+        """Move their copies of generation ``generation`` aside (`Checkpoints.move_aside`)."""
+        ...
+
+    def drop_before(self, generation: int, kept: list[int]) -> None:
+        """Delete their copies of every generation before ``generation`` but ``kept``."""
+        ...
+
+
 class Checkpoints:
-    def __init__(self, directory: str | Path, keep: int = 2) -> None:
+    def __init__(self, directory: str | Path, keep: int = 2,
+                 copies: Copies | None = None) -> None:
+        """``copies``: other processes keeping their own files of each generation (this
+        one decides, for them too, which generation verifies, and what is moved aside or
+        deleted)."""
         self.directory = Path(directory)
         self.keep = keep
+        self.copies = copies
         self.verified: set[int] = set()  # generations this process loaded or wrote
         for stale in self.directory.glob("gen-*/*.tmp*"):  # from a process killed mid-write
             stale.unlink(missing_ok=True)  # (or a live writer just renamed it)
@@ -169,9 +206,11 @@ class Checkpoints:
         meanwhile; ``files`` must then only read memory (no threads, locks or devices: only
         the calling thread lives on in the child). The child ignores SIGINT and SIGTERM,
         dies with this process (Linux), and is killed past ``deadline_s``. Where no child
-        can be made (no memory or processes left), it writes in place."""
+        can be made (no memory or processes left), and where other processes keep
+        `Copies` (they are told over MPI, which a forked child must not use), it writes in
+        place."""
         folder = self.folder(generation)
-        if not (background and hasattr(os, "fork")):
+        if not (background and hasattr(os, "fork")) or self.copies is not None:
             self.commit(generation, meta, files(folder))
             return Writing(generation, folder)
         parent = os.getpid()
@@ -223,9 +262,28 @@ class Checkpoints:
         generations, and drop every other one before ``generation`` (verified or not)."""
         self.verified.add(generation)
         self.verified = set(self.kept())
+        self.drop_before(generation, self.kept())
+
+    def drop_before(self, generation: int, kept: list[int]) -> None:
+        """Delete every generation before ``generation`` but those ``kept``, here and in
+        the other processes' `Copies`."""
         for g in self.generations():
-            if g < generation and g not in self.verified:
+            if g < generation and g not in kept:
                 shutil.rmtree(self.folder(g), ignore_errors=True)
+        if self.copies is not None:
+            self.copies.drop_before(generation, kept)
+
+    def move_aside(self, generation: int) -> None:
+        """Rename generation ``generation``'s folder ``corrupt-gen-...`` (kept for
+        inspection, never loaded, its number never reused), here and in the other
+        processes' `Copies`. A folder that is not there (moved already: one folder
+        shared with them) is left alone."""
+        folder = self.folder(generation)
+        self.verified.discard(generation)  # (written here, then damaged: kept no longer)
+        with contextlib.suppress(OSError):
+            folder.rename(self.directory / f"{CORRUPT}{folder.name}")
+        if self.copies is not None:
+            self.copies.move_aside(generation)
 
     def kept(self) -> list[int]:
         """The last ``keep`` verified generations, ascending (a restart takes the newest
@@ -234,17 +292,17 @@ class Checkpoints:
 
     def load(self, names: Collection[str] | None = None) -> Saved | None:
         """The newest generation that verifies (every file checked, only those ``names``
-        loaded, if given), or None if there is none. Incomplete ones are skipped and
-        corrupt ones moved aside, with a warning naming them; a manifest of another
-        format raises `OtherFormatError`."""
+        loaded, if given, of this process's files), or None if there is none; the
+        `Copies` check theirs. Incomplete ones are skipped and corrupt ones moved aside,
+        with a warning naming them; a manifest of another format raises
+        `OtherFormatError`."""
         for generation in reversed(self.generations()):
             try:
                 saved = self._load(generation, names)
             except CorruptCheckpointError as e:
                 reason, folder = str(e), self.folder(generation)
                 if (folder / MANIFEST).exists():
-                    with contextlib.suppress(OSError):  # (another rank moved it already)
-                        folder.rename(self.directory / f"{CORRUPT}{folder.name}")
+                    self.move_aside(generation)
                     reason += f": moved aside to {CORRUPT}{folder.name}"
                 warnings.warn(f"{reason}; using the previous checkpoint", stacklevel=2)
                 continue
@@ -252,7 +310,58 @@ class Checkpoints:
             return saved
         return None
 
+    def peek(self, name: str) -> Saved | None:
+        """The newest generation whose manifest and file ``name`` verify, that file loaded;
+        nothing else is checked or moved aside, and a manifest of another format is
+        passed over: a worker's look at a state directory that another process's `load`
+        decides on (a worker's own directory holds no manifest: None)."""
+        for generation in reversed(self.generations()):
+            folder = self.folder(generation)
+            try:
+                manifest = self._manifest(generation)
+                entries = [e for e in manifest["files"] if e["name"] == name]
+                if entries and not self.check(generation, entries):
+                    return Saved(generation, folder, manifest["state"],
+                                 {name: read_arrays(folder / f"{name}.npz")})
+            except (CorruptCheckpointError, OtherFormatError, OSError):
+                continue  # (OSError: moved aside meanwhile by the process that decides)
+        return None
+
+    def check(self, generation: int, entries: list[dict]) -> list[str]:
+        """Why the files ``entries`` name (manifest entries) in generation ``generation``
+        here do not match them: one reason per file missing or differing in size or
+        SHA-256 (none: they all match)."""
+        reasons = []
+        for entry in entries:
+            file = self.folder(generation) / f"{entry['name']}.npz"
+            try:
+                intact = (file.stat().st_size == entry["bytes"]
+                          and sha256(file) == entry["sha256"])
+            except OSError:  # missing
+                intact = False
+            if not intact:
+                reasons.append(f"{file} is missing or does not match its manifest (size or "
+                               "SHA-256)")
+        return reasons
+
     def _load(self, generation: int, names: Collection[str] | None = None) -> Saved:
+        manifest = self._manifest(generation)
+        theirs = [e for e in manifest["files"]
+                  if self.copies is not None and self.copies.owns(e["name"])]
+        mine = [e for e in manifest["files"] if e not in theirs]
+        reasons = self.check(generation, mine)
+        if not reasons and theirs:
+            reasons = self.copies.verify(generation, theirs)
+        if reasons:
+            raise CorruptCheckpointError("; ".join(reasons))
+        folder = self.folder(generation)
+        return Saved(generation, folder, manifest["state"], {
+            e["name"]: read_arrays(folder / f"{e['name']}.npz") for e in mine
+            if names is None or e["name"] in names})
+
+    def _manifest(self, generation: int) -> dict:
+        """Generation ``generation``'s manifest, once it verifies against its own SHA-256
+        (else `CorruptCheckpointError`) and names this `FORMAT` (else `OtherFormatError`)."""
         folder = self.folder(generation)
         path = folder / MANIFEST
         if not path.exists():
@@ -274,20 +383,7 @@ class Checkpoints:
         if digest is None or manifest.get("generation") != generation:
             raise CorruptCheckpointError(f"{path} has no SHA-256 of its own or names "
                                          "another generation")
-        files = {}
-        for entry in manifest["files"]:
-            file = folder / f"{entry['name']}.npz"
-            try:
-                intact = (file.stat().st_size == entry["bytes"]
-                          and sha256(file) == entry["sha256"])
-            except OSError:  # missing (or just moved aside by another rank)
-                intact = False
-            if not intact:
-                raise CorruptCheckpointError(f"{file} is missing or does not match its "
-                                             "manifest (size or SHA-256)")
-            if names is None or entry["name"] in names:
-                files[entry["name"]] = read_arrays(file)
-        return Saved(generation, folder, manifest["state"], files)
+        return manifest
 
 
 def _digest(manifest: dict) -> str:

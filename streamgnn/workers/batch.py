@@ -85,6 +85,8 @@ class Step:
 
     def changed(self) -> Changed:
         """The vertices whose embedding really changed: the next superstep's sources."""
+        if not len(self.region):
+            return Changed(self.region, self.region, [self.old_rows])
         return Changed(self.region[self.moved], self.region[self.moved & ~self.fresh],
                        [self.old_rows])
 
@@ -109,6 +111,9 @@ class BatchEdges:
     def of(cls, graph: DynamicGraph, diff: GraphDiff, sets: SlotSets) -> BatchEdges:
         """The edge changes of ``diff``, which the batch made on ``graph``."""
         e = diff.edges
+        if not len(e.src):  # (what the kernel returns for none, without the call)
+            slots, flags = np.zeros(0, np.int64), np.zeros(0, bool)
+            return cls(slots, slots, e.before, e.after, flags, flags, *[slots] * 5)
         return cls(*edge_changes(e.src, e.dst, e.before, e.after, graph.alive,
                                  graph.in_degree, sets.mark, sets.scratch))
 

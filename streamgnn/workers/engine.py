@@ -138,8 +138,9 @@ class Engine:
                  limits: ValueLimits | None = None, **kwargs) -> Engine:
         """Bootstrap: load ``data`` and compute every layer's state (layer-wise). The
         graph accepts feature values and weights within ``limits`` (default `ValueLimits`).
-        ``partitions=P`` splits the state into P shards by ``placement`` ("metis" or
-        "hash"); every method means the same for every P."""
+        ``partitions=P`` splits the state into P shards by ``placement`` ("metis",
+        "hash" or "stream": `placement.initial_owners`); every method means the same for
+        every P."""
         return cls(model, DynamicGraph.from_data(data, limits), device, **kwargs)
 
     def snapshot(self) -> dict[str, np.ndarray]:
@@ -199,8 +200,9 @@ class Engine:
                 for p in range(engine.num_partitions)])
         else:
             _check_workers(workers, engine.num_partitions)
-            if folder is not None:
-                workers.read(folder)  # each rank reads its own file
+            if folder is not None:  # each rank reads its own file, with the model's weights
+                workers.read(folder, {k: t.detach().cpu().numpy()
+                                      for k, t in model.state_dict().items()})
             else:
                 workers.load(shard)
             engine._workers = workers
@@ -496,8 +498,10 @@ class Workers(Protocol):
         ``with_graph``); their manifest entries."""
         ...
 
-    def read(self, folder: Path) -> None:
-        """Take the shards' state from the files `write` wrote into ``folder``."""
+    def read(self, folder: Path, weights: dict[str, np.ndarray]) -> None:
+        """Take the shards' state from the files `write` wrote into ``folder`` (each
+        where it lives), and the model's ``weights`` (its state dict: the model the state
+        was computed with, whatever model file a worker started from)."""
         ...
 
     def summaries(self) -> list[dict]:

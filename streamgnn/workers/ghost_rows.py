@@ -33,16 +33,18 @@ def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarra
     owned slots another partition now holds as ghosts, that partition, and the bytes of
     ghosts' features (and ids) the routed batch brought."""
     assert tb.ghost is not None, "a routed batch goes to a partition's shard"
-    r = routed
-    unknown, slots = begin_halo(
-        tb.graph.id_table, removed, added, r.ghosts, r.ghost_owners, r.subscribed,
-        r.subscribers, r.unsubscribed, r.unsubscribers, tb.ghost, tb.ghost_owner,
-        tb.holders, tb.owned, tb.graph.in_weight)
-    if unknown >= 0:
-        named = np.concatenate([r.ghosts, r.subscribed, r.unsubscribed])[unknown]
-        raise RuntimeError(f"the coordinator named vertex {named}, which this partition "
-                           "does not hold")
-    ghost_rows = len(r.ghosts) + int(np.count_nonzero(tb.ghost[diff.changed]))
+    r, slots = routed, removed[:0]
+    if len(r.ghosts) or len(r.subscribed) or len(r.unsubscribed) or len(removed) or len(added):
+        unknown, slots = begin_halo(
+            tb.graph.id_table, removed, added, r.ghosts, r.ghost_owners, r.subscribed,
+            r.subscribers, r.unsubscribed, r.unsubscribers, tb.ghost, tb.ghost_owner,
+            tb.holders, tb.owned, tb.graph.in_weight)
+        if unknown >= 0:
+            named = np.concatenate([r.ghosts, r.subscribed, r.unsubscribed])[unknown]
+            raise RuntimeError(f"the coordinator named vertex {named}, which this "
+                               "partition does not hold")
+    ghost_rows = len(r.ghosts) + (int(np.count_nonzero(tb.ghost[diff.changed]))
+                                  if len(diff.changed) else 0)
     return slots, r.subscribers, ghost_rows * (8 + tb.graph.x.itemsize
                                                * tb.graph.num_features)
 
@@ -55,13 +57,13 @@ def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[n
     Features come with the routed batch: at layer 0 (degree-normalised layers only) the
     rows whose in-degree changed go, with it."""
     none = np.zeros(0, np.uint8)
-    if tb.holders is None:
+    moved = b.edges.degree_changed if hop == 0 else b.changed.slots
+    if tb.holders is None or not (len(moved) or len(b.subscribed)):
         return [none] * partitions
     if hop == 0:
-        moved, table, in_weight = (b.edges.degree_changed, torch.from_numpy(tb.graph.x),
-                                   tb.graph.in_weight)
+        table, in_weight = torch.from_numpy(tb.graph.x), tb.graph.in_weight
     else:
-        moved, table, in_weight = b.changed.slots, tb.stored(hop), None
+        table, in_weight = tb.stored(hop), None
     return [none if q == me else rows_for(
         q, moved, tb.owned, tb.holders, b.subscribed, b.subscribers, table,
         tb.graph.ext, in_weight, tb.sets.mark) for q in range(partitions)]

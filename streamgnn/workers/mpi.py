@@ -22,8 +22,13 @@ per peer) of the same packed buffers `Shard.run` builds in one process. A worker
 fails aborts the whole job (``MPI_Abort``), so nothing hangs; `serve` restarts it from
 its last checkpoint.
 
-Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in the
-generation folder rank 0 names; rank 0 writes the rest and the manifest.
+Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in its copy
+of the generation folder rank 0 names (under its own state directory, `run_worker`'s
+``copies``: another host's disk, or the same folder on one filesystem); rank 0 writes the
+rest and the manifest. Rank 0's `Checkpoints` asks the workers (`MpiWorkers` is its
+`Copies`) to check their files against the manifest's entries, and to move aside or drop
+their copies of a generation; a worker reads the model's weights from rank 0 with its
+shard, not from rank 0's files.
 
 With `supervisor` (which launches and supervises the job), the only module that imports
 mpi4py; must not import kafka.
@@ -38,7 +43,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -46,7 +51,7 @@ import torch
 from streamgnn.allocator import freed_memory_returned
 from streamgnn.extras import needs
 from streamgnn.models import decompose
-from streamgnn.npz import from_bytes, plain, read_arrays, to_bytes, write_arrays
+from streamgnn.npz import from_bytes, plain, prefixed, read_arrays, to_bytes, under, write_arrays
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.labels import ChangedLabels
@@ -56,7 +61,11 @@ from streamgnn.workers.shard import Shard
 with needs("MPI workers (serve --workers)"):
     from mpi4py import MPI
 
-LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP = range(10)
+if TYPE_CHECKING:
+    from streamgnn.router.checkpoint import Checkpoints
+
+(LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP, VERIFY,
+ MOVE_ASIDE, DROP) = range(13)
 ONE_AT_A_TIME = (LOAD, BOOTSTRAP)  # commands whose payloads are sent to one worker at a time
 NEW_SHARD = (LOAD, BOOTSTRAP, READ)  # commands that replace a worker's shard
 T = TypeVar("T")
@@ -124,8 +133,31 @@ class MpiWorkers:
         at = {"folder": _json(str(folder)), "with_graph": np.array(with_graph)}
         return [_unjson(r["entry"]) for r in self._call(WRITE, [at] * self.size)]
 
-    def read(self, folder: Path) -> None:
-        self._call(READ, [{"folder": _json(str(folder))}] * self.size)
+    def read(self, folder: Path, weights: dict[str, np.ndarray]) -> None:
+        at = {"folder": _json(str(folder)), **prefixed("weights/", weights)}
+        self._call(READ, [at] * self.size)
+
+    # ------------------------------------------ rank 0's `Checkpoints`' `Copies`
+    def owns(self, name: str) -> bool:
+        """Files ``shard<p>`` are the workers' (worker p's)."""
+        return name.startswith("shard") and name.removeprefix("shard").isdigit()
+
+    def verify(self, generation: int, entries: list[dict]) -> list[str]:
+        """Each worker checks its own file's entry (a file of a partition no worker holds
+        is left to the engine, which refuses a state of another partition count)."""
+        replies = self._call(VERIFY, [
+            {"generation": np.array(generation),
+             "entries": _json([e for e in entries if e["name"] == f"shard{p}"])}
+            for p in range(self.size)])
+        return [f"rank {p + 1}: {reason}" for p, reply in enumerate(replies)
+                for reason in _unjson(reply["reasons"])]
+
+    def move_aside(self, generation: int) -> None:
+        self._call(MOVE_ASIDE, [{"generation": np.array(generation)}] * self.size)
+
+    def drop_before(self, generation: int, kept: list[int]) -> None:
+        at = {"generation": np.array(generation), "kept": np.array(kept, np.int64)}
+        self._call(DROP, [at] * self.size)
 
     def stop(self) -> None:
         self._let_go()
@@ -140,7 +172,7 @@ class MpiWorkers:
     def _send(self, command: int, payloads: Iterable[dict[str, np.ndarray]]) -> None:
         """The command and each worker's payload: the workers start on it as soon as
         they are done with the one before, which may still await its `_replies`."""
-        if command in NEW_SHARD:
+        if command in NEW_SHARD or command == VERIFY:  # (a recovery starts with these)
             self._let_go()
         elif self._outstanding >= (self.max_in_flight if command == APPLY else 1):
             raise RuntimeError(f"{self._outstanding} commands await their replies: "
@@ -172,7 +204,8 @@ class MpiWorkers:
     def _let_go(self) -> None:
         """Gather and drop the replies still outstanding (batches a failed engine left in
         flight), so the next command's replies are its own: before the shards are
-        replaced (a recovery reads them from a checkpoint) or the workers stop."""
+        replaced (a recovery verifies and reads them from a checkpoint) or the workers
+        stop."""
         while self._outstanding:
             self._replies()
 
@@ -181,12 +214,15 @@ ABORT_GRACE_S = 1.0  # seconds a failing rank waits before aborting the job
 
 
 def run_worker(model: torch.nn.Module, comm: MPI.Comm | None = None,
-               device: str = "cpu") -> None:
+               device: str = "cpu", copies: Checkpoints | None = None) -> None:
     """A worker rank's loop: hold one shard and do what rank 0 asks until it says stop.
-    Any failure aborts the job (every rank stops at once) after printing its traceback."""
+    ``copies``: this rank's state directory, where it keeps its copy of each checkpoint
+    generation (None: it writes and reads the folders rank 0 names, as named, and keeps
+    no copies of its own). Any failure aborts the job (every rank stops at once) after
+    printing its traceback."""
     comm = comm or MPI.COMM_WORLD
     try:
-        _serve(model, comm, device)
+        _serve(model, comm, device, copies)
     except Exception:
         sys.stderr.write(f"streamgnn worker rank {comm.Get_rank()} failed:\n"
                          f"{traceback.format_exc()}")
@@ -218,8 +254,10 @@ def spmd(model: torch.nn.Module, main: Callable[[MpiWorkers], T],
 
 
 @torch.inference_mode()
-def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
-    layers = decompose(model.to(device))
+def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str,
+           copies: Checkpoints | None) -> None:
+    model = model.to(device)
+    layers = decompose(model)
     dtype = next(model.parameters()).dtype
     peers = comm.Split(1, comm.Get_rank())
     replies = comm.Dup()
@@ -232,13 +270,17 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
             payload = from_bytes(_scattered(comm))
             if command == STOP:
                 return
-            reply = _execute(command, payload, shard, peers)
+            reply = _execute(command, payload, shard, peers, copies)
         else:
             shard = None  # replaced: never hold the old and the new one at once
             with freed_memory_returned():  # a partition's message and copies: GBs
                 payload = (_receive(comm) if command in ONE_AT_A_TIME
                            else from_bytes(_scattered(comm)))
-                shard = _new_shard(command, payload, layers, device, dtype, peers)
+                if command == READ:  # the state's model (this rank's model file may differ)
+                    model.load_state_dict({k: torch.from_numpy(a) for k, a in
+                                           under(payload, "weights/").items()})
+                    layers = decompose(model)
+                shard = _new_shard(command, payload, layers, device, dtype, peers, copies)
                 payload = None
             reply = {}
         _gather(replies, to_bytes(reply))
@@ -246,7 +288,7 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str) -> None:
 
 
 def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, device: str,
-               dtype: torch.dtype, peers: MPI.Comm) -> Shard:
+               dtype: torch.dtype, peers: MPI.Comm, copies: Checkpoints | None) -> Shard:
     """The shard a LOAD, BOOTSTRAP or READ command makes."""
     me, partitions = peers.Get_rank(), peers.Get_size()
     if command == LOAD:
@@ -255,13 +297,20 @@ def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, devic
         recompute = bool(payload.pop("recompute"))
         return _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
                                       recompute, me, partitions), peers)
-    arrays = read_arrays(Path(_unjson(payload["folder"])) / f"shard{me}.npz")
+    arrays = read_arrays(_folder(payload, copies) / f"shard{me}.npz")
     return Shard.from_arrays(layers, arrays, torch.device(device), dtype)
 
 
-def _execute(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: MPI.Comm
-             ) -> dict[str, np.ndarray]:
-    """What a command on the worker's shard replies."""
+def _folder(payload: dict[str, np.ndarray], copies: Checkpoints | None) -> Path:
+    """This rank's copy of the checkpoint folder a WRITE or READ names: the folder of that
+    name in its own state directory, or where it keeps none, the folder as named."""
+    folder = Path(_unjson(payload["folder"]))
+    return folder if copies is None else copies.directory / folder.name
+
+
+def _execute(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: MPI.Comm,
+             copies: Checkpoints | None) -> dict[str, np.ndarray]:
+    """What a command on the worker's shard (or its copies of the checkpoints) replies."""
     me = peers.Get_rank()
     if command == APPLY:
         program = shard.run_routed(_routed(payload), me, peers.Get_size())
@@ -276,9 +325,22 @@ def _execute(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: 
     if command == SUMMARIES:
         return {"summary": _json(shard.summary())}
     if command == WRITE:
-        folder = Path(_unjson(payload["folder"]))
+        folder = _folder(payload, copies)
+        folder.mkdir(parents=True, exist_ok=True)  # (rank 0 made its own copy)
         entry = write_arrays(folder, f"shard{me}", shard.arrays(bool(payload["with_graph"])))
         return {"entry": _json(entry)}
+    if command in (VERIFY, MOVE_ASIDE, DROP):
+        if copies is None:
+            raise ValueError("rank 0 asked about this worker's checkpoint copies: it keeps "
+                             "none (run_worker without copies)")
+        generation = int(payload["generation"])
+        if command == VERIFY:
+            return {"reasons": _json(copies.check(generation, _unjson(payload["entries"])))}
+        if command == MOVE_ASIDE:
+            copies.move_aside(generation)
+        else:
+            copies.drop_before(generation, payload["kept"].tolist())
+        return {}
     raise ValueError(f"unknown command {command}")
 
 
@@ -304,8 +366,10 @@ def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
     send_counts = np.array([len(b) for b in outgoing], np.int64)
     recv_counts = np.empty(len(outgoing), np.int64)
     comm.Alltoall(send_counts, recv_counts)
-    recv = np.empty(int(recv_counts.sum()), np.uint8)
-    incoming = np.split(recv, np.cumsum(recv_counts)[:-1])
+    ends = np.cumsum(recv_counts)
+    recv = np.empty(int(ends[-1]), np.uint8)
+    incoming = [recv[end - count:end] for end, count in zip(ends.tolist(),
+                                                            recv_counts.tolist(), strict=True)]
     incoming[me][:] = outgoing[me]
     requests = [comm.Irecv([incoming[q], MPI.BYTE], source=q)
                 for q in range(len(outgoing)) if q != me and recv_counts[q]]
@@ -379,15 +443,29 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- payloads as arrays
+_ROUTED_IDS = [f.name for f in dataclasses.fields(Routed)[1:]]  # Routed's arrays of ids
+
+
 def _routed_arrays(r: Routed) -> dict[str, np.ndarray]:
+    """A partition's part of a batch as arrays: none where the batch does not touch it."""
+    if not (len(r.batch) or any(len(getattr(r, name)) for name in _ROUTED_IDS)):
+        return {}
     b = r.batch
     return {"op": b.op, "src": b.src, "dst": b.dst, "w": b.w, "xrow": b.xrow, "x": b.x,
-            **{f.name: getattr(r, f.name) for f in dataclasses.fields(Routed)[1:]}}  # arrays
+            **{name: getattr(r, name) for name in _ROUTED_IDS}}
 
 
 def _routed(a: dict[str, np.ndarray]) -> Routed:
-    return Routed(UpdateBatch(a["op"].astype(np.int64), a["src"], a["dst"], a["w"], a["xrow"],
-                              a["x"]), *(a[f.name] for f in dataclasses.fields(Routed)[1:]))
+    """`_routed_arrays` undone: the coordinator's split, taken as it was sent (its graph
+    checked the batch; the columns keep their dtypes on the wire)."""
+    if not a:
+        none = np.zeros(0, np.int64)
+        return Routed(UpdateBatch.unchecked(none.astype(np.int8), none, none,
+                                            np.zeros(0, np.float32), none,
+                                            np.zeros((0, 0), np.float32)),
+                      *[none] * len(_ROUTED_IDS))
+    return Routed(UpdateBatch.unchecked(a["op"], a["src"], a["dst"], a["w"], a["xrow"], a["x"]),
+                  *(a[name] for name in _ROUTED_IDS))
 
 
 def _partials_arrays(r: dict | None) -> dict[str, np.ndarray]:

@@ -96,6 +96,7 @@ class Shard:
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
         self.ghost_feature_bytes = 0   # the last routed batch's features of ghosts (+ ids)
+        self._sends_in_degrees = any(layer.degree_normalised for layer in self.layers)
         keep_ties(tables)
         tables.on_huge_pages()
 
@@ -186,10 +187,9 @@ class Shard:
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
         self._begin(diff, routed)
-        sends_in_degrees = any(layer.degree_normalised for layer in self.layers)
         try:
             for hop in range(1, len(self.layers) + 1):
-                if partitions > 1 and (hop > 1 or sends_in_degrees):
+                if partitions > 1 and (hop > 1 or self._sends_in_degrees):
                     out = outgoing(self.tables, self._batch, hop - 1, partitions, me)
                     self.busy.append(time.perf_counter() - start)
                     received = yield out
@@ -236,10 +236,9 @@ class Shard:
                 if rows is not None:
                     fill_rows_(rows, added, None)
         changed = Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
-                          diff.changed.astype(np.int64),
-                          [tb.ours(tb.tensor(diff.changed_x_before))])
+                          diff.changed.astype(np.int64), [tb.as_rows(diff.changed_x_before)])
         self._batch = Batch(BatchEdges.of(self.graph, diff, tb.sets), added, removed,
-                            tb.ours(tb.tensor(diff.removed_x)), changed,
+                            tb.as_rows(diff.removed_x), changed,
                             ApplyResult(ChangedLabels.empty(), diff.rejected), subscribed,
                             subscribers)
 
@@ -253,15 +252,17 @@ class Shard:
         if hop < len(self.layers):
             b.changed = step.changed()
             b.removed_rows = (tb.h_rows(hop, tb.index(b.removed)) if len(b.removed)
-                              else step.after[:0])  # (most batches remove no vertex)
+                              else tb.no_rows(self.layers[hop - 1].out_dim)[0])
 
     def _finish(self) -> ApplyResult:
         """Close the batch: its label changes and counts."""
         tb = self.tables
         b, last, self._batch, tb.recent = self._batch, tb.recent, None, None
-        b.result.changed_labels = self._label_changes(last)
+        if len(last.region):  # (else the batch changed no label here)
+            b.result.changed_labels = self._label_changes(last)
         for touched in (b.edges.degree_changed, b.added):
-            tb.in_weight[touched] = self.graph.in_weight[touched]
+            if len(touched):
+                tb.in_weight[touched] = self.graph.in_weight[touched]
         return b.result
 
     def _label_changes(self, last: Step) -> ChangedLabels:

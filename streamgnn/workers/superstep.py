@@ -12,15 +12,13 @@ mpi4py, nor the ghost-row part of the shard.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import activated_rows, compare_rows, store_rows_, take_rows
-from streamgnn.workers.batch import Batch, BatchEdges, Step
+from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Step
 from streamgnn.workers.fold import fold
 from streamgnn.workers.messages import outbox
 from streamgnn.workers.pulls import pull, pull_columns
@@ -35,6 +33,8 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
     sources = changed.slots
     if layer.degree_normalised:
         sources = tb.sets.union(sources, edges.degree_changed)
+    if not len(sources) and not len(edges.dst):  # no message: nothing to recompute
+        return _reached_nothing(tb, layer, result, hop, _NO_SLOTS)
     keeps_z, last = tb.z[hop - 1], hop == len(tb.layers)
     owned = tb.owned
     # the unchanged out-edges of the sources (the changed pairs are sent separately),
@@ -44,14 +44,7 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
         owned, g.in_degree, b.added, edges.src, b.removed, keeps_z and not last,
         tb.sets.mark, tb.sets.scratch)
     if not len(region):
-        result.recomputed.append(0)
-        result.pulled.append(0)
-        result.pulled_columns.append(0)
-        result.remote_reads.append(0)
-        result.combined_messages.append(0)
-        nothing, none = _no_rows(layer.out_dim, tb.dtype, tb.device)
-        result.rewritten.append((region, none))
-        return Step(hop, region, nothing, _NOT_ANY, _NOT_ANY, nothing)
+        return _reached_nothing(tb, layer, result, hop, region)
 
     columns = None  # a pull of some columns only
     z_old = None  # the region's z before the batch, where z is kept (not at the last)
@@ -112,6 +105,18 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
     return Step(hop, region, after, fresh, moved, old_rows, finite, activated)
 
 
+def _reached_nothing(tb: Tables, layer: Layer, result: ApplyResult, hop: int,
+                     region: np.ndarray) -> Step:
+    """The outcome of a superstep whose messages reach no vertex here (``region``
+    empty), with its counts."""
+    for counts in (result.recomputed, result.pulled, result.pulled_columns,
+                   result.remote_reads, result.combined_messages):
+        counts.append(0)
+    nothing, none = tb.no_rows(layer.out_dim)
+    result.rewritten.append((region, none))
+    return Step(hop, region, nothing, _NOT_ANY, _NOT_ANY, nothing)
+
+
 def _combined_messages(tb: Tables, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
                        edges: BatchEdges) -> int:
     """The superstep's messages from ghosts, combined per destination and source
@@ -145,14 +150,7 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
 
 
 _NOT_ANY = np.zeros(0, bool)  # no vertex marked (read only)
-
-
-@functools.cache
-def _no_rows(width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, np.ndarray]:
-    """No rows of ``width`` columns, as a tensor and on the host: shared (a superstep
-    that reaches no vertex returns them; creating them costs more than its other work)."""
-    rows = torch.empty((0, width), dtype=dtype, device=device)
-    return rows, rows.cpu().numpy()
+_NO_SLOTS = np.zeros(0, np.int64)  # no vertex (read only)
 
 
 # A row reduction: numpy is quicker than torch on the small CPU tensors of a batch.

@@ -11,6 +11,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,7 +37,9 @@ def in_mpi_job() -> bool:
 
 
 def rank_files(state_dir: Path) -> Path:
-    """Where the ranks of a job serving ``state_dir`` note their pids (``<pid>.rank``)."""
+    """Where the ranks of a job serving ``state_dir`` note their pids (``<pid>.rank``,
+    holding the rank and its host's name); each rank in its own ``state_dir``, so the
+    supervisor sees only the ranks on its host (or sharing its state directory)."""
     return state_dir / "ranks"
 
 
@@ -67,7 +70,7 @@ def supervise(workers: int, max_restarts: int, ranks: Path, console: Console) ->
         shutil.rmtree(ranks, ignore_errors=True)
         job.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT))
-        died = _relay(job[-1], ranks)
+        died, seen = _relay(job[-1], ranks)
         code = job[-1].wait()
         if code == 0 or stopping:
             return code
@@ -77,7 +80,8 @@ def supervise(workers: int, max_restarts: int, ranks: Path, console: Console) ->
                           "not restarting[/red]", highlight=False, soft_wrap=True)
             return code
         console.print(f"[yellow]the MPI job exited with code {code}; "
-                      f"{died or 'no rank'} stopped first[/yellow]")
+                      f"{_first(died, seen, workers + 1, ranks)}[/yellow]",
+                      highlight=False, soft_wrap=True)
         if attempt == max_restarts:
             break
         console.print(f"[yellow]restart {attempt + 1} of {max_restarts} from the last "
@@ -88,18 +92,39 @@ def supervise(workers: int, max_restarts: int, ranks: Path, console: Console) ->
     return code
 
 
-def _relay(job: subprocess.Popen, ranks: Path) -> str | None:
-    """Pass the job's output through as it comes, watching its ranks (their pid files in
-    ``ranks``); returns the first rank seen to exit, as "rank R (pid P)", if any did."""
+def _first(died: str | None, seen: int, ranks: int, files: Path) -> str:
+    """Which rank stopped first, as far as ``seen`` of the job's ``ranks`` tell (those on
+    this host, by their pid files in ``files``)."""
+    if died is None:
+        return (f"which rank stopped first is not known here (only ranks on this host are "
+                f"watched, by their pid files in {files})")
+    if seen < ranks:
+        return (f"{died} stopped first of the ranks on this host ({seen} of {ranks}; the "
+                "others run elsewhere, their pid files not seen here)")
+    return f"{died} stopped first"
+
+
+def _relay(job: subprocess.Popen, ranks: Path) -> tuple[str | None, int]:
+    """Pass the job's output through as it comes, watching its ranks on this host (their
+    pid files in ``ranks``); returns the first rank seen to exit, as "rank R (pid P)", if
+    any did, and how many ranks were watched."""
     out = job.stdout.fileno()
     watched: dict[int, tuple[str, int]] = {}  # pidfd -> (rank, pid)
+    seen: set[int] = set()  # the pids of every rank watched
     first = None
+    host = socket.gethostname()
     while True:
         for f in ranks.glob("*.rank"):
             pid = int(f.stem)
-            if pid not in {p for _, p in watched.values()}:
-                with contextlib.suppress(OSError):  # gone already
-                    watched[os.pidfd_open(pid)] = (f.read_text(), pid)
+            if pid in seen:
+                continue
+            with contextlib.suppress(OSError):  # gone already
+                rank, _, on = f.read_text().partition(" ")
+                # another host's rank (a shared filesystem) has a pid that is not ours; an
+                # empty file is being written: read again next time
+                if rank and on == host:
+                    watched[os.pidfd_open(pid)] = (rank, pid)
+                    seen.add(pid)
         ready, _, _ = select.select([out, *watched], [], [], 0.5)
         for fd in ready:
             if fd in watched:
@@ -111,7 +136,7 @@ def _relay(job: subprocess.Popen, ranks: Path) -> str | None:
             if not chunk:
                 for fd in watched:
                     os.close(fd)
-                return first
+                return first, len(seen)
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
 
@@ -139,7 +164,7 @@ def serve_rank(settings: ServeSettings, serve: Callable[[MpiWorkers | None], Non
         return
     ranks = rank_files(settings.state_dir)
     ranks.mkdir(parents=True, exist_ok=True)
-    (ranks / f"{os.getpid()}.rank").write_text(str(comm.Get_rank()))
+    (ranks / f"{os.getpid()}.rank").write_text(f"{comm.Get_rank()} {socket.gethostname()}")
     if comm.Get_rank() > 0:  # a worker: one partition, never kafka
         serve_worker(comm, settings.checkpoint, settings.state_dir, settings.device)
         return
@@ -161,9 +186,11 @@ def serve_rank(settings: ServeSettings, serve: Callable[[MpiWorkers | None], Non
 
 
 def serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
-    """A worker rank: the model from the service's last checkpoint (or the model file on
-    a fresh start), then one partition until rank 0 says stop. Signals are rank 0's to
-    act on (it stops the workers at a batch boundary)."""
+    """A worker rank: the model from the service's last checkpoint where this rank sees
+    rank 0's files (one filesystem), else from the model file (rank 0 sends the state's
+    weights when it reads a checkpoint), then one partition until rank 0 says stop, its
+    copies of the checkpoints in its own ``state_dir``. Signals are rank 0's to act on
+    (it stops the workers at a batch boundary)."""
     from streamgnn.allocator import keep_freed_memory
     from streamgnn.models.zoo import ModelFile
     from streamgnn.router.checkpoint import Checkpoints
@@ -174,7 +201,8 @@ def serve_worker(comm, checkpoint: Path, state_dir: Path, device: str) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     keep_freed_memory()  # the shard's batches run here: as rank 0 does in one process
-    saved = Checkpoints(state_dir).load(names=("model",))
+    copies = Checkpoints(state_dir)  # rank 0 decides which generation verifies
+    saved = copies.peek("model")
     model = (ModelFile.load(checkpoint) if saved is None else saved_model(saved)).model()
     warm_up_if_possible(model, device, 2)  # (another host has its own cache)
-    run_worker(model, comm, device)
+    run_worker(model, comm, device, copies)

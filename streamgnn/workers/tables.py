@@ -16,6 +16,8 @@ shard that compute (superstep, fold, messages, pulls, ghost rows).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -247,6 +249,18 @@ class Tables:
             return t
         return t.to(self.device, self.dtype)
 
+    def as_rows(self, array: np.ndarray) -> Tensor:
+        """The host rows ``array`` in the engine's dtype and on its device (`no_rows`
+        where there are none)."""
+        if not len(array):
+            return self.no_rows(array.shape[1])[0]
+        return self.ours(self.tensor(array))
+
+    def no_rows(self, width: int) -> tuple[Tensor, np.ndarray]:
+        """No rows of ``width`` columns in the engine's dtype, on its device and on the
+        host: shared (a shard that a batch does not touch makes no tensor)."""
+        return _no_rows(width, self.dtype, self.device)
+
     def weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
         """``in_weight`` of ``slots``, in the engine's dtype and on its device."""
         return self.ours(torch.from_numpy(in_weight[slots]))
@@ -264,6 +278,12 @@ def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
     if state is None or not layer.aggr.linear:
         return None
     return layer.aggr.fresh_drift(state)
+
+
+@functools.cache
+def _no_rows(width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, np.ndarray]:
+    rows = torch.empty((0, width), dtype=dtype, device=device)
+    return rows, rows.cpu().numpy()
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
