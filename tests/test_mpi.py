@@ -149,12 +149,9 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     import time
     import uuid
 
-    import numpy as np
-
-    from streamgnn.stream import LabelChanges, Topics
-    from streamgnn.stream.kafka_tools import ensure_topics, follow
-    from tests.conftest import pyg_layers
-    from tests.test_stream import linkbench_stream, messages, tiny_setup
+    from streamgnn.stream import Topics
+    from streamgnn.stream.kafka_tools import ensure_topics
+    from tests.test_stream import linkbench_stream, tiny_setup
     from tests.test_torture import send
 
     _, snapshot, held_out, model = tiny_setup()
@@ -187,6 +184,20 @@ def test_serve_with_workers_survives_a_killed_worker_and_a_killed_router(broker,
     assert log.count("restart") >= 2, log[-4000:]
     assert "rank 2 (pid" in log and "rank 0 (pid" in log, log[-4000:]  # named, in order
 
+
+    assert_served_exactly(state, model, kafka, topics, snapshot, events)
+
+
+def assert_served_exactly(state, model, kafka, topics, snapshot, events) -> None:
+    """The last checkpoint in ``state`` consumed the whole updates topic, holds two
+    partitions and the graph after ``events``, with every layer equal to PyG's; nothing
+    was dead-lettered, and a label change published twice is the same both times."""
+    import numpy as np
+
+    from streamgnn.stream import LabelChanges
+    from streamgnn.stream.kafka_tools import follow
+    from tests.conftest import pyg_layers
+    from tests.test_stream import messages
 
     saved, engine = final_engine(state, model)
     assert saved.meta["positions"] == {"0": len(list(follow(
@@ -308,14 +319,11 @@ def test_ranks_without_a_shared_state_directory_resume_and_fall_back(broker, kaf
     import shutil
     import uuid
 
-    import numpy as np
-
     from streamgnn.router import Checkpoints
-    from streamgnn.stream import LabelChanges, Topics
-    from streamgnn.stream.kafka_tools import ensure_topics, follow
-    from tests.conftest import pyg_layers
+    from streamgnn.stream import Topics
+    from streamgnn.stream.kafka_tools import ensure_topics
     from tests.test_faults_state import flip
-    from tests.test_stream import linkbench_stream, messages, tiny_setup
+    from tests.test_stream import linkbench_stream, tiny_setup
     from tests.test_torture import send
 
     _, snapshot, held_out, model = tiny_setup()
@@ -357,20 +365,7 @@ def test_ranks_without_a_shared_state_directory_resume_and_fall_back(broker, kaf
     shutil.copytree(a.folder(a.generations()[-1]), merged)
     for f in b.folder(a.generations()[-1]).iterdir():
         shutil.copy(f, merged)
-    saved, engine = final_engine(merged.parent, model)
-    assert saved.meta["positions"] == {"0": len(list(follow(
-        kafka, topics.updates, True, idle_s=1.0)))}
-    current = engine.graph.to_data()
-    expected = sg_graph_after(snapshot, events)
-    assert np.array_equal(np.sort(current.ids), np.sort(expected.ids))
-    assert current.num_edges == expected.num_edges
-    for layer, ref in enumerate(pyg_layers(model.model(), current)):
-        assert np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max() < 1e-4
-    assert messages(kafka, topics.dead_letters) == []
-    repeated: dict[str, bytes] = {}
-    for record in follow(kafka, topics.labels, True, idle_s=1.0):
-        event_id = LabelChanges.model_validate_json(record.value).event_id
-        assert repeated.setdefault(event_id, record.value) == record.value, event_id
+    assert_served_exactly(merged.parent, model, kafka, topics, snapshot, events)
 
     for g in b.generations():
         flip(b.folder(g) / "shard0.npz")
