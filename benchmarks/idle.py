@@ -22,8 +22,9 @@ do the same in every partition at once.
 - Under ``mpiexec -n P+1`` (``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``): each worker's own clock
   per batch (wall and CPU time): the time it spends on the batch's command outside the
   ghost-row exchanges (`mpi.alltoallv`, where a worker waits for the others), with the
-  command's decoding and the previous reply's encoding; its superstep code alone
-  (`Shard.summary`'s ``busy_s``); and rank 0's wall time per batch, batches of one
+  command's decoding and its reply's encoding; its superstep code alone (`Shard.summary`'s
+  ``busy_s``) and the rest (own clock less superstep code: the command's decoding, the
+  reply's encoding, driving the program); and rank 0's wall time per batch, batches of one
   partition against batches of all.
 
 Per-superstep figures are a batch's over L. Batches of both kinds alternate in blocks of
@@ -249,42 +250,37 @@ def top_functions(profile: cProfile.Profile, batches: int, n: int = 25) -> list[
 
 # ---------------------------------------------------------------- under mpiexec
 def instrument_worker(log: list[dict]) -> None:
-    """On a worker rank: per APPLY command, its seconds in all, in the exchanges, in the
-    decoding of commands and encoding of replies, and in the shard's superstep code,
-    appended to ``log``; `Shard.summary` hands ``log`` to rank 0."""
+    """On a worker rank: per APPLY command, its seconds in all (`mpi._execute`: the
+    command's decoding and the reply's encoding included), in the exchanges, and in the
+    shard's superstep code, appended to ``log``; `Shard.summary` hands ``log`` to rank
+    0."""
     from streamgnn.workers import mpi, shard
 
-    clock = {"exchange": 0.0, "codec": 0.0, "exchange_cpu": 0.0, "codec_cpu": 0.0}
+    clock = {"exchange": 0.0, "exchange_cpu": 0.0}
+    alltoallv, execute, summary = mpi.alltoallv, mpi._execute, shard.Shard.summary
 
-    def adding(fn: Callable, key: str) -> Callable:
-        def wrapper(*args, **kwargs):
-            start, cpu = time.perf_counter(), time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                clock[key] += time.perf_counter() - start
-                clock[f"{key}_cpu"] += time.thread_time() - cpu
-        return wrapper
+    def exchange(*args):
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return alltoallv(*args)
+        finally:
+            clock["exchange"] += time.perf_counter() - start
+            clock["exchange_cpu"] += time.thread_time() - cpu
 
-    mpi.alltoallv = adding(mpi.alltoallv, "exchange")
-    mpi.from_bytes = adding(mpi.from_bytes, "codec")
-    mpi.to_bytes = adding(mpi.to_bytes, "codec")
-    execute, summary = mpi._execute, shard.Shard.summary
-
-    def timed_execute(command, payload, worker_shard, *rest):
+    def timed_execute(command, message, worker_shard, *rest):
         if command != mpi.APPLY:
-            return execute(command, payload, worker_shard, *rest)
-        codec = {key: clock[key] for key in ("codec", "codec_cpu")}
+            return execute(command, message, worker_shard, *rest)
         clock.update(dict.fromkeys(clock, 0.0))
         start, cpu = time.perf_counter(), time.thread_time()
-        reply = execute(command, payload, worker_shard, *rest)
+        reply = execute(command, message, worker_shard, *rest)
         wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
-        log.append({"own_s": wall - clock["exchange"] + codec["codec"],
-                    "own_cpu_s": cpu - clock["exchange_cpu"] + codec["codec_cpu"],
-                    "busy_s": sum(worker_shard.busy)})
+        busy = sum(worker_shard.busy)
+        log.append({"own_s": wall - clock["exchange"],
+                    "own_cpu_s": cpu - clock["exchange_cpu"], "busy_s": busy,
+                    "rest_s": wall - clock["exchange"] - busy})
         return reply
 
-    mpi._execute = timed_execute
+    mpi.alltoallv, mpi._execute = exchange, timed_execute
     shard.Shard.summary = lambda self: {**summary(self), "applies": log}
 
 
@@ -345,9 +341,11 @@ def under_mpi(args: argparse.Namespace) -> dict:
     return {"idle_per_superstep": spread(idle("own_s"), L),
             "idle_cpu_per_superstep": spread(idle("own_cpu_s"), L),
             "idle_superstep_code_per_superstep": spread(idle("busy_s"), L),
+            "idle_rest_per_superstep": spread(idle("rest_s"), L),
             "busy_per_superstep": spread(column(0, "own_s", "one"), L),
             "busy_cpu_per_superstep": spread(column(0, "own_cpu_s", "one"), L),
             "busy_superstep_code_per_superstep": spread(column(0, "busy_s", "one"), L),
+            "busy_rest_per_superstep": spread(column(0, "rest_s", "one"), L),
             "all_busy_per_superstep": spread(column(0, "own_s", "all"), L),
             "wall_one": spread(walls[kinds == "one"].tolist()),
             "wall_all": spread(walls[kinds == "all"].tolist())}
@@ -387,9 +385,11 @@ def report(args: argparse.Namespace, local: dict, mpi: dict | None) -> None:
         rows("MPI", mpi, [("idle_per_superstep", "idle worker, own clock"),
                           ("idle_cpu_per_superstep", "idle worker, own CPU time"),
                           ("idle_superstep_code_per_superstep", "idle worker, superstep code"),
+                          ("idle_rest_per_superstep", "idle worker, own clock less that"),
                           ("busy_per_superstep", "busy worker, own clock"),
                           ("busy_cpu_per_superstep", "busy worker, own CPU time"),
                           ("busy_superstep_code_per_superstep", "busy worker, superstep code"),
+                          ("busy_rest_per_superstep", "busy worker, own clock less that"),
                           ("all_busy_per_superstep", "worker 1, batch of all, own clock")])
     console.print(table)
     if "profile" in local:

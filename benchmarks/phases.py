@@ -5,6 +5,7 @@ batches, one model, P partitions in one process.
     python benchmarks/phases.py [--model graphconv-sum] [--layers 2] [--partitions 1]
                                 [--batch-size 100] [--batches 300]
     python benchmarks/phases.py --floor [--batch-size 100]
+    python benchmarks/phases.py --shards --partitions 16 --batch-size 1000 [--threads 1]
 
 Prints per step the microseconds a batch, the calls a batch and the microseconds a call,
 largest first. Timers nest (a superstep's row includes its fold's), so rows do not add
@@ -21,6 +22,12 @@ Python at all would be that work's: RC's time over it bounds the ratio engine/RC
 removal of Python overhead can reach. Torch calls other than `torch.mm` (`F.linear` in
 max and attention layers, index and elementwise ops) count as the rest: the compiled work
 is a lower bound, the bound on the ratio an upper one.
+
+``--shards`` instead reads each shard's compute per step (`Engine.stats`, ``busy_s``) against
+its work (the rows it recomputed at each layer), in wall time and, in alternate batches, in
+this thread's CPU time (which other processes on the machine do not inflate): per step the
+median and the slowest shard over the partitions (medians over batches), and a
+least-squares fit of a shard's step = fixed + per row x its region's rows at that layer.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import collections
 import functools
 import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 
 import numba
@@ -142,6 +150,52 @@ def floor(args: argparse.Namespace) -> None:
     Console(width=140).print(table)
 
 
+def shards(args: argparse.Namespace) -> None:
+    """`--shards`: each shard's compute per step against the rows it recomputed."""
+    snapshot, events = stream_split("arxiv-like", False)
+    model = model_for(args.model, snapshot, args.layers)
+    engine = Engine.from_pyg(model, snapshot, partitions=args.partitions)
+    sg.warm_up(model, partitions=args.partitions)
+    trace = Trace(snapshot, events, False)
+    for _ in range(args.warm_up):
+        engine.apply(trace.batch(args.batch_size))
+    rows: list[list[list[int]]] = []
+    run = shard.Shard.run
+
+    def counted(self, diff, me=0, partitions=1, routed=None):
+        result = yield from run(self, diff, me, partitions, routed)
+        rows[-1][me] = list(result.recomputed)
+        return result
+
+    shard.Shard.run = counted
+    busy: dict[str, list] = {"wall": [], "cpu": []}
+    for k in range(args.batches):  # wall and CPU time in alternate batches
+        cpu = k % 2 == 1
+        shard.time = types.SimpleNamespace(perf_counter=time.thread_time) if cpu else time
+        rows.append([[] for _ in range(args.partitions)])
+        engine.apply(trace.batch(args.batch_size))
+        busy["cpu" if cpu else "wall"].append([s["busy_s"] for s in engine.stats()])
+    shard.time, shard.Shard.run = time, run
+    table = Table(title=f"{args.model}, {args.layers} layers, P={args.partitions}, "
+                        f"bs={args.batch_size}, {args.batches} batches: a shard's compute "
+                        "per step (medians over batches)")
+    for column in ("step", "clock", "median shard ms", "slowest shard ms", "fit: fixed ms",
+                   "fit: us per region row", "median region rows"):
+        table.add_column(column, justify="left" if column in ("step", "clock") else "right")
+    for kind, seconds in busy.items():
+        spent = np.array(seconds)  # [batch, shard, step]
+        region = np.array(rows[1 if kind == "cpu" else 0::2])  # [batch, shard, layer]
+        for step in range(spent.shape[2]):
+            x = region[:, :, min(step, region.shape[2] - 1)].ravel().astype(float)
+            y = spent[:, :, step].ravel()
+            per_row, fixed = np.polyfit(x, y, 1)
+            table.add_row(str(step), kind,
+                          f"{np.median(np.median(spent[:, :, step], axis=1)) * 1e3:.3f}",
+                          f"{np.median(spent[:, :, step].max(axis=1)) * 1e3:.3f}",
+                          f"{fixed * 1e3:.3f}", f"{per_row * 1e6:.2f}", f"{np.median(x):.0f}")
+    Console(width=140).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="graphconv-sum")
@@ -152,10 +206,16 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=30)
     parser.add_argument("--floor", action="store_true",
                         help="time the compiled work alone, against the batch and RC's")
+    parser.add_argument("--shards", action="store_true",
+                        help="each shard's compute per step against its region's rows")
+    parser.add_argument("--threads", type=int, default=2, help="torch's thread count")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     if args.floor:
         floor(args)
+        return
+    if args.shards:
+        shards(args)
         return
     snapshot, events = stream_split("arxiv-like", False)
     model = model_for(args.model, snapshot, args.layers)

@@ -583,9 +583,9 @@ def test_take_ghost_rows_numba_and_torch_store_rows_and_join_the_moved_ghosts_to
         np.testing.assert_array_equal(old.numpy(), np.maximum(before, 0) if relu else before)
 
 
-@given(seed=seeds, q=st.integers(0, 3), subscribed=st.integers(0, 5), weighted=st.booleans())
+@given(seed=seeds, me=st.integers(0, 3), subscribed=st.integers(0, 5), weighted=st.booleans())
 def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_began_to_hold(
-        seed, q, subscribed, weighted):
+        seed, me, subscribed, weighted):
     rng = np.random.default_rng(seed)
     sets = SlotSets(30)
     moved = rng.choice(30, 12, replace=False)
@@ -597,33 +597,34 @@ def test_rows_for_sends_the_moved_owned_rows_a_partition_holds_and_those_it_bega
     table = torch.from_numpy(rng.normal(size=(30, 3)).astype(np.float32))
     ext = 100 + 7 * np.arange(30)
     in_weight = rng.random(30) if weighted else None
-    sent = unpack(rows_for(q, moved, owned, holders, began, by, table, ext, in_weight,
-                           sets.mark))
-    assert not sets.mark.any()
-    held = moved[owned[moved] & ((holders[moved] & bit(q)) != 0)]
-    slots = np.union1d(held, began[by == q])
-    if not len(slots):
-        assert sent is None
-        return
-    np.testing.assert_array_equal(sent.ids, ext[slots])
-    np.testing.assert_array_equal(sent.rows, table.numpy()[slots])
-    assert sent.rows.dtype == np.float32
-    if weighted:
-        np.testing.assert_array_equal(sent.in_weight, in_weight[slots])
-    else:
-        assert sent.in_weight is None
+    sent = rows_for(me, 4, moved, owned, holders, began, by, table, ext, in_weight,
+                    sets.mark, sets.scratch)
+    assert not sets.mark.any() and len(sent) == 4
+    for q, buffer in enumerate(sent):
+        held = moved[owned[moved] & ((holders[moved] & bit(q)) != 0)]
+        slots = np.union1d(held, began[by == q])
+        got = unpack(buffer)
+        if q == me or not len(slots):
+            assert got is None
+            continue
+        np.testing.assert_array_equal(got.ids, ext[slots])
+        np.testing.assert_array_equal(got.rows, table.numpy()[slots])
+        assert got.rows.dtype == np.float32
+        if weighted:
+            np.testing.assert_array_equal(got.in_weight, in_weight[slots])
+        else:
+            assert got.in_weight is None
+        assert len(buffer) == len(pack(got))  # the layout `pack` writes
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gather_rows_numba_and_torch_copy_ids_and_rows(dtype):
+def test_gather_rows_numba_and_torch_give_each_slots_row(dtype):
     rng = np.random.default_rng(1)
     table = torch.from_numpy(rng.normal(size=(30, 4)).astype(dtype))
-    slots, ext = rng.choice(30, 7, replace=False), 100 + 7 * np.arange(30)
+    slots = rng.choice(30, 7, replace=False)
     for gather in (gather_rows_numba, gather_rows_torch):
-        ids, rows = np.empty(7, np.int64), np.empty((7, 4), dtype)
-        gather(table, slots, ext, ids, rows)
-        np.testing.assert_array_equal(ids, ext[slots])
-        np.testing.assert_array_equal(rows, table.numpy()[slots])
+        rows, at = gather(table, slots)
+        np.testing.assert_array_equal(rows[at], table.numpy()[slots])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

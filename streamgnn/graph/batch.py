@@ -45,8 +45,20 @@ EDGE, VADD, VDEL, FEAT = range(4)
 
 @njit(cache=True)
 def _row_within(x, r, limit) -> bool:
-    """Whether every value of row ``r`` is finite and at most ``limit`` in size."""
-    return (np.abs(x[r]) <= limit).all()  # False for NaN too
+    """Whether every value of row ``r`` is finite and at most ``limit`` in size (a loop:
+    no temporary arrays)."""
+    for c in range(x.shape[1]):  # noqa: SIM110 (numba compiles no generator expression)
+        if not abs(x[r, c]) <= limit:  # (NaN fails it too)
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def copy_row(to, i, source, j) -> None:
+    """``to[i] = source[j]``, as a loop (a slice assignment costs numba views and an
+    overlap check per row)."""
+    for c in range(to.shape[1]):
+        to[i, c] = source[j, c]
 
 
 @njit(cache=True)
@@ -191,15 +203,15 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits):
                     counts[2] += 1
                 put1(ids, a[i], u)
                 alive[u] = True
-                x[u] = xnew[r]
+                copy_row(x, u, xnew, r)
                 _log(log, VADD, u, a[i], np.nan, np.nan)
             else:
                 if u < 0:
                     return UNKNOWN_A, i
                 k = counts[3]
-                xsave[k] = x[u]
+                copy_row(xsave, k, x, u)
                 counts[3] += 1
-                x[u] = xnew[r]
+                copy_row(x, u, xnew, r)
                 _log(log, FEAT, u, k, np.nan, np.nan)
     return OK, len(op)
 
@@ -239,16 +251,43 @@ def undo_kernel(ids, verts, out, inn, log, xsave) -> int:
             alive[i0] = True
             counts[1] -= 1
         else:
-            x[i0] = xsave[i1]
+            copy_row(x, i0, xsave, i1)
     n[0] = 0
     return OK
 
 
 @njit(cache=True)
+def stable_order(keys):
+    """The positions of the non-negative int64 ``keys`` in key order, equal keys in
+    position order (as a stable argsort orders them): a radix sort, a byte at a time from
+    the lowest, skipping bytes every key shares (quicker than numba's argsort)."""
+    n = len(keys)
+    order, spare = np.arange(n), np.empty(n, np.int64)
+    counts = np.empty(257, np.int64)
+    top = keys.max() if n else 0
+    shift = 0
+    while shift < 63 and top >> shift > 0:
+        counts[:] = 0
+        for i in range(n):
+            counts[((keys[i] >> shift) & 255) + 1] += 1
+        if counts.max() < n:
+            for d in range(256):
+                counts[d + 1] += counts[d]
+            for i in range(n):
+                p = order[i]
+                d = (keys[p] >> shift) & 255
+                spare[counts[d]] = p
+                counts[d] += 1
+            order, spare = spare, order
+        shift += 8
+    return order
+
+
+@njit(cache=True)
 def _firsts(keys):
-    """Positions of the first occurrence of each distinct key, in sorted-key order, and of
-    the last one alongside."""
-    order = np.argsort(keys, kind="mergesort")
+    """Positions of the first occurrence of each distinct key (non-negative), in
+    sorted-key order, and of the last one alongside."""
+    order = stable_order(keys)
     first = np.empty(len(keys), np.int64)
     last = np.empty(len(keys), np.int64)
     n = 0
@@ -317,22 +356,29 @@ def net_kernel(log, alive, x, xsave, inn, in_weight):
     vdel = ints[np.flatnonzero(kinds[:m] == VDEL), 0]
     gone = np.empty(len(vdel), np.int32)
     gone_x = np.empty((len(vdel), x.shape[1]), x.dtype)
-    n = 0
+    ng = 0
     for s in vdel:
         if sorted_position(vadd, s) < 0:  # born in the batch: no net effect
             j = sorted_position(feat_slot, s)  # features the batch updated, or as they are
-            gone[n] = s
-            gone_x[n] = xsave[feat_save[j]] if j >= 0 else x[s]
-            n += 1
-    differs = np.zeros(len(feat_slot), np.bool_)
+            gone[ng] = s
+            if j >= 0:
+                copy_row(gone_x, ng, xsave, feat_save[j])
+            else:
+                copy_row(gone_x, ng, x, s)
+            ng += 1
+    changed = np.empty(len(feat_slot), np.int32)
+    changed_x = np.empty((len(feat_slot), x.shape[1]), xsave.dtype)
+    n = 0
     for k in range(len(feat_slot)):
         v = feat_slot[k]
         if alive[v] and sorted_position(vadd, v) < 0:
             for c in range(x.shape[1]):  # rewritten to the same values: no change
                 if xsave[feat_save[k], c] != x[v, c]:
-                    differs[k] = True
+                    changed[n] = v
+                    copy_row(changed_x, n, xsave, feat_save[k])
+                    n += 1
                     break
     first, last = edge[first[keep]], edge[last[keep]]
     return (ints[first, 0].astype(np.int32), ints[first, 1].astype(np.int32),
-            floats[first, 0], floats[last, 1], added.astype(np.int32), gone[:n],
-            gone_x[:n], feat_slot[differs].astype(np.int32), xsave[feat_save[differs]])
+            floats[first, 0], floats[last, 1], added.astype(np.int32), gone[:ng],
+            gone_x[:ng], changed[:n], changed_x[:n])

@@ -2,7 +2,8 @@
 packed into one flat byte buffer per destination (a header, the ids, the rows, the
 in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers over in
 one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
-per-message objects.
+per-message objects. A shard's buffers for all its peers are written by one kernel into one
+allocation (`pack_many`).
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only
 an MPI implementation may import mpi4py.
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from numba import njit
+
+from streamgnn.prefetch import AHEAD, prefetch_row
 
 
 @dataclass
@@ -28,6 +32,7 @@ class Ghosts:
 
 
 _HEADER = np.dtype([("n", "<i8"), ("dim", "<i8"), ("itemsize", "<i8"), ("weights", "<i8")])
+_HEADER_BYTES = _HEADER.itemsize
 
 
 def packed(n: int, dim: int, dtype: np.dtype, weighted: bool) -> tuple[np.ndarray, Ghosts]:
@@ -38,6 +43,49 @@ def packed(n: int, dim: int, dtype: np.dtype, weighted: bool) -> tuple[np.ndarra
     buffer = np.empty(_HEADER.itemsize + n * (8 + dim * itemsize + 8 * weighted), np.uint8)
     buffer[:_HEADER.itemsize].view("<i8")[:] = (n, dim, itemsize, weighted)  # (`_HEADER`)
     return buffer, _views(buffer, n, dim, itemsize, weighted)
+
+
+@njit(cache=True)
+def pack_many(counts, slots, rows, at, ids, in_weight, weighted):
+    """`packed` buffers for several destinations, filled, in one allocation: destination q
+    is sent ``counts[q]`` of ``slots`` (those of q after those of q - 1), each with its id
+    ``ids[slot]``, its row ``rows[at[k]]`` (k: its position in ``slots``) and, where
+    ``weighted``, its in-degree ``in_weight[slot]``. Returns the allocation and each
+    buffer's offset (a multiple of 64) and size in it (0: nothing for q)."""
+    dim, itemsize = rows.shape[1], rows.itemsize
+    offsets = np.zeros(len(counts), np.int64)
+    sizes = np.zeros(len(counts), np.int64)
+    end = 0
+    for q in range(len(counts)):
+        if counts[q]:
+            offsets[q] = end
+            sizes[q] = _HEADER_BYTES + counts[q] * (8 + dim * itemsize + 8 * weighted)
+            end += sizes[q] + (-sizes[q]) % 64
+    buffer = np.empty(end, np.uint8)
+    k = 0
+    for q in range(len(counts)):
+        n = counts[q]
+        if not n:
+            continue
+        head = offsets[q] + _HEADER_BYTES
+        header = buffer[offsets[q]:head].view(np.int64)  # (`_HEADER`)
+        header[0], header[1], header[2], header[3] = n, dim, itemsize, weighted
+        out_ids = buffer[head:head + 8 * n].view(np.int64)
+        first_row = head + 8 * n
+        out_rows = buffer[first_row:first_row + n * dim * itemsize].view(rows.dtype)
+        out_weights = buffer[first_row + n * dim * itemsize:offsets[q] + sizes[q]].view(
+            np.float64)
+        for i in range(n):
+            if k + i + AHEAD < len(slots):
+                prefetch_row(rows, at[k + i + AHEAD])
+            s, r = slots[k + i], at[k + i]
+            out_ids[i] = ids[s]
+            for j in range(dim):  # (a row slice a time costs more)
+                out_rows[i * dim + j] = rows[r, j]
+            if weighted:
+                out_weights[i] = in_weight[s]
+        k += n
+    return buffer, offsets, sizes
 
 
 def _views(buffer: np.ndarray, n: int, dim: int, itemsize: int, weighted: bool) -> Ghosts:

@@ -56,24 +56,23 @@ def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[n
     owner's where z moved and h did not: its activation is the same h, bit for bit.
     Features come with the routed batch: at layer 0 (degree-normalised layers only) the
     rows whose in-degree changed go, with it."""
-    none = np.zeros(0, np.uint8)
     moved = b.edges.degree_changed if hop == 0 else b.changed.slots
     if tb.holders is None or not (len(moved) or len(b.subscribed)):
-        return [none] * partitions
+        return [np.zeros(0, np.uint8)] * partitions
     if hop == 0:
         table, in_weight = torch.from_numpy(tb.graph.x), tb.graph.in_weight
     else:
         table, in_weight = tb.stored(hop), None
-    return [none if q == me else rows_for(
-        q, moved, tb.owned, tb.holders, b.subscribed, b.subscribers, table,
-        tb.graph.ext, in_weight, tb.sets.mark) for q in range(partitions)]
+    return rows_for(me, partitions, moved, tb.owned, tb.holders, b.subscribed,
+                    b.subscribers, table, tb.graph.ext, in_weight, tb.sets.mark,
+                    tb.sets.scratch)
 
 
 def incoming(tb: Tables, b: Batch, hop: int, buffers: Sequence[np.ndarray]) -> None:
     """Take the ghost rows of layer ``hop`` other shards sent (as `outgoing` sends them,
     packed): ghosts whose row differs join the next superstep's sources (with their old
     rows of h), new ghosts join as fresh."""
-    received = [g for g in map(unpack, buffers) if g is not None and len(g.ids)]
+    received = [g for g in map(unpack, (buf for buf in buffers if len(buf))) if len(g.ids)]
     if not received:
         return
     ids, rows = ((received[0].ids, received[0].rows) if len(received) == 1 else  # as sent

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from streamgnn.graph.idmap import get_many
 from streamgnn.prefetch import AHEAD, prefetch_row
-from streamgnn.workers.exchange import packed
+from streamgnn.workers.exchange import pack_many
 from streamgnn.workers.placement import holder_bit
 from streamgnn.workers.slotsets import find_marked, union_marked
 
@@ -61,66 +61,85 @@ def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subsc
 
 
 @njit(cache=True)
-def _held_slots(moved, owned, holders, q, subscribed, subscribers, mark):
-    """The sorted distinct slots among ``moved`` that are ``owned`` and held by partition
-    ``q`` (bit q of ``holders``), with the ``subscribed`` ones ``q`` subscribed to."""
-    tag = holder_bit(q)
+def _held_by_each(moved, owned, holders, subscribed, subscribers, me, partitions, mark,
+                  scratch):
+    """Per partition q but ``me``, in turn: the sorted distinct slots among ``moved`` that
+    are ``owned`` and held by q (bit q of ``holders``), with the ``subscribed`` ones q
+    subscribed to (``subscribers``). Returns them all, q after q, and how many each q
+    has."""
     values = np.empty(len(moved) + len(subscribed), np.int64)
     n = 0
     for s in moved:
-        if owned[s] and holders[s] & tag:
+        if owned[s] and holders[s]:
             values[n] = s
             n += 1
-    for i in range(len(subscribed)):
-        if subscribers[i] == q:
-            values[n] = subscribed[i]
-            n += 1
-    return union_marked(values[:n], mark, mark, False)
-
-
-@njit(cache=True)
-def _gather(table, slots, ext, ids, rows):
+    for s in subscribed:
+        values[n] = s
+        n += 1
+    slots = union_marked(values[:n], mark, mark, False)
     for i in range(len(slots)):
-        if i + AHEAD < len(slots):
-            prefetch_row(table, slots[i + AHEAD])
-        s = slots[i]
-        for j in range(rows.shape[1]):  # (a row slice a time costs more)
-            rows[i, j] = table[s, j]
-        ids[i] = ext[s]
+        scratch[slots[i]] = i
+    held = np.zeros(len(slots), np.uint64)  # per slot, who is sent it
+    for s in moved:
+        if owned[s] and holders[s]:
+            held[scratch[s]] |= holders[s]
+    for i in range(len(subscribed)):
+        held[scratch[subscribed[i]]] |= holder_bit(subscribers[i])
+    counts = np.zeros(partitions, np.int64)
+    for q in range(partitions):
+        tag = holder_bit(q)
+        for i in range(len(slots)):
+            if q != me and held[i] & tag:
+                counts[q] += 1
+    out = np.empty(counts.sum(), np.int64)
+    k = 0
+    for q in range(partitions):
+        tag = holder_bit(q)
+        for i in range(len(slots)):
+            if q != me and held[i] & tag:
+                out[k] = slots[i]
+                k += 1
+    return out, counts
 
 
-def rows_for(q: int, moved: np.ndarray, owned: np.ndarray, holders: np.ndarray,
-             subscribed: np.ndarray, subscribers: np.ndarray, table: Tensor, ext: np.ndarray,
-             in_weight: np.ndarray | None, mark: np.ndarray) -> np.ndarray:
-    """What partition ``q`` is sent of the rows in ``table`` (by slot), packed
-    (`exchange.packed`; empty for nothing): those of the ``moved`` slots that are
-    ``owned`` and that ``q`` holds (`placement.held_by` of ``holders``), and of the
-    ``subscribed`` slots whose ``subscribers`` entry is ``q`` (it began to hold them), in
+def rows_for(me: int, partitions: int, moved: np.ndarray, owned: np.ndarray,
+             holders: np.ndarray, subscribed: np.ndarray, subscribers: np.ndarray,
+             table: Tensor, ext: np.ndarray, in_weight: np.ndarray | None, mark: np.ndarray,
+             scratch: np.ndarray) -> list[np.ndarray]:
+    """What partition ``me`` sends each partition q of the rows in ``table`` (by slot),
+    packed (`exchange.packed`; empty for nothing, and for ``me``): those of the ``moved``
+    slots that are ``owned`` and that q holds (`placement.held_by` of ``holders``), and of
+    the ``subscribed`` slots whose ``subscribers`` entry is q (it began to hold them), in
     slot order, with their external ids (``ext``) and, given ``in_weight``, their
-    in-degrees. ``mark``: `SlotSets`' own."""
-    slots = _held_slots(moved, owned, holders, q, subscribed, subscribers, mark)
+    in-degrees. All buffers are written by one kernel into one allocation
+    (`exchange.pack_many`). ``mark`` and ``scratch``: `SlotSets`' own."""
+    slots, counts = _held_by_each(moved, owned, holders, subscribed, subscribers, me,
+                                  partitions, mark, scratch)
+    none = np.zeros(0, np.uint8)
     if not len(slots):
-        return np.zeros(0, np.uint8)
-    on_cpu = table.device.type == "cpu"
-    dtype = (table if on_cpu else torch.empty(0, dtype=table.dtype)).numpy().dtype
-    buffer, into = packed(len(slots), table.shape[1], dtype, in_weight is not None)
-    gather = gather_rows_numba if on_cpu else gather_rows_torch
-    gather(table, slots, ext, into.ids, into.rows)
-    if in_weight is not None:
-        into.in_weight[:] = in_weight[slots]
-    return buffer
+        return [none] * partitions
+    gather = gather_rows_numba if table.device.type == "cpu" else gather_rows_torch
+    rows, at = gather(table, slots)
+    weighted = in_weight is not None
+    buffer, offsets, sizes = pack_many(counts, slots, rows, at, ext,
+                                       in_weight if weighted else _NO_WEIGHTS, weighted)
+    return [buffer[o:o + n] if n else none
+            for o, n in zip(offsets.tolist(), sizes.tolist(), strict=True)]
 
 
-def gather_rows_numba(table: Tensor, slots: np.ndarray, ext: np.ndarray, ids: np.ndarray,
-                      rows: np.ndarray) -> None:
-    _gather(table.numpy(), slots, ext, ids, rows)
+_NO_WEIGHTS = np.zeros(0, np.float64)  # (read only)
 
 
-def gather_rows_torch(table: Tensor, slots: np.ndarray, ext: np.ndarray, ids: np.ndarray,
-                      rows: np.ndarray) -> None:
-    """``ids[i]``, ``rows[i]``: the external id and the row of ``table`` of ``slots[i]``."""
-    ids[:] = ext[slots]
-    rows[:] = table.index_select(0, torch.from_numpy(slots).to(table.device)).cpu().numpy()
+def gather_rows_numba(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`gather_rows_torch` for tables on the CPU: the table itself, read at ``slots``."""
+    return table.numpy(), slots
+
+
+def gather_rows_torch(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``slots`` in ``table`` on the host: an array and the row of it holding
+    each slot's."""
+    rows = table.index_select(0, torch.from_numpy(slots).to(table.device)).cpu().numpy()
+    return rows, np.arange(len(slots))
 
 
 @njit(cache=True)

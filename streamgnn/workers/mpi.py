@@ -3,24 +3,29 @@ placement) with `MpiWorkers`; ranks 1..N each run one `Shard` (`run_worker`). Ev
 builds the same model itself (SPMD: from the same model file), so nothing but arrays
 crosses the wire.
 
-Rank 0 drives the workers with commands: a fixed-size int64 header broadcast, then one
-payload per worker (scattered) and one reply per worker (gathered), each a message of
-plain arrays (`streamgnn.npz.to_bytes`: no pickles). A batch's replies are gathered
-when the engine collects it (`Engine.collect`), so rank 0 reads its next batch while the
-workers compute; it may even send that batch before it gathers the replies to the one
-before (two commands outstanding at most), so the workers go from one to the next
-without waiting for rank 0. Commands therefore go out as nonblocking collectives
-(``Ibcast``, ``Iscatterv``: rank 0 does not wait for workers still busy with the command
-before) and replies come back on a communicator of their own. The partitions of a
-bootstrap or a load go one worker at a time instead (``Send``, array by array, each
-received into an allocation of its own that the shard adopts), each built just before it
-is sent and dropped after, so rank 0 never holds more than one (a products-like graph's
-four add up to several GB). Counts and offsets are
-64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes 2 GiB. During a
-batch the workers exchange ghost rows among themselves (`alltoallv`: a nonblocking send
-per peer) of the same packed buffers `Shard.run` builds in one process. A worker that
-fails aborts the whole job (``MPI_Abort``), so nothing hangs; `serve` restarts it from
-its last checkpoint.
+Rank 0 drives the workers with commands: a header scattered (the command and the size of
+the worker's payload, two int64s), then each payload that is not empty sent to its worker,
+and one reply per worker gathered, each a message of plain arrays
+(`streamgnn.npz.to_bytes`: no pickles), but for a batch's reply: a row of int64s
+(`_result_message`: its counts and label changes), so a worker the batch left idle replies
+with a few numbers and rank 0 reads them without decoding a layout. A batch's payload for a
+partition it does not touch is empty (`_routed_arrays`: its worker receives the header
+alone), and the worker drives its shard through the supersteps on one `Routed` of nothing,
+made once (it still takes part in every exchange: its peers' ghost rows may come). A
+batch's replies are gathered when the engine collects it (`Engine.collect`), so rank 0
+reads its next batch while the workers compute; it may even send that batch before it
+gathers the replies to the one before (two commands outstanding at most), so the workers go
+from one to the next without waiting for rank 0. Commands therefore go out nonblocking
+(``Iscatter``, ``Isend``: rank 0 does not wait for workers still busy with the command
+before) and replies come back on a communicator of their own. The partitions of a bootstrap
+or a load go one worker at a time instead (``Send``, array by array, each received into an
+allocation of its own that the shard adopts), each built just before it is sent and dropped
+after, so rank 0 never holds more than one (a products-like graph's four add up to several
+GB). Counts and offsets are 64-bit, so mpi4py uses MPI-4's large-count calls where a
+transfer passes 2 GiB. During a batch the workers exchange ghost rows among themselves
+(`alltoallv`: a nonblocking send per peer) of the same packed buffers `Shard.run` builds in
+one process. A worker that fails aborts the whole job (``MPI_Abort``), so nothing hangs;
+`serve` restarts it from its last checkpoint.
 
 Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in its copy
 of the generation folder rank 0 names (under its own state directory, `run_worker`'s
@@ -69,6 +74,7 @@ if TYPE_CHECKING:
 ONE_AT_A_TIME = (LOAD, BOOTSTRAP)  # commands whose payloads are sent to one worker at a time
 NEW_SHARD = (LOAD, BOOTSTRAP, READ)  # commands that replace a worker's shard
 T = TypeVar("T")
+NOTHING = np.zeros(0, np.uint8)  # an empty message
 
 
 def _json(value) -> np.ndarray:
@@ -107,7 +113,7 @@ class MpiWorkers:
 
     def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
         self._send(APPLY, [_routed_arrays(r) for r in routed])
-        return lambda: [_result(r) for r in self._replies()]
+        return lambda: [_result(message) for message in self._replies()]
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         replies = self._call(ROWS, [{"ids": ids[owner == p], "layer": np.array(layer)}
@@ -167,7 +173,7 @@ class MpiWorkers:
     def _call(self, command: int, payloads: Iterable[dict[str, np.ndarray]]
               ) -> list[dict[str, np.ndarray]]:
         self._send(command, payloads)
-        return self._replies()
+        return [from_bytes(message) for message in self._replies()]
 
     def _send(self, command: int, payloads: Iterable[dict[str, np.ndarray]]) -> None:
         """The command and each worker's payload: the workers start on it as soon as
@@ -177,24 +183,34 @@ class MpiWorkers:
         elif self._outstanding >= (self.max_in_flight if command == APPLY else 1):
             raise RuntimeError(f"{self._outstanding} commands await their replies: "
                                "gather them first")
-        header = np.array([command], np.int64)
         if command in ONE_AT_A_TIME:  # the shards, one worker at a time, built as sent
-            self.comm.Ibcast(header, root=0).Wait()
+            self._sending.append(self._command(command, [NOTHING] * self.size))
+            self._complete()
             for rank, payload in enumerate(payloads, start=1):
                 _send(self.comm, payload, rank)
         else:
-            buffers = [np.zeros(0, np.uint8)] + [to_bytes(p) for p in payloads]
-            self._sending += [(self.comm.Ibcast(header, root=0), header),
-                              *_iscatter(self.comm, buffers)]
+            messages = [to_bytes(p) for p in payloads]
+            self._sending += [self._command(command, messages),
+                              *((self.comm.Isend([m, MPI.BYTE], dest=rank), m)
+                                for rank, m in enumerate(messages, start=1) if len(m))]
         self._outstanding += 1
 
-    def _replies(self) -> list[dict[str, np.ndarray]]:
-        """Every worker's reply to the oldest command outstanding, once they are all done
-        with it; then the command after it, if sent, has reached them too."""
-        replies = _gather(self.replies, np.zeros(0, np.uint8))[1:]
+    def _command(self, command: int, messages: list[np.ndarray]
+                 ) -> tuple[MPI.Request, object]:
+        """Start scattering each worker its header: ``command`` and the bytes of its
+        message in ``messages`` (sent apart, and only where not empty); the request, with
+        the buffers it must keep alive until done."""
+        header = np.array([[command, 0]] + [[command, len(m)] for m in messages], np.int64)
+        mine = np.empty(2, np.int64)
+        return self.comm.Iscatter(header, mine, root=0), (header, mine)
+
+    def _replies(self) -> list[np.ndarray]:
+        """Every worker's reply message to the oldest command outstanding, once they are
+        all done with it; then the command after it, if sent, has reached them too."""
+        replies = _gather(self.replies, NOTHING)[1:]
         self._outstanding -= 1
         self._complete()
-        return [from_bytes(b) for b in replies]
+        return replies
 
     def _complete(self) -> None:
         """Wait until the commands sent have reached every worker (their buffers may go)."""
@@ -262,29 +278,29 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str,
     peers = comm.Split(1, comm.Get_rank())
     replies = comm.Dup()
     shard: Shard | None = None
-    header = np.zeros(1, np.int64)
+    header = np.zeros(2, np.int64)
     while True:
-        comm.Ibcast(header, root=0).Wait()
-        command = int(header[0])
+        comm.Iscatter(None, header, root=0).Wait()  # (`MpiWorkers._command`)
+        command, size = header.tolist()
         if command not in NEW_SHARD:
-            payload = from_bytes(_scattered(comm))
+            message = _message(comm, size)
             if command == STOP:
                 return
-            reply = _execute(command, payload, shard, peers, copies)
+            reply = _execute(command, message, shard, peers, copies)
         else:
             shard = None  # replaced: never hold the old and the new one at once
             with freed_memory_returned():  # a partition's message and copies: GBs
                 payload = (_receive(comm) if command in ONE_AT_A_TIME
-                           else from_bytes(_scattered(comm)))
+                           else from_bytes(_message(comm, size)))
                 if command == READ:  # the state's model (this rank's model file may differ)
                     model.load_state_dict({k: torch.from_numpy(a) for k, a in
                                            under(payload, "weights/").items()})
                     layers = decompose(model)
                 shard = _new_shard(command, payload, layers, device, dtype, peers, copies)
                 payload = None
-            reply = {}
-        _gather(replies, to_bytes(reply))
-        reply = payload = None  # they may view the shard's tables (ARRAYS): not kept
+            reply = NOTHING
+        _gather(replies, reply)
+        reply = message = None  # not held while the next command is awaited (ARRAYS: GBs)
 
 
 def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, device: str,
@@ -308,13 +324,20 @@ def _folder(payload: dict[str, np.ndarray], copies: Checkpoints | None) -> Path:
     return folder if copies is None else copies.directory / folder.name
 
 
-def _execute(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: MPI.Comm,
-             copies: Checkpoints | None) -> dict[str, np.ndarray]:
-    """What a command on the worker's shard (or its copies of the checkpoints) replies."""
-    me = peers.Get_rank()
+def _execute(command: int, message: np.ndarray, shard: Shard, peers: MPI.Comm,
+             copies: Checkpoints | None) -> np.ndarray:
+    """The reply message to a command on the worker's shard (or its copies of the
+    checkpoints), ``message`` its payload."""
     if command == APPLY:
-        program = shard.run_routed(_routed(payload), me, peers.Get_size())
-        return _result_arrays(_drive(program, peers))
+        program = shard.run_routed(_routed(message), peers.Get_rank(), peers.Get_size())
+        return _result_message(_drive(program, peers))
+    return to_bytes(_answer(command, from_bytes(message), shard, peers, copies))
+
+
+def _answer(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: MPI.Comm,
+            copies: Checkpoints | None) -> dict[str, np.ndarray]:
+    """What a command other than a batch replies, as arrays."""
+    me = peers.Get_rank()
     if command == ROWS:
         ids, layer = payload["ids"], int(payload["layer"])
         return {"rows": shard.rows(shard.graph.slots(ids), layer)}
@@ -407,22 +430,13 @@ def _receive(comm: MPI.Comm) -> dict[str, np.ndarray]:
     return out
 
 
-def _iscatter(comm: MPI.Comm, buffers: list[np.ndarray]) -> list[tuple[MPI.Request, object]]:
-    """Rank 0 starts sending ``buffers[r]`` to each rank r (`_scattered` there); the
-    requests, each with the buffer it must keep alive until done."""
-    counts, mine = np.array([len(b) for b in buffers], np.int64), np.zeros(1, np.int64)
-    data, displacements = np.concatenate(buffers), _displacements(counts)
-    return [(comm.Iscatter(counts, mine, root=0), (counts, mine)),
-            (comm.Iscatterv([data, (counts, displacements), MPI.BYTE], data[:0], root=0),
-             (data, displacements))]
-
-
-def _scattered(comm: MPI.Comm) -> np.ndarray:
-    """This rank's buffer of rank 0's `_iscatter`."""
-    mine = np.zeros(1, np.int64)
-    comm.Iscatter(None, mine, root=0).Wait()
-    out = np.empty(int(mine[0]), np.uint8)
-    comm.Iscatterv(None, out, root=0).Wait()
+def _message(comm: MPI.Comm, size: int) -> np.ndarray:
+    """The ``size`` bytes of the message rank 0 sent this rank with a command's header
+    (none sent for an empty one)."""
+    if not size:
+        return NOTHING
+    out = np.empty(size, np.uint8)
+    comm.Recv([out, MPI.BYTE], source=0)
     return out
 
 
@@ -455,15 +469,24 @@ def _routed_arrays(r: Routed) -> dict[str, np.ndarray]:
             **{name: getattr(r, name) for name in _ROUTED_IDS}}
 
 
-def _routed(a: dict[str, np.ndarray]) -> Routed:
-    """`_routed_arrays` undone: the coordinator's split, taken as it was sent (its graph
-    checked the batch; the columns keep their dtypes on the wire)."""
-    if not a:
-        none = np.zeros(0, np.int64)
-        return Routed(UpdateBatch.unchecked(none.astype(np.int8), none, none,
-                                            np.zeros(0, np.float32), none,
-                                            np.zeros((0, 0), np.float32)),
-                      *[none] * len(_ROUTED_IDS))
+def _untouched() -> Routed:
+    """A partition's part of a batch that does not touch it: arrays of nothing."""
+    none = np.zeros(0, np.int64)
+    return Routed(UpdateBatch.unchecked(none.astype(np.int8), none, none,
+                                        np.zeros(0, np.float32), none,
+                                        np.zeros((0, 0), np.float32)),
+                  *[none] * len(_ROUTED_IDS))
+
+
+UNTOUCHED = _untouched()  # one for every batch (empty arrays: nothing in them to change)
+
+
+def _routed(message: np.ndarray) -> Routed:
+    """`_routed_arrays` undone, from its message: the coordinator's split, taken as it was
+    sent (its graph checked the batch; the columns keep their dtypes on the wire)."""
+    if not len(message):
+        return UNTOUCHED
+    a = from_bytes(message)
     return Routed(UpdateBatch.unchecked(a["op"], a["src"], a["dst"], a["w"], a["xrow"], a["x"]),
                   *(a[name] for name in _ROUTED_IDS))
 
@@ -479,16 +502,27 @@ def _partials(a: dict[str, np.ndarray]) -> dict:
             "num": int(a["num"]), "dst_part": a.get("dst_part")}
 
 
-def _result_arrays(r: ApplyResult) -> dict[str, np.ndarray]:
+_COUNTS = ("recomputed", "pulled", "pulled_columns", "remote_reads", "combined_messages")
+
+
+def _result_message(r: ApplyResult) -> np.ndarray:
+    """A shard's `ApplyResult` as its reply: int64s, namely the L layers counted, the
+    first layer driven to NaN or inf (0: none), the n label changes, the `_COUNTS` (L
+    each), then the changes' ids, old and new labels (n each): an idle shard's reply is
+    3 + 5 L numbers."""
     changes = r.changed_labels
-    return {"ids": changes.ids, "old": changes.old, "new": changes.new,
-            "counts": np.array([r.recomputed, r.pulled, r.pulled_columns, r.remote_reads,
-                                r.combined_messages], np.int64),
-            "non_finite": np.array(r.non_finite)}
+    head = [len(r.recomputed), r.non_finite, len(changes.ids)]
+    head += [count for name in _COUNTS for count in getattr(r, name)]
+    return np.concatenate([np.array(head, np.int64), changes.ids, changes.old,
+                           changes.new]).view(np.uint8)
 
 
-def _result(a: dict[str, np.ndarray]) -> ApplyResult:
-    changes = ChangedLabels(a["ids"], a["old"], a["new"])
-    recomputed, pulled, columns, remote, combined = (row.tolist() for row in a["counts"])
-    return ApplyResult(changes, [], recomputed, pulled, remote, combined,
-                       int(a["non_finite"]), columns)
+def _result(message: np.ndarray) -> ApplyResult:
+    """`_result_message` undone (the label changes view the message)."""
+    row = message.view(np.int64)
+    layers, non_finite, n = row[:3].tolist()
+    end = 3 + len(_COUNTS) * layers
+    counts = row[3:end].reshape(len(_COUNTS), layers).tolist()
+    ids, old, new = row[end:].reshape(3, n)
+    return ApplyResult(ChangedLabels(ids, old, new), [], non_finite=non_finite,
+                       **dict(zip(_COUNTS, counts, strict=True)))

@@ -28,6 +28,7 @@ routing only; must not import torch, kafka or mpi4py.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from streamgnn.graph import DynamicGraph, GraphDiff
-from streamgnn.graph.batch import sorted_position
+from streamgnn.graph.batch import copy_row, sorted_position
 from streamgnn.updates import (
     ADD_EDGE,
     ADD_VERTEX,
@@ -288,13 +289,16 @@ class Placement:
         assert read == (len(b), len(w), len(xfrom)), "items and their columns out of step"
         op, a, b, w, xrow, xs = columns
         ext = graph.ext  # (ghosts go to their holder, (un)subscriptions to the owner)
-        ghosts = _grouped(ghost_at, ghost_src, self.part[ghost_src], n, ext)
-        subscribed = _grouped(self.part[ghost_src], ghost_src, ghost_at, n, ext)
-        unsubscribed = _grouped(self.part[drop_src], drop_src, drop_at, n, ext)
+        ghosts = _by_partition(*_grouped(ghost_at, ghost_src, self.part[ghost_src], n, ext))
+        subscribed = _by_partition(*_grouped(self.part[ghost_src], ghost_src, ghost_at, n,
+                                             ext))
+        unsubscribed = _by_partition(*_grouped(self.part[drop_src], drop_src, drop_at, n,
+                                               ext))
+        cut, xcut = bounds.tolist(), xbounds.tolist()  # (Python ints slice quicker)
         return [Routed(UpdateBatch.unchecked(
-            *(c[bounds[q]:bounds[q + 1]] for c in (op, a, b, w, xrow)),
-            xs[xbounds[q]:xbounds[q + 1]]), *_of(ghosts, q), *_of(subscribed, q),
-            *_of(unsubscribed, q)) for q in range(n)]
+            op[cut[q]:cut[q + 1]], a[cut[q]:cut[q + 1]], b[cut[q]:cut[q + 1]],
+            w[cut[q]:cut[q + 1]], xrow[cut[q]:cut[q + 1]], xs[xcut[q]:xcut[q + 1]]),
+            *ghosts[q], *subscribed[q], *unsubscribed[q]) for q in range(n)]
 
     def _place(self, graph: DynamicGraph, diff: GraphDiff) -> np.ndarray:
         """Owners for the vertices ``diff`` added (sorted: `GraphDiff`)."""
@@ -331,7 +335,7 @@ def _split(owner, op, a, b, w, xfrom, parts, ext, x):
     at, xat = bounds[:-1].copy(), xbounds[:-1].copy()
     op_out, a_out, b_out = np.empty(n, np.int8), np.empty(n, np.int64), np.zeros(n, np.int64)
     w_out, xrow = np.zeros(n, np.float32), np.full(n, NO_X, np.int64)
-    x_out = np.zeros((xbounds[-1], x.shape[1]), np.float32)
+    x_out = np.empty((xbounds[-1], x.shape[1]), np.float32)  # (each row written below)
     kb = kw = kx = 0
     for k in range(n):
         q = owner[k]
@@ -348,7 +352,7 @@ def _split(owner, op, a, b, w, xfrom, parts, ext, x):
             r = xat[q]
             xat[q] += 1
             xrow[i] = r - xbounds[q]
-            x_out[r] = x[xfrom[kx]]
+            copy_row(x_out, r, x, xfrom[kx])
             kx += 1
     return (kb, kw, kx), bounds, xbounds, op_out, a_out, b_out, w_out, xrow, x_out
 
@@ -371,11 +375,10 @@ def _grouped(to, slots, other, parts, ext):
     return bounds, ids, others
 
 
-def _of(grouped: tuple[np.ndarray, np.ndarray, np.ndarray], q: int
-        ) -> tuple[np.ndarray, np.ndarray]:
-    """Partition ``q``'s pairs of `_grouped`'s."""
-    bounds, ids, others = grouped
-    return ids[bounds[q]:bounds[q + 1]], others[bounds[q]:bounds[q + 1]]
+def _by_partition(bounds: np.ndarray, ids: np.ndarray, others: np.ndarray
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each partition's pairs of `_grouped`'s."""
+    return [(ids[i:j], others[i:j]) for i, j in itertools.pairwise(bounds.tolist())]
 
 
 @njit(cache=True)
