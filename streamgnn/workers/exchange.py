@@ -35,19 +35,12 @@ _HEADER = np.dtype([("n", "<i8"), ("dim", "<i8"), ("itemsize", "<i8"), ("weights
 _HEADER_BYTES = _HEADER.itemsize
 
 
-def packed(n: int, dim: int, dtype: np.dtype, weighted: bool) -> tuple[np.ndarray, Ghosts]:
-    """A buffer for ``n`` rows of ``dim`` values of ``dtype`` (and in-degrees where
-    ``weighted``) with its header written, and `Ghosts` viewing the ids, rows and
-    in-degrees in it, to be filled (a sender writes them in place: no copy)."""
-    itemsize = np.dtype(dtype).itemsize
-    buffer = np.empty(_HEADER.itemsize + n * (8 + dim * itemsize + 8 * weighted), np.uint8)
-    buffer[:_HEADER.itemsize].view("<i8")[:] = (n, dim, itemsize, weighted)  # (`_HEADER`)
-    return buffer, _views(buffer, n, dim, itemsize, weighted)
+NO_WEIGHTS = np.zeros(0, np.float64)  # `pack_many`'s in-degrees where none go (read only)
 
 
 @njit(cache=True)
 def pack_many(counts, slots, rows, at, ids, in_weight, weighted):
-    """`packed` buffers for several destinations, filled, in one allocation: destination q
+    """`pack` buffers for several destinations, filled, in one allocation: destination q
     is sent ``counts[q]`` of ``slots`` (those of q after those of q - 1), each with its id
     ``ids[slot]``, its row ``rows[at[k]]`` (k: its position in ``slots``) and, where
     ``weighted``, its in-degree ``in_weight[slot]``. Returns the allocation and each
@@ -101,13 +94,13 @@ def pack(ghosts: Ghosts | None) -> np.ndarray:
     """``ghosts`` as one uint8 buffer (empty for None)."""
     if ghosts is None or not len(ghosts.ids):
         return np.zeros(0, np.uint8)
-    rows = np.asarray(ghosts.rows)
-    buffer, into = packed(len(ghosts.ids), rows.shape[1], rows.dtype,
-                          ghosts.in_weight is not None)
-    into.ids[:], into.rows[:] = ghosts.ids, rows
-    if ghosts.in_weight is not None:
-        into.in_weight[:] = ghosts.in_weight
-    return buffer
+    every = np.arange(len(ghosts.ids))
+    weighted = ghosts.in_weight is not None
+    buffer, _, sizes = pack_many(
+        np.array([len(every)]), every, np.ascontiguousarray(ghosts.rows), every,
+        np.asarray(ghosts.ids, np.int64),
+        np.asarray(ghosts.in_weight, np.float64) if weighted else NO_WEIGHTS, weighted)
+    return buffer[:sizes[0]]
 
 
 def unpack(buffer: np.ndarray) -> Ghosts | None:

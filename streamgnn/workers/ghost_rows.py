@@ -50,7 +50,7 @@ def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarra
 
 
 def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[np.ndarray]:
-    """Per partition, packed (`exchange.packed`; empty for none), the rows of layer
+    """Per partition, packed (`exchange.pack`; empty for none), the rows of layer
     ``hop`` as stored (z where the shard keeps it) it holds as ghosts and whose h
     changed in the batch ``b`` (or that it began to hold). A ghost's z may lag its
     owner's where z moved and h did not: its activation is the same h, bit for bit.

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from streamgnn.graph.idmap import get_many
 from streamgnn.prefetch import AHEAD, prefetch_row
-from streamgnn.workers.exchange import pack_many
+from streamgnn.workers.exchange import NO_WEIGHTS, pack_many
 from streamgnn.workers.placement import holder_bit
 from streamgnn.workers.slotsets import find_marked, union_marked
 
@@ -107,7 +107,7 @@ def rows_for(me: int, partitions: int, moved: np.ndarray, owned: np.ndarray,
              table: Tensor, ext: np.ndarray, in_weight: np.ndarray | None, mark: np.ndarray,
              scratch: np.ndarray) -> list[np.ndarray]:
     """What partition ``me`` sends each partition q of the rows in ``table`` (by slot),
-    packed (`exchange.packed`; empty for nothing, and for ``me``): those of the ``moved``
+    packed (`exchange.pack`; empty for nothing, and for ``me``): those of the ``moved``
     slots that are ``owned`` and that q holds (`placement.held_by` of ``holders``), and of
     the ``subscribed`` slots whose ``subscribers`` entry is q (it began to hold them), in
     slot order, with their external ids (``ext``) and, given ``in_weight``, their
@@ -122,12 +122,11 @@ def rows_for(me: int, partitions: int, moved: np.ndarray, owned: np.ndarray,
     rows, at = gather(table, slots)
     weighted = in_weight is not None
     buffer, offsets, sizes = pack_many(counts, slots, rows, at, ext,
-                                       in_weight if weighted else _NO_WEIGHTS, weighted)
+                                       in_weight if weighted else NO_WEIGHTS, weighted)
     return [buffer[o:o + n] if n else none
             for o, n in zip(offsets.tolist(), sizes.tolist(), strict=True)]
 
 
-_NO_WEIGHTS = np.zeros(0, np.float64)  # (read only)
 
 
 def gather_rows_numba(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
