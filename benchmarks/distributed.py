@@ -187,7 +187,7 @@ def cut_adds(engine: Engine, batch) -> int:
     """Edges the batch added (and kept) whose ends different partitions own."""
     adds = batch.op == ADD_EDGE
     src, dst = batch.src[adds], batch.dst[adds]
-    live = engine.graph.contains(src) & engine.graph.contains(dst)
+    live = engine.contains(src) & engine.contains(dst)
     return int((engine.partition_of(src[live]) != engine.partition_of(dst[live])).sum())
 
 

@@ -80,8 +80,17 @@ def peak_rss_mb() -> float:
 
 
 def engine_bytes(engine: Engine) -> int:
-    graph = engine.graph.nbytes()
-    return table_bytes(engine) + graph["structure"] + graph["features"]
+    """The engine's state: its tables and its graph; with partitions, the shards' graphs
+    (ghosts included) and the coordinator's directory."""
+    if engine.placement is None:
+        return table_bytes(engine) + _graph_bytes(engine.graph)
+    return (table_bytes(engine) + sum(_graph_bytes(shard.graph) for shard in engine.shards)
+            + engine.directory.nbytes)
+
+
+def _graph_bytes(graph: sg.DynamicGraph) -> int:
+    parts = graph.nbytes()
+    return parts["structure"] + parts["features"]
 
 
 def memory(label: str, name: str, weighted: bool, layers: int, split) -> dict:

@@ -63,13 +63,22 @@ BLOCK = 10  # batches of one kind in a row
 
 
 # ---------------------------------------------------------------- the batches
-def quiet_targets(engine: Engine, q: int) -> np.ndarray:
-    """Slots of partition ``q`` whose out-neighbourhood up to L-1 hops is owned by ``q``
-    and held by no other partition: an edge into one stays in ``q`` for L supersteps."""
-    g, placement = engine.graph, engine.placement
+def owners(engine: Engine, g: sg.DynamicGraph) -> np.ndarray:
+    """The partition owning each slot of ``g`` (-1: free)."""
+    part = np.full(g.num_slots, -1)
+    part[g.vertex_slots()] = engine.partition_of(g.vertex_ids())
+    return part
+
+
+def quiet_targets(engine: Engine, g: sg.DynamicGraph, q: int) -> np.ndarray:
+    """Slots of ``g`` (the graph ``engine`` bootstrapped from, as it was then) in partition
+    ``q`` whose out-neighbourhood up to L-1 hops is owned by ``q`` and held by no other
+    partition: an edge into one stays in ``q`` for L supersteps."""
     n = g.num_slots
-    ok = g.alive[:n] & (placement.part[:n] == q) & (placement.holders[:n] == 0)
+    part = owners(engine, g)
     src, dst, _ = g.edge_slots()
+    ok = g.alive[:n] & (part == q)
+    ok[src[part[src] != part[dst]]] = False  # held as a ghost elsewhere
     for _ in range(engine.num_layers - 1):
         reaches_out = np.zeros(n, bool)
         reaches_out[src[~ok[dst]]] = True
@@ -77,13 +86,13 @@ def quiet_targets(engine: Engine, q: int) -> np.ndarray:
     return np.flatnonzero(ok)
 
 
-def local_batches(engine: Engine, parts: list[int], size: int, pairs: int,
-                  rng: np.random.Generator) -> list[sg.UpdateBatch]:
+def local_batches(engine: Engine, g: sg.DynamicGraph, parts: list[int], size: int,
+                  pairs: int, rng: np.random.Generator) -> list[sg.UpdateBatch]:
     """``pairs`` pairs of batches: ``size`` new edges into each of ``parts`` (from a vertex
     of the same partition to one of its `quiet_targets`), then the same edges deleted."""
-    g, part = engine.graph, engine.placement.part
+    part = owners(engine, g)
     live = g.vertex_slots()
-    pools = {q: (live[part[live] == q], quiet_targets(engine, q)) for q in parts}
+    pools = {q: (live[part[live] == q], quiet_targets(engine, g, q)) for q in parts}
     out = []
     for _ in range(pairs):
         src, dst = [], []
@@ -102,16 +111,17 @@ def local_batches(engine: Engine, parts: list[int], size: int, pairs: int,
     return out
 
 
-def blocks(engine: Engine, size: int, count: int, seed: int
+def blocks(engine: Engine, snapshot: sg.GraphData, size: int, count: int, seed: int
            ) -> list[tuple[str, sg.UpdateBatch]]:
-    """``count`` batches or more, "one" (partition 0's) and "all" (every partition's) in
-    alternating blocks of `BLOCK`."""
-    rng = np.random.default_rng(seed)
+    """``count`` batches or more for ``engine`` just bootstrapped from ``snapshot``, "one"
+    (partition 0's) and "all" (every partition's) in alternating blocks of `BLOCK`."""
+    rng, g = np.random.default_rng(seed), sg.DynamicGraph.from_data(snapshot)
     every = list(range(engine.num_partitions))
     out = []
     while len(out) < count:
         for kind, parts in (("one", [0]), ("all", every)):
-            out += [(kind, b) for b in local_batches(engine, parts, size, BLOCK // 2, rng)]
+            out += [(kind, b) for b in local_batches(engine, g, parts, size, BLOCK // 2,
+                                                     rng)]
     return out
 
 
@@ -179,7 +189,7 @@ def in_process(args: argparse.Namespace, model: torch.nn.Module, snapshot) -> di
     for p, shard in enumerate(engine.shards):
         time_steps(shard, steps[p], (lambda: profile if profiling[0] else None) if p == 1
                    else None)
-    batches = blocks(engine, args.batch_size, args.batches, seed=0)
+    batches = blocks(engine, snapshot, args.batch_size, args.batches, seed=0)
     for _, batch in batches[:2 * BLOCK]:  # warm
         engine.apply(batch)
     per_batch = {kind: [[] for _ in engine.shards] for kind in ("one", "all")}
@@ -195,7 +205,7 @@ def in_process(args: argparse.Namespace, model: torch.nn.Module, snapshot) -> di
     alone = []
     for _ in range(len(batches)):
         steps[1].clear()
-        drive(engine.shards[1].run_routed(nothing_routed(engine.graph.num_features), 1,
+        drive(engine.shards[1].run_routed(nothing_routed(engine.num_features), 1,
                                           args.partitions), args.partitions)
         alone.append(sum(steps[1]))
     nothing: list[float] = []
@@ -300,7 +310,7 @@ def rank_job(args: argparse.Namespace) -> None:
 
     def main(workers) -> dict:
         engine = Engine.from_pyg(model, snapshot, partitions=workers.size, workers=workers)
-        batches = blocks(engine, args.batch_size, args.batches, seed=0)
+        batches = blocks(engine, snapshot, args.batch_size, args.batches, seed=0)
         batches = batches[:2 * BLOCK] + batches  # the first blocks warm
         walls = []
         for _, batch in batches:

@@ -50,8 +50,9 @@ from rich.table import Table
 import streamgnn as sg
 from streamgnn import cores
 from streamgnn.graph import DynamicGraph
+from streamgnn.graph.directory import Directory
 from streamgnn.models import aggr
-from streamgnn.workers import Engine, Placement, fold, ghost_rows, shard, superstep, tables
+from streamgnn.workers import Engine, fold, ghost_rows, shard, superstep, tables
 
 # a batch's steps and kernels, each timed where its callers look it up
 STEPS = ((shard.Shard, ("_begin", "_finish", "_label_changes")),
@@ -230,7 +231,7 @@ def main() -> None:
         for name in names:
             timed(owner, name, spent, calls)
     for owner, name in ((Engine, "submit"), (Engine, "collect"), (DynamicGraph, "apply"),
-                        (Placement, "route"), (aggr.SumAggregation, "fold"),
+                        (Directory, "decide"), (aggr.SumAggregation, "fold"),
                         (type(engine.layers[0]), "rel_root")):
         timed(owner, name, spent, calls)
     start = time.perf_counter()

@@ -674,7 +674,7 @@ def mixed(engine: sg.Engine, wl: Workload, pool: list[Request], size: int, qrate
             continue
         req, pyd = queries[i % len(queries)]
         other = np.where(req.src >= n0, req.dst, req.src)  # the existing end (or a query)
-        gone = (other < n0) & ~engine.graph.contains(snap.ids[np.minimum(other, n0 - 1)])
+        gone = (other < n0) & ~engine.contains(snap.ids[np.minimum(other, n0 - 1)])
         if gone.any():  # LinkBench deleted some of the request's neighbors since
             keep = ~gone
             pyd = sg.QueryColumns(pyd.ids, pyd.x, pyd.src[keep], pyd.dst[keep],

@@ -1,27 +1,29 @@
 """The coordinator's own work per batch, measured alone: `Engine.submit` on an engine
-whose shards do nothing, so that what is timed is validating and applying the batch to
-the whole graph (`DynamicGraph.apply`), splitting its net change among the partitions
-(`Placement.route`, P > 1) and the rest of `submit` around them.
+whose workers do nothing, so that what is timed is deciding the batch's vertex questions
+in the vertex directory (`Directory.decide`), cutting it into the partitions' shares
+(`placement.shares`) and the rest of `submit` around them. The coordinator holds no
+graph: the edges' questions are the partitions' (docs/architecture.md "Partitions and MPI
+ranks").
 
     python benchmarks/router.py [--preset arxiv-like] [--partitions 1 2 4 8 16]
                                 [--batch-size 1000] [--batches 200] [--warm-up 10]
     python benchmarks/router.py --digest [--batches 300] [--partitions 1 2 4 16]
 
 For each P: the graph is loaded from the arxiv-like 80 % snapshot and placed by METIS as
-`Engine.from_pyg` does (GraphConv sum, 2 layers: the model only has to be decomposed);
-the LinkBench batches (adds replay the held-out 20 %) are made first, on a graph of their
-own, and the same batches go to every P in order, so each is valid where it is applied.
-Per batch, the thread's CPU time in `graph.apply` (a), `placement.route` (b) and the rest
-of `submit` (c: submit less a and b; the shards' `submit` is a stub that returns at once)
-is timed, CPU time so that other processes on a shared machine inflate it less, and
-`submit`'s wall time beside it; printed in microseconds per update, median and p90 over
-the batches, with the ratio of a + b + c to the goal of 1 us per update. Freed memory is
-kept for reuse, as `serve` does (`keep_freed_memory`). Writes
-benchmarks/results/router.json.
+`Engine.from_pyg` does (GraphConv sum, 2 layers: the model only has to be decomposed), with
+workers elsewhere (as under MPI: P = 1 is one worker); the LinkBench batches (adds replay
+the held-out 20 %) are made first, on a graph of their own, and the same batches go to
+every P in order, so each is valid where it is applied. Per batch, the thread's CPU time in
+`Directory.decide` (a), `shares` (b) and the rest of `submit` (c: submit less a and b; the
+workers' `submit` is a stub that returns at once) is timed, CPU time so that other
+processes on a shared machine inflate it less, and `submit`'s wall time beside it; printed
+in microseconds per update, median and p90 over the batches, with the ratio of a + b + c
+to the goal of 1 us per update. Freed memory is kept for reuse, as `serve` does
+(`keep_freed_memory`). Writes benchmarks/results/router.json.
 
-``--digest`` instead prints, per P, a SHA-256 over every batch's rejections, the graph's
-net change (`GraphDiff`) and, for P > 1, the routed batches, ghosts and subscriptions
-(`Routed`): two runs that print the same digests split the same batches the same way.
+``--digest`` instead prints, per P, a SHA-256 over every batch's rejections (the
+directory's) and the partitions' shares (`Routed`): two runs that print the same digests
+split the same batches the same way.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from rich.console import Console
 from rich.table import Table
 
 from streamgnn.allocator import keep_freed_memory
-from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph import DynamicGraph
+from streamgnn.graph.directory import Directory
 from streamgnn.updates import UpdateBatch
-from streamgnn.workers import Engine, Placement
+from streamgnn.workers import Engine
+from streamgnn.workers import engine as engine_module
 from streamgnn.workers.placement import Routed
 
 GOAL_US = 1.0  # per update
@@ -49,17 +53,16 @@ GOAL_US = 1.0  # per update
 
 class Idle:
     """Workers that take a batch and do nothing: the coordinator's side of `submit`
-    alone. Keeps the last diff or routed batches it was given."""
+    alone. Keeps the last shares it was given."""
 
-    size = 1
     max_in_flight = 1
 
-    def __init__(self) -> None:
-        self.given: GraphDiff | list[Routed] | None = None
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.given: list[Routed] = []
 
-    def submit_diff(self, diff: GraphDiff) -> Callable[[], list]:
-        self.given = diff
-        return list
+    def bootstrap(self, cut, recompute: bool) -> None:
+        pass
 
     def submit(self, routed: list[Routed]) -> Callable[[], list]:
         self.given = routed
@@ -68,12 +71,10 @@ class Idle:
 
 def coordinator(model, snapshot, partitions: int) -> tuple[Engine, Idle]:
     """An engine over ``snapshot`` in ``partitions`` (placed as `Engine.from_pyg` places
-    them) whose shards are `Idle`; with one partition, no placement (as in one process)."""
-    engine = Engine.__new__(Engine)
-    engine._attach(model, DynamicGraph.from_data(snapshot), "cpu")
-    engine.placement = (None if partitions == 1
-                        else Placement.initial(engine.graph, partitions, "metis"))
-    engine._workers = idle = Idle()
+    them) whose workers are `Idle`."""
+    idle = Idle(partitions)
+    engine = Engine(model, DynamicGraph.from_data(snapshot), partitions=partitions,
+                    workers=idle)
     return engine, idle
 
 
@@ -105,27 +106,27 @@ class Clock:
 
 def run(model, snapshot, batches: list[UpdateBatch], partitions: int, warm_up: int
         ) -> dict[str, list[float]]:
-    """Per batch after ``warm_up``: CPU seconds in `graph.apply`, `route` and the rest of
-    `submit`, and `submit`'s wall seconds."""
+    """Per batch after ``warm_up``: CPU seconds in `Directory.decide`, `shares` and the
+    rest of `submit`, and `submit`'s wall seconds."""
     engine, _ = coordinator(model, snapshot, partitions)
-    apply, route = Clock(DynamicGraph, "apply"), Clock(Placement, "route")
-    out: dict[str, list[float]] = {"apply": [], "route": [], "rest": [], "wall": []}
+    decide, share = Clock(Directory, "decide"), Clock(engine_module, "shares")
+    out: dict[str, list[float]] = {"decide": [], "shares": [], "rest": [], "wall": []}
     try:
         for k, batch in enumerate(batches):
-            apply.take(), route.take()
+            decide.take(), share.take()
             start, cpu = time.perf_counter(), time.thread_time()
             engine.submit(batch, skip_invalid=True)
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - start
             engine._in_flight.clear()
-            a, r = apply.take(), route.take()
+            a, b = decide.take(), share.take()
             if k >= warm_up:
-                out["apply"].append(a)
-                out["route"].append(r)
-                out["rest"].append(cpu - a - r)
+                out["decide"].append(a)
+                out["shares"].append(b)
+                out["rest"].append(cpu - a - b)
                 out["wall"].append(wall)
     finally:
-        apply.remove()
-        route.remove()
+        decide.remove()
+        share.remove()
     return out
 
 
@@ -142,16 +143,14 @@ def _arrays(value) -> list[np.ndarray]:
 
 
 def digest(model, snapshot, batches: list[UpdateBatch], partitions: int) -> str:
-    """SHA-256 over each batch's rejections, net change and routed parts."""
+    """SHA-256 over each batch's rejections and shares."""
     engine, idle = coordinator(model, snapshot, partitions)
     h = hashlib.sha256()
     for batch in batches:
         engine.submit(batch, skip_invalid=True)
-        engine._in_flight.clear()
-        diff = engine.last_diff
-        h.update(repr([(type(e).__name__, str(e)) for e in diff.rejected]).encode())
-        parts = [diff] if partitions == 1 else [diff, *idle.given]
-        for part in parts:
+        flight = engine._in_flight.pop()
+        h.update(repr([(type(e).__name__, str(e)) for e in flight.rejected]).encode())
+        for part in idle.given:
             for a in _arrays(part):
                 h.update(f"{a.dtype}{a.shape}".encode())
                 h.update(np.ascontiguousarray(a).tobytes())
@@ -166,7 +165,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--warm-up", type=int, default=10)
     parser.add_argument("--digest", action="store_true",
-                        help="print a hash of every batch's diff and routed parts per P")
+                        help="print a hash of every batch's rejections and shares per P")
     parser.add_argument("--out", default="benchmarks/results/router.json")
     args = parser.parse_args()
     keep_freed_memory()  # as `serve` does
@@ -184,7 +183,7 @@ def main() -> None:
     for p in args.partitions:
         per = {k: np.array(v) / args.batch_size * 1e6
                for k, v in run(model, snapshot, batches, p, args.warm_up).items()}
-        per["total"] = per["apply"] + per["route"] + per["rest"]
+        per["total"] = per["decide"] + per["shares"] + per["rest"]
         rows.append({"partitions": p, **{f"{k}_us": {"median": float(np.median(v)),
                                                      "p90": float(np.percentile(v, 90))}
                                          for k, v in per.items()}})
@@ -192,12 +191,12 @@ def main() -> None:
     table = Table(title=f"{args.preset}, bs={args.batch_size}, {args.batches} batches: the "
                         "coordinator's work per update, us of CPU time (median / p90), and "
                         "submit's wall time")
-    for col in ("P", "graph.apply", "route", "rest of submit", "total", "total / goal",
+    for col in ("P", "Directory.decide", "shares", "rest of submit", "total", "total / goal",
                 "wall"):
         table.add_column(col, justify="right")
     for r in rows:
         cells = [f"{r[k]['median']:.3f} / {r[k]['p90']:.3f}"
-                 for k in ("apply_us", "route_us", "rest_us", "total_us")]
+                 for k in ("decide_us", "shares_us", "rest_us", "total_us")]
         table.add_row(str(r["partitions"]), *cells,
                       f"{r['total_us']['median'] / GOAL_US:.2f}x",
                       f"{r['wall_us']['median']:.3f} / {r['wall_us']['p90']:.3f}")

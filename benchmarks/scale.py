@@ -3,15 +3,23 @@ worker ranks.
 
     python benchmarks/scale.py --dataset products-like                # one process
     mpiexec -n 5 python benchmarks/scale.py --dataset products-like   # 4 workers
+    streamgnn datasets partition --dataset arxiv-like --parts 4 --holdout 0.2 -o parts
+    mpiexec -n 5 python benchmarks/scale.py --dataset arxiv-like --partitions-from parts
 
 Rank 0 builds the graph (the 80 % snapshot); in one process the engine bootstraps it
 there; under mpiexec rank 0 places it (METIS) and sends each worker its partition, and the
 workers compute their first state layer by layer, exchanging ghost rows between layers.
-Then LinkBench batches of ``--batch`` updates are streamed (the kernels compiled first,
-`sg.warm_up`). Prints and writes (benchmarks/results/scale-<preset>-<model>-<workers>w.json,
-0 workers: one process): bootstrap seconds, engine state, updates/s, the slowest batch
-(one that grows the tables), and the peak resident memory of every rank (rank 0's also
-as it stood after the bootstrap).
+With ``--partitions-from`` (the snapshot written as partition files) rank 0 reads the
+map alone (and the labels, a part at a time, for the model's classes) and each worker its
+own file (`Engine.from_partitions`). Then LinkBench batches of ``--batch`` updates are
+streamed (the kernels compiled first, `sg.warm_up`); from partition files, where no rank
+holds the whole graph to draw them from, batches of random edges between the vertices
+and random features (half each; duplicate edges left out). Prints and writes
+(benchmarks/results/scale-<preset>-<model>-<workers>w.json, 0 workers: one process;
+``-files`` from partition files): bootstrap seconds, engine state, updates/s, the slowest
+batch (one that grows the tables), and the peak resident memory of every rank (rank 0's also
+as it stood after the bootstrap). Under mpiexec rank 0 keeps the graph after the
+bootstrap only to draw the batches from (its engine keeps the directory alone).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +42,7 @@ from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.workers import Engine
 from streamgnn.workers.mpi import spmd
+from streamgnn.workers.partition_files import read_map, sizes
 
 
 def main() -> None:
@@ -43,13 +53,20 @@ def main() -> None:
     parser.add_argument("--model", default="graphconv-sum")
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--partitions-from", type=Path, metavar="DIR",
+                        help="start from the partition files of --dataset's snapshot in DIR "
+                             "(`streamgnn datasets partition --holdout 0.2`), not the dataset")
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()  # as `streamgnn serve` runs the engine
     comm = MPI.COMM_WORLD
     meta = np.zeros(2, np.int64)  # features, classes: rank 0 knows them
-    graph, name = None, None
-    if comm.Get_rank() == 0:
+    graph, name, folder = None, None, args.partitions_from
+    if comm.Get_rank() == 0 and folder is not None:
+        name, parts = Path(args.dataset).stem, read_map(folder).parts
+        meta[:] = sizes(folder, parts)[0], _classes(folder, parts)
+        print(f"{name}: {parts} partition files in {folder}", flush=True)
+    elif comm.Get_rank() == 0:
         t = time.perf_counter()
         data = sg.datasets.open_dataset(args.dataset, seed=0)
         name, classes = data.name, data.num_classes
@@ -67,20 +84,31 @@ def main() -> None:
     def run(workers) -> dict:
         sg.warm_up(model, partitions=1 if workers is None else 2)  # compiled first, untimed
         t = time.perf_counter()
-        engine = (Engine(model, graph) if workers is None else
-                  Engine(model, graph, partitions=workers.size, workers=workers))
+        if folder is not None:
+            engine = Engine.from_partitions(model, folder, workers=workers)
+        elif workers is None:
+            engine = Engine(model, graph)
+        else:
+            engine = Engine(model, graph, partitions=workers.size, workers=workers)
         bootstrap = time.perf_counter() - t
         print(f"bootstrapped in {bootstrap:.0f} s", flush=True)
-        workload = LinkBenchWorkload(engine.graph, seed=1)
+        if folder is not None:
+            draw = _random_updates(engine.vertex_ids(), engine.num_features, seed=1)
+        else:
+            workload = LinkBenchWorkload(graph, seed=1)
+            # in one process the engine applies each batch to this graph; under mpiexec the
+            # engine let go of it (the workers have their partitions): the workload
+            # applies them
+            draw = workload.batch if workers is None else workload.applied
         peak_bootstrapped, times = peak_rss_mb(), []
         for _ in range(args.batches):
-            batch = sg.UpdateBatch.from_updates(workload.batch(args.batch),
-                                                engine.graph.num_features)
+            batch = sg.UpdateBatch.from_updates(draw(args.batch), engine.num_features)
             t = time.perf_counter()
-            engine.apply(batch)
+            engine.apply(batch, skip_invalid=True)
             times.append(time.perf_counter() - t)
         stats = engine.stats()
         return {"dataset": name, "model": args.model,
+                "source": "dataset" if folder is None else "partition files",
                 "workers": 0 if workers is None else workers.size,
                 "bootstrap_s": bootstrap, "engine_state_mb": (
                     engine_bytes(engine) / 2**20 if workers is None else None),
@@ -97,10 +125,36 @@ def main() -> None:
     if comm.Get_rank() == 0:
         result["peak_rss_mb"] = peaks
         print(json.dumps(result, indent=2), flush=True)
-        out = Path(f"benchmarks/results/scale-{name}-{args.model}-"
-                   f"{result['workers']}w.json")
+        out = Path(f"benchmarks/results/scale-{name}-{args.model}-{result['workers']}w"
+                   f"{'' if folder is None else '-files'}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
+
+
+def _classes(folder: Path, parts: int) -> int:
+    """The classes of the vertices' labels in the partition files (a part's at a time)."""
+    most = -1
+    for p in range(parts):
+        with np.load(folder / f"part-{p}.npz", allow_pickle=False) as npz:
+            most = max(most, int(npz["y"].max(initial=-1)))
+    return most + 1
+
+
+def _random_updates(ids: np.ndarray, num_features: int, seed: int
+                    ) -> Callable[[int], list[sg.Update]]:
+    """``draw(size)``: half edges between random vertices of ``ids`` (unit weight; one
+    already there is left out when applied), half random features of random vertices."""
+    rng = np.random.default_rng(seed)
+
+    def draw(size: int) -> list[sg.Update]:
+        edges, features = size // 2, size - size // 2
+        ends = rng.choice(ids, (edges, 2)).tolist()
+        rows = rng.standard_normal((features, num_features)).astype(np.float32).tolist()
+        return ([sg.AddEdge(src=a, dst=b) for a, b in ends]
+                + [sg.UpdateFeatures(id=v, x=row)
+                   for v, row in zip(rng.choice(ids, features).tolist(), rows, strict=True)])
+
+    return draw
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def per_shard_work(split, parts: list[int], size: int, batches: int) -> dict[int
                   "max_sent_bytes": np.median(sent, axis=0).tolist(),
                   "one_process_s": float(np.median(walls)),
                   "state_bytes": engine_bytes(engine),
-                  "vertices": engine.graph.num_vertices, "edges": engine.graph.num_edges,
+                  "vertices": engine.num_vertices, "edges": engine.num_edges,
                   "halo": sum(s["halo"] for s in engine.stats())}
         console.print(p, out[p])
         del engine

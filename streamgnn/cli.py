@@ -379,6 +379,8 @@ def serve(
     partitions: Annotated[int, setting("partitions", "--partitions",
                                         envvar="STREAMGNN_PARTITIONS")] = SERVE.partitions,
     placement: PlacementOpt = SERVE.placement,
+    partitions_from: Annotated[Path | None, setting("partitions_from", "--partitions-from")
+                               ] = SERVE.partitions_from,
     until_idle: Annotated[float | None, setting("until_idle", "--until-idle")
                           ] = SERVE.until_idle,
     max_abs_feature: Annotated[float, setting("max_abs_feature", "--max-abs-feature",

@@ -155,7 +155,7 @@ def _view(service: Service, feed: _LabelFeed, total: int) -> Group:
 
 def _check(engine: Engine, model_file: ModelFile, full: GraphData,
            device: str) -> list[tuple[str, str]]:
-    current = engine.graph.to_data()
+    current = engine.to_data()
     t = time.perf_counter()
     ref = pyg_forward(model_file.model().to(device), current, device)
     t_full = time.perf_counter() - t

@@ -1,7 +1,7 @@
 """The streaming service assembled from its `ServeSettings` (`serve`): the model and the
-engine bootstrapped from the dataset's snapshot, the Kafka transports, the REST server,
-signals that stop it at a batch boundary, progress lines, and reopening it from its
-checkpoint when the engine fails."""
+engine bootstrapped from the dataset's snapshot (or from partition files, each partition
+from its own), the Kafka transports, the REST server, signals that stop it at a batch
+boundary, progress lines, and reopening it from its checkpoint when the engine fails."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamgnn.errors import InputError, UserError
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from streamgnn.router.reads import Reads
     from streamgnn.settings import ServeSettings
     from streamgnn.stream.kafka_config import KafkaConfig
-    from streamgnn.workers.engine import Workers
+    from streamgnn.workers.engine import Engine
+    from streamgnn.workers.local import Workers
 
 
 def set_torch_threads(threads: int | None) -> None:
@@ -58,7 +60,12 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
 
     keep_freed_memory()
     topics = settings.topics
+    folder = settings.partitions_from
     partitions = settings.partitions if workers is None else workers.size
+    if folder is not None and workers is None:
+        from streamgnn.workers.partition_files import partitions_in
+
+        partitions = partitions_in(folder)
     ensure_topics(kafka, topics.all())
     reads = Reads()
     # MPI workers keep their own files of each generation in their own --state-dir
@@ -68,6 +75,8 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
                       f"{settings.state_dir} that verifies")
 
     def start(model: ModelFile) -> Engine:
+        if folder is not None:  # each partition from its own file: no dataset here
+            return _from_partitions(model, folder, settings.device, workers)
         # the snapshot's graph alone: the whole dataset and the held-out part go before
         # the bootstrap (GBs at products-like size)
         data = snapshot()
@@ -132,6 +141,27 @@ def serve(settings: ServeSettings, kafka: KafkaConfig, listen: tuple[str, int] |
         if server is not None:
             server.stop()
     return service, stopping.is_set()
+
+
+def _from_partitions(model: ModelFile, folder: Path, device: str, workers: Workers | None
+                     ) -> Engine:
+    """The engine bootstrapped from the partition files in ``folder``
+    (`Engine.from_partitions`); `InputError` for a model of another feature width, or a
+    folder of another partition count than the workers'."""
+    from streamgnn.workers import Engine
+    from streamgnn.workers.partition_files import partitions_in, sizes
+
+    parts = partitions_in(folder)
+    if workers is not None and workers.size != parts:
+        raise InputError(f"--partitions-from {folder} holds {parts} partitions, not one per "
+                         f"worker ({workers.size})", f"serve it with --workers {parts}")
+    width, _ = sizes(folder, parts)
+    if model.spec.in_dim != width:
+        raise InputError(f"the model takes {model.spec.in_dim} features per vertex, the "
+                         f"partition files in {folder} have {width}",
+                         "use the model trained on the dataset the folder was written from")
+    return Engine.from_partitions(model.model(), folder, device, progress=True,
+                                  workers=workers)
 
 
 def _check_model(served: ModelFile, model_file: Callable[[], ModelFile],

@@ -65,6 +65,11 @@ class ServeSettings(ServiceConfig):
         "(Fennel, one pass over the vertices in id order: for a graph too large for METIS) "
         "or hash (id mod P). New vertices go by RIPPLE++ Alg. 1 (by id mod P "
         "with hash).")
+    partitions_from: Path | None = Field(
+        None, description="Bootstrap from the partition files `streamgnn datasets partition` "
+        "wrote into this folder, each partition from its own file (with --workers, on its "
+        "rank; rank 0 reads the map alone), instead of --dataset loaded here; the folder "
+        "sets the partitions and their placement.")
     until_idle: float | None = Field(None, description="Exit after this many seconds "
                                      "without input (default: run until Ctrl-C).")
     workers: int = Field(

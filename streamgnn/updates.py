@@ -31,6 +31,9 @@ class ValueLimits:
     weights: float = 1e3
 
 
+CHECKED = ValueLimits(float("inf"), float("inf"))  # for data the engine already checked
+
+
 class _Update(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -186,13 +189,16 @@ class UpdateBatch:
                    np.concatenate([p.x for p in parts]))
 
     def __getitem__(self, rows: slice | np.ndarray) -> UpdateBatch:
-        """The updates at ``rows`` (a slice, or positions), in that order."""
+        """The updates at ``rows`` (a slice, or positions), in that order (taken as they
+        are: they passed the checks)."""
         xrow = self.xrow[rows]
         featured = xrow >= 0
         taken = self.x[xrow[featured]]
         xrow = xrow.copy()
         xrow[featured] = np.arange(len(taken))
-        return UpdateBatch(self.op[rows], self.src[rows], self.dst[rows], self.w[rows], xrow, taken)
+        column = np.ascontiguousarray
+        return UpdateBatch.unchecked(column(self.op[rows]), column(self.src[rows]),
+                                     column(self.dst[rows]), column(self.w[rows]), xrow, taken)
 
     def update(self, i: int, event_id: str | None = None,
                event_time: float | None = None) -> Update:

@@ -48,7 +48,7 @@ def check(model: torch.nn.Module, workers) -> dict:
             b = alone.apply(batch, skip_invalid=True)
             assert a.changed_labels == b.changed_labels
             rejected += len(a.rejected)
-    current = engine.graph.to_data()
+    current = engine.to_data()
     refs = pyg_layers(model, current, torch.float64)
     rng = np.random.default_rng(1)
     req = sg.QueryRequest(

@@ -19,8 +19,8 @@ from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
 from streamgnn.updates import ValueLimits
 from streamgnn.workers import Engine
-from streamgnn.workers.engine import LocalWorkers
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
+from streamgnn.workers.local import LocalWorkers
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
 from tests.reference import Reference, update_strategy
@@ -28,7 +28,7 @@ from tests.reference import Reference, update_strategy
 
 def assert_exact(engine: Engine, model: torch.nn.Module, dtype: torch.dtype, tol: float):
     """Every layer of every vertex equals PyG's forward pass on the current graph."""
-    current = engine.graph.to_data()
+    current = engine.to_data()
     refs = pyg_layers(model, current, dtype)
     for layer, ref in enumerate(refs):
         ours = engine.lookup(current.ids, layer)
@@ -219,9 +219,9 @@ def test_cuda_engine_stays_exact(arch, partitions):
     data = random_graph(np.random.default_rng(7), n=300, m=1500, d=F_IN, hubs=3)
     model = randomise(ARCHS[arch](2), 7).double()
     engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda", partitions=partitions)
-    workload = LinkBenchWorkload(engine.graph, seed=7)
+    workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=7)
     for size in (1, 10, 100, 1000):
-        engine.apply(workload.batch(size))
+        engine.apply(workload.applied(size))
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
@@ -235,15 +235,15 @@ def test_a_checkpoint_written_on_cuda_continues_on_the_cpu_and_back(arch, partit
     data = random_graph(np.random.default_rng(11), n=300, m=1500, d=F_IN, hubs=3)
     model = randomise(ARCHS[arch](2), 11).double()
     engine = Engine.from_pyg(copy.deepcopy(model), data, device="cuda", partitions=partitions)
-    for seed, (device, folder) in enumerate((("cpu", tmp_path / "from-cuda"),
-                                             ("cuda", tmp_path / "from-cpu"))):
-        engine.apply(LinkBenchWorkload(engine.graph, seed=seed).batch(100))
+    workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=0)
+    for device, folder in (("cpu", tmp_path / "from-cuda"), ("cuda", tmp_path / "from-cpu")):
+        engine.apply(workload.applied(100))
         folder.mkdir()
         engine.write(folder)
         engine = Engine.read(copy.deepcopy(model), folder, device=device)
         assert engine.device.type == device
         assert_exact(engine, model, torch.float64, 1e-9)
-        engine.apply(LinkBenchWorkload(engine.graph, seed=seed + 10).batch(100))
+        engine.apply(workload.applied(100))
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
@@ -446,7 +446,7 @@ def test_a_second_batch_submitted_while_the_first_computes_elsewhere(partitions,
 
     poisoned = Engine.from_pyg(randomise(ARCHS["graphconv-add"](2), 4), data,
                                partitions=partitions)  # float32: 3e38 features overflow
-    poisoned.graph.limits = ValueLimits(1e39, 1e39)
+    poisoned.limits = ValueLimits(1e39, 1e39)
     poisoned.submit([sg.UpdateFeatures(id=4, x=[3e38] * F_IN)])
     poisoned.submit([sg.UpdateFeatures(id=5, x=[1.0] * F_IN)])
     with pytest.raises(sg.NonFiniteEmbeddingError):

@@ -23,7 +23,7 @@ from streamgnn.stream.memory import MemoryBroker, MemoryTransport
 from streamgnn.stream.schemas import encode_columns
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers import Engine
-from streamgnn.workers.engine import LocalWorkers
+from streamgnn.workers.local import LocalWorkers
 from tests.conftest import pyg_layers
 
 TOPICS = Topics()
@@ -69,7 +69,7 @@ def letters(broker) -> list[DeadLetter]:
 def assert_exact(engine, model):
     """Every layer equals PyG's forward pass on the final graph: within 1e-4, or float32's
     relative precision (1e-6) where embeddings run into the thousands."""
-    current = engine.graph.to_data()
+    current = engine.to_data()
     for layer, ref in enumerate(pyg_layers(model.model(), current)):
         tolerance = max(1e-4, 1e-6 * float(ref.abs().max()))
         assert np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max() < tolerance
@@ -77,7 +77,7 @@ def assert_exact(engine, model):
 
 def assert_whole(engine, data, model):
     """The engine holds every vertex and edge of ``data``, and is exact."""
-    current = engine.graph.to_data()
+    current = engine.to_data()
     assert set(current.ids) == set(data.ids) and current.num_edges == data.num_edges
     assert_exact(engine, model)
 
@@ -519,7 +519,7 @@ def test_a_corrupt_shard_file_falls_back_to_the_previous_checkpoint(tmp_path):
 
 def _state(engine) -> dict[str, np.ndarray]:
     """Every array a checkpoint of ``engine`` holds, copied."""
-    shards = {f"shard{p}": s.arrays(with_graph=engine.placement is not None)
+    shards = {f"shard{p}": s.arrays(with_graph=engine.directory is not None)
               for p, s in enumerate(engine.shards)}
     files = {"engine": engine._head(), **shards}
     return {f"{f}/{k}": np.array(v) for f, arrays in files.items() for k, v in arrays.items()}

@@ -203,7 +203,7 @@ def assert_served_exactly(state, model, kafka, topics, snapshot, events) -> None
     assert saved.meta["positions"] == {"0": len(list(follow(
         kafka, topics.updates, True, idle_s=1.0)))}
     assert engine.num_partitions == 2
-    current = engine.graph.to_data()
+    current = engine.to_data()
     expected = sg_graph_after(snapshot, events)
     assert np.array_equal(np.sort(current.ids), np.sort(expected.ids))
     assert current.num_edges == expected.num_edges

@@ -1,16 +1,24 @@
 """Initial placements and the partition files: the streaming partitioners (capacity, free
 slots, far fewer edges cut than hash across clusters), a dataset written as partition
 files and read back (the parts together are the dataset, each edge in its destination
-owner's part, the map and the summary agree, the owners are the engine's), and
-`streamgnn datasets partition` with its mistakes."""
+owner's part, the map and the summary agree, the owners are the engine's),
+`streamgnn datasets partition` with its mistakes, and an engine started from the files
+(each partition from its own, in one process and on MPI ranks): the engine started from
+the dataset, exact against PyG through a stream; and `serve --partitions-from`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import streamgnn as sg
 from streamgnn.errors import InputError
@@ -26,6 +34,9 @@ from streamgnn.workers.placement import SLACK, STRATEGIES, stream_parts
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import random_graph
 from tests.test_cli_mistakes import STREAMGNN, mistake
+from tests.test_engine import assert_exact, start_graph
+from tests.test_mpi import MPIEXEC, mpiexec
+from tests.test_partitions import assert_ghosts_are_needed, batches_of_updates, edge_set
 
 
 @pytest.mark.parametrize("rule", ["fennel", "ldg"])
@@ -128,3 +139,153 @@ def test_partition_mistakes_are_named(tmp_path, args, error, hint):
     mistake("datasets", "partition", "--dataset", "tiny", "-o", "out", *args, cwd=tmp_path,
             error=error, hint=hint)
     assert not (tmp_path / "out" / "map.npz").exists()
+
+
+# ---------------------------------------------------------------- engines from the files
+@pytest.mark.parametrize("strategy", ["metis", "hash"])
+@pytest.mark.parametrize("parts", [2, 3])
+@settings(max_examples=8, deadline=None)
+@given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
+       seed=st.integers(0, 10_000), batches=batches_of_updates)
+def test_an_engine_from_partition_files_is_the_one_from_the_dataset(parts, strategy, arch,
+                                                                     num_layers, seed,
+                                                                     batches):
+    """Every layer of every vertex equals the engine `from_pyg` starts with the same
+    partitions, each partition holds the ghosts and knows the holders the cut gives it,
+    and a stream of raw batches (invalid updates left out) keeps it exact against PyG,
+    rejecting and relabelling as the other engine does."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed).double()
+    with tempfile.TemporaryDirectory() as folder:
+        write_partitions(data, owners(data, parts, strategy), parts, strategy, Path(folder),
+                         progress=False)
+        engine = Engine.from_partitions(model, folder)
+    cut = Engine.from_pyg(model, data, partitions=parts, placement=strategy)
+    assert engine.graph is None and engine.index is engine.directory
+    assert np.array_equal(engine.partition_of(data.ids), cut.partition_of(data.ids))
+    assert (engine.num_edges, engine.num_features) == (cut.num_edges, cut.num_features)
+    for layer in range(num_layers + 1):
+        assert np.abs(engine.lookup(data.ids, layer) - cut.lookup(data.ids, layer)).max(
+            initial=0.0) <= 1e-9, layer
+    assert_ghosts_are_needed(engine)
+    for batch in batches:
+        a, b = engine.apply(batch, skip_invalid=True), cut.apply(batch, skip_invalid=True)
+        assert [(type(e), e.index) for e in a.rejected] == [
+            (type(e), e.index) for e in b.rejected]
+        assert a.changed_labels == b.changed_labels
+        assert_exact(engine, model, torch.float64, 1e-9)
+        assert edge_set(engine) == edge_set(cut) and engine.num_edges == cut.num_edges
+
+
+def test_an_engine_from_partition_files_survives_a_snapshot_and_refuses_other_workers(
+        tmp_path):
+    data = random_graph(np.random.default_rng(0), n=100, m=400, d=F_IN)
+    write_partitions(data, owners(data, 2, "metis"), 2, "metis", tmp_path, progress=False)
+    model = randomise(ARCHS["pyg-gcn"](2), 0).double()
+    engine = Engine.from_partitions(model, tmp_path, recompute=True)
+    restored = Engine.restore(model, engine.snapshot())
+    assert np.array_equal(restored.lookup(data.ids), engine.lookup(data.ids))
+    assert_exact(restored, model, torch.float64, 1e-9)
+    with pytest.raises(ValueError, match="2 partitions for 3 workers"):
+        Engine.from_partitions(model, tmp_path, workers=type("Three", (), {"size": 3})())
+    with pytest.raises(InputError, match="no partition file"):
+        Engine.from_partitions(model, tmp_path / "elsewhere")
+
+
+def test_serve_refuses_partition_files_of_another_width_or_partition_count(tmp_path):
+    from streamgnn.models.zoo import ModelFile, ModelSpec
+    from streamgnn.serving import _from_partitions
+
+    data = random_graph(np.random.default_rng(0), n=60, m=200, d=F_IN)
+    write_partitions(data, owners(data, 2, "hash"), 2, "hash", tmp_path, progress=False)
+    spec = ModelSpec("sage-mean", F_IN + 1, 3, 8, 2)
+    wide = ModelFile(spec, spec.build().state_dict())
+    with pytest.raises(InputError, match=f"takes {F_IN + 1} features per vertex, the "
+                       f"partition files in {tmp_path} have {F_IN}"):
+        _from_partitions(wide, tmp_path, "cpu", None)
+    with pytest.raises(InputError, match="holds 2 partitions, not one per worker"):
+        _from_partitions(wide, tmp_path, "cpu", type("Three", (), {"size": 3})())
+
+
+MPI_PROGRAM = """\
+import json, sys
+from pathlib import Path
+import numpy as np, torch
+import streamgnn as sg
+from streamgnn.replay import LinkBenchWorkload
+from streamgnn.workers import Engine
+from streamgnn.workers.mpi import spmd
+from streamgnn.workers.partition_files import owners, write_partitions
+from tests.archs import ARCHS, F_IN, randomise
+from tests.conftest import pyg_layers, random_graph
+folder, out = Path(sys.argv[1]), Path(sys.argv[2])
+data = random_graph(np.random.default_rng(0), n=300, m=1500, d=F_IN, hubs=3)
+model = randomise(ARCHS["pyg-gat"](2), 0).double()
+def main(workers):
+    write_partitions(data, owners(data, workers.size, "metis"), workers.size, "metis",
+                     folder, progress=False)
+    engine = Engine.from_partitions(model, folder, workers=workers)
+    alone = Engine.from_partitions(model, folder)
+    workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=0)
+    def apart():
+        ids = engine.vertex_ids()
+        return max(float(np.abs(engine.lookup(ids, layer) - alone.lookup(ids, layer)).max())
+                   for layer in range(3))
+    started = apart()
+    for size in (10, 100, 1000):
+        batch = workload.batch(size)
+        workload.graph.apply(batch, skip_invalid=True)
+        a, b = engine.apply(batch, skip_invalid=True), alone.apply(batch, skip_invalid=True)
+        assert a.changed_labels == b.changed_labels
+    current = engine.to_data()
+    pyg = max(float(np.abs(engine.lookup(current.ids, layer) - ref.numpy()).max())
+              for layer, ref in enumerate(pyg_layers(model, current, torch.float64)))
+    out.write_text(json.dumps({"started": started, "alone": apart(), "pyg": pyg,
+                               "halo": [s["halo"] for s in engine.stats()]}))
+spmd(model, main)
+"""
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec (pip install mpich) missing")
+def test_mpi_workers_start_from_their_own_partition_files(tmp_path):
+    """Three worker ranks each read their own file (rank 0 the map alone): the same
+    engine, bit for bit, as the partitions started from the files in one process, and
+    exact against PyG after a stream."""
+    script, out = tmp_path / "program.py", tmp_path / "result.json"
+    script.write_text(MPI_PROGRAM)
+    run = mpiexec(4, str(script), str(tmp_path / "parts"), str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["started"] == 0.0 and r["alone"] == 0.0 and r["pyg"] < 1e-9
+    assert all(h > 0 for h in r["halo"])
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec (pip install mpich) missing")
+def test_serve_with_workers_starts_from_partition_files(broker, kafka, tmp_path):
+    """`serve --workers 2 --partitions-from DIR` (the snapshot `serve` would load, written
+    as partition files): each rank bootstraps from its own file, no dataset is loaded (the
+    one named does not exist), and the stream is served exactly."""
+    import uuid
+
+    from streamgnn.stream import Topics
+    from streamgnn.stream.kafka_tools import ensure_topics
+    from tests.test_mpi import ROOT, assert_served_exactly, serve_command
+    from tests.test_stream import linkbench_stream, tiny_setup
+    from tests.test_torture import send
+
+    _, snapshot, held_out, model = tiny_setup()
+    events = linkbench_stream(snapshot, held_out, 10)
+    model.save(tmp_path / "model.pt")
+    folder = tmp_path / "parts"
+    write_partitions(snapshot, owners(snapshot, 2, "metis"), 2, "metis", folder,
+                     progress=False)
+    topics = Topics.prefixed(f"f{uuid.uuid4().hex[:6]}-")
+    ensure_topics(kafka, topics.all())
+    send(kafka, topics.updates, events)
+    state = tmp_path / "state"
+    command = serve_command(tmp_path, broker, topics, state, "--until-idle", "3",
+                            "--partitions-from", str(folder))
+    command[command.index("--dataset") + 1] = str(tmp_path / "no-such-dataset.npz")
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert_served_exactly(state, model, kafka, topics, snapshot, events)

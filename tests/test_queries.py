@@ -19,7 +19,8 @@ from streamgnn.workers import Engine
 from streamgnn.workers.executors import Calibration, calibrate
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, pyg_step
-from tests.test_engine import start_graph
+from tests.reference import Reference
+from tests.test_engine import POOL, start_graph, update, valid_batch
 
 QUERY_IDS = 1000  # query vertices get ids from here (the graph uses 0..19)
 
@@ -118,6 +119,32 @@ def test_exact_queries_of_a_float32_engine_are_within_1e_4_of_pyg(arch, num_laye
     res = engine.query(columns(req))
     want = reference(copy.deepcopy(model), data, req)
     assert np.abs(res.embeddings - want).max() <= 1e-4
+
+
+@settings(max_examples=30, deadline=None)
+@given(arch=st.sampled_from(sorted(ARCHS)), num_layers=st.integers(1, 3),
+       partitions=st.integers(1, 3), budget=st.sampled_from([None, 0.5]),
+       policy=st.sampled_from(sg.queries.POLICIES), seed=st.integers(0, 10_000),
+       batches=st.lists(st.lists(update, max_size=40), min_size=2, max_size=4),
+       req=queries(existing=POOL))
+def test_queries_after_a_stream_with_vertex_deletions_equal_pyg(arch, num_layers, partitions,
+                                                                budget, policy, seed,
+                                                                batches, req):
+    """After batches that delete and add vertices (the slots of deleted ones are reused),
+    a query reads the graph as it is now: its edges to vertices still there are kept."""
+    data = start_graph(seed)
+    model = randomise(ARCHS[arch](num_layers), seed).double()
+    engine = Engine.from_pyg(model, data, partitions=partitions)
+    ref = Reference(data)
+    for candidates in batches:
+        engine.apply(valid_batch(ref, candidates))
+    known = {*engine.vertex_ids().tolist(), *(v.id for v in req.vertices)}
+    req = sg.QueryRequest(vertices=req.vertices,
+                          edges=[e for e in req.edges if {e.src, e.dst} <= known])
+    current = engine.to_data()
+    res = engine.query(req, budget=budget, policy=policy)
+    want = reference(model, current, req, None if budget is None else res.recomputed)
+    assert np.abs(res.embeddings - want).max() <= 1e-9
 
 
 @settings(max_examples=40, deadline=None)
@@ -410,9 +437,11 @@ def test_a_calibration_file_round_trips(tmp_path):
     assert Calibration.load(tmp_path / "c.json") == cal
 
 
-def test_calibrate_times_query_batches_of_every_size_on_each_device():
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_calibrate_times_query_batches_of_every_size_on_each_device(partitions):
     data = start_graph(3)
-    engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 3).double(), data)
+    engine = Engine.from_pyg(randomise(ARCHS["pyg-sage-mean"](2), 3).double(), data,
+                             partitions=partitions)
     cal = calibrate(engine, sizes=(1, 4, 16), repeats=1, progress=False)
     work = [w for w, _, _ in cal.measured]
     assert len(work) == 3 and work == sorted(work) and work[0] > 0

@@ -1,8 +1,6 @@
-"""Router parts without a broker: the arrivals gate and placement (RIPPLE++ Alg. 1)."""
+"""Router parts without a broker: the arrivals gate, placement and the shares of a batch."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ from hypothesis import strategies as st
 
 import streamgnn as sg
 from streamgnn.graph import DynamicGraph
+from streamgnn.graph.directory import Directory
 from streamgnn.npz import sha256 as _sha256
 from streamgnn.npz import write_arrays
 from streamgnn.router import Arrivals, Checkpoints
@@ -18,7 +17,8 @@ from streamgnn.router.journal import runs
 from streamgnn.router.pending import AdmittedColumns, Cut, Origin, Pending
 from streamgnn.stream import Record, decode_updates, encode_columns
 from streamgnn.updates import ADD_EDGE, ADD_VERTEX, DELETE_VERTEX, UPDATE_FEATURES, UpdateBatch
-from streamgnn.workers import Placement
+from streamgnn.workers.engine import _cutter
+from streamgnn.workers.placement import initial_owners, shares
 from tests.reference import update_strategy
 
 
@@ -179,99 +179,74 @@ def two_clusters():
     return np.arange(20), np.array(src), np.array(dst)
 
 
-def placed(num_partitions: int, strategy: str = "metis"):
+def placed(num_partitions: int, strategy: str = "metis"
+           ) -> tuple[DynamicGraph, np.ndarray, Directory]:
+    """The two-cluster graph, its initial owners by slot and a directory of them."""
     with pytest.warns(UserWarning, match="parallel edges"):
         data = sg.GraphData.cleaned(*two_clusters(), np.arange(1.0, 21.0)[:, None])
     graph = DynamicGraph.from_data(data)
-    return graph, Placement.initial(graph, num_partitions, strategy)
+    owner = initial_owners(graph, num_partitions, strategy)
+    slots = graph.vertex_slots()
+    return graph, owner, Directory(graph.ext[slots], owner[slots], num_partitions,
+                                   graph.num_features, strategy=strategy)
 
 
 def test_metis_keeps_clusters_together_and_cut_edges_make_ghosts():
-    graph, p = placed(2)
-    ids = np.arange(20)
+    graph, owner, _ = placed(2)
     src, dst, _ = graph.edges()
-    part = p.part[graph.slots(ids)]
+    part = owner[graph.slots(np.arange(20))]
     assert len(set(part[:10])) == 1 and len(set(part[10:])) == 1 and part[0] != part[10]
     cut = part[src] != part[dst]
     assert cut.sum() <= 2
-    for s, d in zip(src[cut], dst[cut], strict=True):  # the source is a ghost at the sink's
-        assert p.holders[graph.slots([s])[0]] & np.uint64(1 << int(part[d]))
-    assert (p.holders != 0).sum() == len(set(src[cut].tolist()))
+    cutter = _cutter(graph, owner)
+    for q in (0, 1):  # each cut edge's source is a ghost at its sink's, held there
+        shard = cutter(q)
+        ids = shard["graph/ext"][:len(shard["ghost"])]
+        assert set(ids[shard["ghost"]].tolist()) == set(src[cut & (part[dst] == q)].tolist())
+        held = set(ids[shard["holders"] != 0].tolist())
+        assert held == set(src[cut & (part[src] == q)].tolist())
 
 
-def test_alg1_routes_edges_to_their_sink_and_places_new_vertices():
-    graph, p = placed(2)
-    a, b = (int(p.part[graph.slots([v])[0]]) for v in (0, 10))
-    batch = [sg.AddEdge(src=1, dst=2),          # local
-             sg.AddEdge(src=11, dst=3),         # cut: lives at the sink's, 11 a ghost there
-             sg.AddVertex(id=100, x=[7.5]),     # first linked to hub 0: joins its partition
-             sg.AddEdge(src=100, dst=0),
-             sg.AddVertex(id=101, x=[8.5]),     # linked to a non-hub: least-loaded
-             sg.AddEdge(src=101, dst=12),
-             sg.UpdateFeatures(id=12, x=[1.0]),
-             sg.DeleteVertex(id=19)]
-    load_before = p.load()
-    routed = p.route(graph, graph.apply(batch), len(batch))
-    part = lambda v: int(p.part[graph.slots([v])[0]])  # noqa: E731
-    assert part(100) == a
-    assert part(101) == int(np.argmin(load_before + np.eye(2, dtype=int)[a]))
+def test_shares_send_edges_to_their_sink_features_to_owners_deletions_everywhere():
+    _, _, directory = placed(2)
+    a, b = directory.owners(np.array([0, 10])).tolist()
+    batch = UpdateBatch.from_updates([
+        sg.AddEdge(src=1, dst=2),          # local
+        sg.AddEdge(src=11, dst=3),         # cut: lives at the sink's, 11 a ghost there
+        sg.AddVertex(id=100, x=[7.5]),     # least-loaded
+        sg.AddEdge(src=100, dst=0),
+        sg.UpdateFeatures(id=12, x=[1.0]),
+        sg.DeleteVertex(id=19)], 1)
+    load_before = directory.load.copy()
+    decided = directory.decide(batch)
+    routed = shares(decided, batch, 2, (np.zeros(0, np.int64),) * 3)
+    directory.commit(decided)
+    new = int(directory.owners(np.array([100]))[0])
+    assert new == int(np.argmin(load_before))
     edges = {q: set(zip(r.batch.src[r.batch.op == ADD_EDGE].tolist(),
                         r.batch.dst[r.batch.op == ADD_EDGE].tolist()))
              for q, r in enumerate(routed)}
     assert (1, 2) in edges[a] and (11, 3) in edges[a] and (100, 0) in edges[a]
-    assert (101, 12) in edges[b]
     assert 11 in routed[a].ghosts.tolist()
     assert 11 in routed[b].subscribed[routed[b].subscribers == a].tolist()
-    assert 19 in routed[b].batch.src[routed[b].batch.op == DELETE_VERTEX].tolist()
-    assert p.load().sum() == load_before.sum() + 2 - 1
-    COLUMNS = [f.name for f in dataclasses.fields(UpdateBatch)]
-    for r in routed:  # built unchecked: the checks would take the columns as they are
-        checked = UpdateBatch(*(getattr(r.batch, name) for name in COLUMNS))
-        for name in COLUMNS:
-            ours, theirs = getattr(r.batch, name), getattr(checked, name)
-            assert ours.dtype == theirs.dtype and ours.flags.c_contiguous
-            np.testing.assert_array_equal(ours, theirs)
-    sent = {100: [7.5], 101: [8.5], 12: [1.0], 11: [12.0]}  # (a new ghost: its features)
-    assert _featured(routed) == {(a, 100, ADD_VERTEX), (part(101), 101, ADD_VERTEX),
-                                 (a, 11, ADD_VERTEX), (part(12), 12, UPDATE_FEATURES)}
-    _check_rows(routed, sent)
-    # a vertex held as a ghost: its new features go to its owner and its holder
-    routed = p.route(graph, graph.apply([sg.UpdateFeatures(id=11, x=[5.0])]), 1)
-    assert _featured(routed) == {(b, 11, UPDATE_FEATURES), (a, 11, UPDATE_FEATURES)}
-    _check_rows(routed, {11: [5.0]})
-
-
-def _featured(routed) -> set[tuple[int, int, int]]:
-    """(partition, vertex id, op) of the routed items that carry features."""
-    return {(q, int(r.batch.src[i]), int(r.batch.op[i])) for q, r in enumerate(routed)
-            for i in np.flatnonzero(r.batch.xrow >= 0)}
-
-
-def _check_rows(routed, sent: dict[int, list[float]]) -> None:
-    """Every routed feature row is the one ``sent`` names for its vertex."""
+    for r in routed:  # every partition deletes 19 (its edges may be anywhere)
+        assert 19 in r.batch.src[r.batch.op == DELETE_VERTEX].tolist()
+    featured = {(q, int(r.batch.src[i]), int(r.batch.op[i])) for q, r in enumerate(routed)
+                for i in np.flatnonzero(r.batch.xrow >= 0)}
+    assert featured == {(new, 100, ADD_VERTEX), (b, 12, UPDATE_FEATURES)}
     for r in routed:
-        featured = np.flatnonzero(r.batch.xrow >= 0)
-        assert len(featured) == len(r.batch.x)
-        for i in featured:
-            assert r.batch.x[r.batch.xrow[i]].tolist() == sent[int(r.batch.src[i])]
+        np.testing.assert_array_equal(r.positions, np.sort(r.positions))
+        assert r.batch.x[r.batch.xrow[r.batch.xrow >= 0]].tolist() == [
+            {100: [7.5], 12: [1.0]}[int(v)] for v in r.batch.src[r.batch.xrow >= 0]]
+    assert directory.load.sum() == load_before.sum() + 1 - 1
 
 
 def test_hash_placement_uses_the_id():
-    graph, p = placed(3, "hash")
-    batch = [sg.AddVertex(id=104, x=[0.0]), sg.AddEdge(src=104, dst=0)]
-    p.route(graph, graph.apply(batch), 2)
-    assert p.part[graph.slots([104])[0]] == 104 % 3
-
-
-def test_streamed_placement_places_new_vertices_by_alg1():
-    graph, p = placed(2, "stream")
-    hub = int(p.part[graph.slots([0])[0]])
-    batch = [sg.AddVertex(id=100, x=[7.5]), sg.AddEdge(src=100, dst=0),  # hub 0: its side
-             sg.AddVertex(id=101, x=[8.5]), sg.AddEdge(src=101, dst=12)]  # least loaded
-    load_before = p.load()
-    p.route(graph, graph.apply(batch), len(batch))
-    assert p.part[graph.slots([100])[0]] == hub
-    assert p.part[graph.slots([101])[0]] == np.argmin(load_before + np.eye(2, dtype=int)[hub])
+    _, _, directory = placed(3, "hash")
+    batch = UpdateBatch.from_updates([sg.AddVertex(id=104, x=[0.0]),
+                                      sg.AddEdge(src=104, dst=0)], 1)
+    directory.commit(directory.decide(batch))
+    assert directory.owners(np.array([104]))[0] == 104 % 3
 
 
 def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):

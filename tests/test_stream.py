@@ -409,7 +409,7 @@ def test_service_is_exact_and_dead_letters_bad_input(kafka, topics):
     assert late_vertex.id in set(service.engine.vertex_ids())
 
     # the final graph is the full dataset, and every layer is PyG's forward pass on it
-    current = service.engine.graph.to_data()
+    current = service.engine.to_data()
     assert set(current.ids) == set(full.ids) and current.num_edges == full.num_edges
     refs = pyg_layers(model.model(), current)
     for layer, ref in enumerate(refs):

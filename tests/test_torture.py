@@ -92,8 +92,8 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
     assert np.array_equal(np.sort(engines[1].vertex_ids()), np.sort(ids))
     edges = [sorted(zip(*(a.tolist() for a in e.edges()))) for e in engines]
     assert edges[0] == edges[1]  # nothing lost, nothing applied twice
-    refs = pyg_layers(model.model(), engines[1].graph.to_data())
-    torn_ids = engines[1].graph.to_data().ids
+    current = engines[1].to_data()
+    refs, torn_ids = pyg_layers(model.model(), current), current.ids
     for layer in range(engines[0].num_layers + 1):
         a, b = engines[0].lookup(ids, layer), engines[1].lookup(ids, layer)
         assert np.abs(a - b).max() < 1e-4
@@ -113,6 +113,6 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
         last.update((c.vertex, c.new) for c in m.changes)
     print(f"{len(first)} label-change messages, {repeats} repeated")
     labelled = np.fromiter(last, np.int64)
-    alive = engines[1].graph.contains(labelled)  # deletions publish no label change
+    alive = engines[1].contains(labelled)  # deletions publish no label change
     assert (engines[1].label(labelled[alive])
             == np.fromiter(last.values(), np.int64)[alive]).all()

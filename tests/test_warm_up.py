@@ -60,14 +60,15 @@ def _warm_up_then_stream(model: torch.nn.Module) -> None:
     before = compiled()
     assert before, "no kernel found: the check would pass whatever warm_up did"
     for partitions in (1, 3):
-        engine = Engine.from_pyg(model, start_graph(partitions), partitions=partitions)
-        workload = LinkBenchWorkload(engine.graph, seed=partitions)
+        data = start_graph(partitions)
+        engine = Engine.from_pyg(model, data, partitions=partitions)
+        workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=partitions)
         for threaded in (False, True):
             with cores.threads_whatever_the_size() if threaded else contextlib.nullcontext():
                 for size in (1, 6, 25):
-                    engine.apply(workload.batch(size))
+                    engine.apply(workload.applied(size))
                 worn_out(engine)  # (a stream re-anchors after hundreds of batches)
-                engine.apply(workload.batch(25))
+                engine.apply(workload.applied(25))
                 refused(engine, F_IN)  # (a library user's bad batch, undone)
                 new = int(engine.vertex_ids().max()) + 1
                 for budget in (None, 0.3):

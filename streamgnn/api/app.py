@@ -195,7 +195,7 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     async def neighbors(id: _ID) -> Neighbors:
         """The vertex's in- and out-edges with their weights."""
         view = reads.view
-        got = (view.neighbors(id) if view is not None else
+        got = (view.neighbors(id) if view is not None and view.reads_edges else
                await answer(lambda service: engine_neighbors(service.engine,
                                                               service.batch_seq, id)))
         return Neighbors(id=id, batch=got.batch, **{"in": _edges(got.ins)},
@@ -215,9 +215,9 @@ def create_app(reads: Reads, token: str | None = None) -> FastAPI:
     async def status() -> Status:
         """Where the service is: batches applied, consumed offsets, lag, counters."""
         def read(service: Service) -> Status:
-            s, graph, c = service.stats, service.engine.graph, service.stats.state_counts()
-            return Status(batch=service.batch_seq, lag=s.lag, vertices=graph.num_vertices,
-                          edges=graph.num_edges, events=s.events, applied=dict(s.updates),
+            s, engine, c = service.stats, service.engine, service.stats.state_counts()
+            return Status(batch=service.batch_seq, lag=s.lag, vertices=engine.num_vertices,
+                          edges=engine.num_edges, events=s.events, applied=dict(s.updates),
                           positions={str(p): o for p, o in
                                      service.transport.positions().items()},
                           label_changes=s.label_changes, dead_letters=dict(s.dead_letters),

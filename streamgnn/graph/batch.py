@@ -71,6 +71,27 @@ def _log(log, kind, i0, i1, f0, f1) -> None:
     n[0] = k + 1
 
 
+@njit(cache=True, inline="always")
+def take_slot(free, counts, used) -> int:
+    """A slot: the last freed one (``counts[0]`` of them on the stack ``free``), else the
+    next never used (``counts[used]`` so far)."""
+    if counts[0] > 0:
+        counts[0] -= 1
+        return free[counts[0]]
+    counts[used] += 1
+    return counts[used] - 1
+
+
+@njit(cache=True)
+def _new_slot(ids, key, alive, free, counts, log) -> int:
+    """A slot for vertex ``key`` (a freed one, else the next), mapped and logged."""
+    u = take_slot(free, counts, 2)
+    put1(ids, key, u)
+    alive[u] = True
+    _log(log, VADD, u, key, np.nan, np.nan)
+    return u
+
+
 @njit(cache=True)
 def _drop_edge(out, inn, u, v, log) -> None:
     w = remove1(out, u, v)
@@ -128,13 +149,17 @@ def batch_sizes(op, a, ids, out_deg, in_deg):
 
 
 @njit(cache=True)
-def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits):
+def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits, ghosts=False):
     """Apply updates ``first..`` in order. ``enc`` = the `UpdateBatch` columns (op, a, b,
     w, xrow, x); ``ids`` the IdMap table; ``verts`` = (alive, x, free, limbo,
     counts[free_top, limbo_top, num_slots, xsave_n]); ``limits`` = (largest |feature|,
     largest |weight|). Returns (status, index): OK, an error
     for update ``index`` (nothing of it applied), or NEED_ROOM_* (the caller compacts and
-    resumes at index)."""
+    resumes at index). With ``ghosts`` the graph is one partition's (a `Directory`
+    decided the vertex questions): an edge added from a vertex it does not hold adds that
+    vertex as a ghost (features zero until its owner sends them), an edge deleted or
+    updated from one is unknown, and the deletion of a vertex it does not hold is
+    another partition's."""
     op, a, b, w, xrow, xnew = enc
     alive, x, free, limbo, counts = verts
     for i in range(first, len(op)):
@@ -142,8 +167,13 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits):
         code = op[i]
         if code <= UPDATE_EDGE:
             u = get1(ids, a[i])
-            if u < 0:
+            if u < 0 and not ghosts:
                 return UNKNOWN_A, i
+            if u < 0 and code != ADD_EDGE:
+                return UNKNOWN_EDGE, i
+            if u < 0:
+                u = _new_slot(ids, a[i], alive, free, counts, log)
+                x[u] = 0.0
             v = get1(ids, b[i])
             if v < 0:
                 return UNKNOWN_B, i
@@ -174,6 +204,8 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits):
                 _log(log, EDGE, u, v, old, w[i])
         elif code == DELETE_VERTEX:
             u = get1(ids, a[i])
+            if u < 0 and ghosts:
+                continue
             if u < 0:
                 return UNKNOWN_A, i
             while out[1][u] > 0:
@@ -195,16 +227,8 @@ def apply_kernel(enc, first, ids, verts, out, inn, log, xsave, limits):
             if code == ADD_VERTEX:
                 if u >= 0:
                     return DUPLICATE_VERTEX, i
-                if counts[0] > 0:
-                    counts[0] -= 1
-                    u = free[counts[0]]
-                else:
-                    u = counts[2]
-                    counts[2] += 1
-                put1(ids, a[i], u)
-                alive[u] = True
+                u = _new_slot(ids, a[i], alive, free, counts, log)
                 copy_row(x, u, xnew, r)
-                _log(log, VADD, u, a[i], np.nan, np.nan)
             else:
                 if u < 0:
                     return UNKNOWN_A, i

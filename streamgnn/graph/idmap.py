@@ -1,4 +1,5 @@
-"""`IdMap`: external int64 vertex ids <-> internal int32 slots. ``ext[slot]`` is the id of
+"""`IdMap`: external int64 vertex ids <-> internal int32 slots, and `Slotted`, the id
+lookups of a class that keeps one (the graph, the directory). ``ext[slot]`` is the id of
 a slot; the reverse direction is an open-addressing hash table whose cells hold only
 slots (the key of a cell is ``ext`` of its slot). Its operations run in numba; the
 single-key functions are called from other kernels.
@@ -12,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from streamgnn.allocator import lengthened
+from streamgnn.errors import UnknownVertexError
 from streamgnn.prefetch import prefetch
 
 _EMPTY, _GONE = -1, -2
@@ -160,3 +162,50 @@ class IdMap:
     @property
     def nbytes(self) -> int:
         return self.table[0].nbytes + self.ext.nbytes
+
+
+class Slotted:
+    """Id lookups for a class that numbers its vertices by an `IdMap` ``_ids`` and marks
+    live slots in ``alive`` up to ``num_slots``."""
+
+    _ids: IdMap
+    alive: np.ndarray
+
+    @property
+    def num_slots(self) -> int:
+        """Slots ever handed out: per-vertex arrays are valid up to here."""
+        raise NotImplementedError
+
+    @property
+    def ext(self) -> np.ndarray:
+        """External id of each slot."""
+        return self._ids.ext
+
+    @property
+    def num_vertices(self) -> int:
+        return len(self._ids)
+
+    def slots(self, ext) -> np.ndarray:
+        """Internal slot of each external id; raises UnknownVertexError naming the first
+        unknown one (``index`` is its position)."""
+        ext = np.atleast_1d(np.asarray(ext, np.int64))
+        slots = self._ids.get(ext)
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            i = int(missing[0])
+            raise UnknownVertexError(f"vertex {ext[i]} is not in the graph", index=i)
+        return slots
+
+    def find(self, ext) -> np.ndarray:
+        """Internal slot of each external id, -1 where it is not known."""
+        return self._ids.get(np.atleast_1d(np.asarray(ext, np.int64)))
+
+    def contains(self, ext) -> np.ndarray:
+        return self.find(ext) >= 0
+
+    def vertex_slots(self) -> np.ndarray:
+        """Slots of the live vertices, ascending."""
+        return np.flatnonzero(self.alive[:self.num_slots])
+
+    def vertex_ids(self) -> np.ndarray:
+        return self.ext[self.vertex_slots()]

@@ -1,6 +1,7 @@
-"""`SlotMap`: the slots a `DynamicGraph` (the whole graph) gives the vertices of another
-(a partition's graph), remembered per slot and checked against the ids on every use: a
-slot a later vertex reuses, on either side, is looked up again.
+"""`SlotMap`: the slots a numbering of every vertex (the whole graph's, or the
+directory's: `Slotted`) gives the vertices of a partition's graph, remembered per slot
+and checked against the ids on every use: a slot a later vertex reuses, on either side, is
+looked up again.
 
 Owns this cache only; must not import torch, kafka or mpi4py.
 """
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamgnn.graph.idmap import Slotted
 from streamgnn.graph.store import DynamicGraph
 
 
 class SlotMap:
     """``target``'s slots of ``source``'s slots."""
 
-    def __init__(self, source: DynamicGraph, target: DynamicGraph) -> None:
+    def __init__(self, source: DynamicGraph, target: Slotted) -> None:
         self.source, self.target = source, target
         self._known = np.full(0, -1, np.int64)  # per source slot: target slot, -1 unknown
 

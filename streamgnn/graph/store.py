@@ -47,7 +47,7 @@ from streamgnn.graph.batch import (
     net_kernel,
     undo_kernel,
 )
-from streamgnn.graph.idmap import IdMap
+from streamgnn.graph.idmap import IdMap, Slotted
 from streamgnn.updates import (
     ADD_EDGE,
     ADD_VERTEX,
@@ -91,7 +91,7 @@ class GraphDiff:
     rejected: list[InvalidUpdateError]
 
 
-class DynamicGraph:
+class DynamicGraph(Slotted):
     """A simple directed graph with float32 features and edge weights, keyed by int64 ids."""
 
     def __init__(self, num_features: int, vertex_capacity: int = 1024) -> None:
@@ -171,18 +171,8 @@ class DynamicGraph:
 
     # ---------------------------------------------------------------- queries
     @property
-    def ext(self) -> np.ndarray:
-        """External id of each slot."""
-        return self._ids.ext
-
-    @property
     def num_slots(self) -> int:
-        """Slots ever handed out: per-vertex arrays are valid up to here."""
         return int(self._counts[2])
-
-    @property
-    def num_vertices(self) -> int:
-        return len(self._ids)
 
     @property
     def num_edges(self) -> int:
@@ -196,36 +186,11 @@ class DynamicGraph:
     def out_degree(self) -> np.ndarray:
         return self.out.deg
 
-    def slots(self, ext) -> np.ndarray:
-        """Internal slot of each external id; raises UnknownVertexError naming the first
-        unknown one (``index`` is its position)."""
-        ext = np.atleast_1d(np.asarray(ext, np.int64))
-        slots = self._ids.get(ext)
-        missing = np.flatnonzero(slots < 0)
-        if len(missing):
-            i = int(missing[0])
-            raise UnknownVertexError(f"vertex {ext[i]} is not in the graph", index=i)
-        return slots
-
     @property
     def id_table(self) -> tuple:
         """The id map's table, for kernels that look ids up themselves
         (`idmap.get_many`)."""
         return self._ids.table
-
-    def find(self, ext) -> np.ndarray:
-        """Internal slot of each external id, -1 where it is not in the graph."""
-        return self._ids.get(np.atleast_1d(np.asarray(ext, np.int64)))
-
-    def contains(self, ext) -> np.ndarray:
-        return self.find(ext) >= 0
-
-    def vertex_slots(self) -> np.ndarray:
-        """Slots of the live vertices, ascending."""
-        return np.flatnonzero(self.alive[:self.num_slots])
-
-    def vertex_ids(self) -> np.ndarray:
-        return self.ext[self.vertex_slots()]
 
     def edge_slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All edges as (src slot, dst slot, weight), grouped by source."""
@@ -276,12 +241,26 @@ class DynamicGraph:
         return parts
 
     # ---------------------------------------------------------------- batches
-    def apply(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool = False
-              ) -> GraphDiff:
+    def apply(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool = False,
+              ghosts: bool = False) -> GraphDiff:
         """Apply ``batch`` (updates, or their columns) in order, atomically: on a bad update,
         everything the batch did is undone and the error (``index`` = the update's position)
         is raised. With ``skip_invalid`` a bad update is left out instead (each update is
-        checked before it changes anything) and its error listed in ``GraphDiff.rejected``."""
+        checked before it changes anything) and its error listed in ``GraphDiff.rejected``.
+        ``ghosts``: the graph is a partition's, the batch its share (`apply_kernel`)."""
+        return self._apply(batch, skip_invalid, ghosts, keep=True)
+
+    def check(self, batch: UpdateBatch, ghosts: bool = False) -> InvalidUpdateError | None:
+        """The error `apply` would raise for ``batch``, or None; the graph is left as it
+        was either way."""
+        try:
+            self._apply(batch, False, ghosts, keep=False)
+        except InvalidUpdateError as e:
+            return e
+        return None
+
+    def _apply(self, batch: Sequence[Update] | UpdateBatch, skip_invalid: bool, ghosts: bool,
+               keep: bool) -> GraphDiff | None:
         if not len(batch):  # (a partition's share of a batch that does not touch it)
             self._counts[3] = 0  # (the log's feature rows, as any batch starts them)
             return self.unchanged()
@@ -289,29 +268,32 @@ class DynamicGraph:
                else UpdateBatch.from_updates(batch, self.num_features))
         counts, cascade = batch_sizes(enc.op, enc.src, self._ids.table, self.out.deg,
                                       self.inn.deg)
-        self._reserve(int(counts[ADD_VERTEX]))
-        log, xsave = self._new_log(enc, counts, cascade)
+        ghost_adds = int(counts[ADD_EDGE]) if ghosts else 0
+        self._reserve(int(counts[ADD_VERTEX]) + ghost_adds)
+        log, xsave = self._new_log(enc, counts, cascade + ghost_adds)
         args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
         limits = np.array([self.limits.features, self.limits.weights], np.float64)
         status, index = OK, 0
         rejected: list[InvalidUpdateError] = []
         while True:
             status, index = apply_kernel((enc.op, enc.src, enc.dst, enc.w, enc.xrow, enc.x), index,
-                                         *args, log, xsave, limits)
+                                         *args, log, xsave, limits, ghosts)
             if status in (NEED_ROOM_OUT, NEED_ROOM_IN):
                 self._make_room(status, len(enc) - index)
                 args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
             elif status != OK and skip_invalid:
-                rejected.append(_error(status, index, enc, self.num_features, self.limits))
+                rejected.append(error_for(status, index, enc, self.num_features, self.limits))
                 index += 1
             else:
                 break
-        if status != OK:
+        if status != OK or not keep:
             while (undo := undo_kernel(*args, log, xsave)) != OK:
                 self._make_room(undo, 1)
                 args = (self._ids.table, self._verts, self.out.arrays, self.inn.arrays)
             self._release()
-            raise _error(status, index, enc, self.num_features, self.limits)
+            if status != OK:
+                raise error_for(status, index, enc, self.num_features, self.limits)
+            return None
         diff = self._net(log, xsave, rejected)
         self._release()
         return diff
@@ -371,7 +353,7 @@ class DynamicGraph:
                          changed_x, rejected)
 
 
-def _error(status: int, i: int, enc: UpdateBatch, num_features: int, limits: ValueLimits
+def error_for(status: int, i: int, enc: UpdateBatch, num_features: int, limits: ValueLimits
            ) -> InvalidUpdateError:
     """The exception for a kernel status, naming the update's ids."""
     a, b, code = int(enc.src[i]), int(enc.dst[i]), int(enc.op[i])

@@ -35,7 +35,8 @@ NODE_UPDATE_SKEW = 0.606
 
 
 class LinkBenchWorkload:
-    """Generates batches for ``graph`` (which the caller keeps applying them to)."""
+    """Generates batches for ``graph``, which the caller keeps applying them to (`applied`
+    does, for a graph of the workload's own)."""
 
     def __init__(self, graph: DynamicGraph, seed: int = 0, mix: dict[type, float] | None = None,
                  arrivals: Sequence[Update] = (), unit_weights: bool = False,
@@ -68,6 +69,13 @@ class LinkBenchWorkload:
                     out.append(update)
                     break
         return out
+
+    def applied(self, size: int) -> list[Update]:
+        """`batch`, applied to the graph too: keeps a graph of the workload's own in step
+        with an engine that has none to share (one with partitions)."""
+        updates = self.batch(size)
+        self.graph.apply(updates)
+        return updates
 
     def _pick(self, ids, rank, skew: float) -> int:
         """An id by Zipf-like popularity (skew 0: uniform)."""

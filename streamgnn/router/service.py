@@ -82,7 +82,7 @@ from streamgnn.stream.schemas import (
 from streamgnn.stream.transport import Record, Transport
 from streamgnn.updates import OP_NAMES, UPDATE_ADAPTER, Update, ValueLimits
 from streamgnn.workers import ApplyResult, Engine
-from streamgnn.workers.engine import Workers
+from streamgnn.workers.local import Workers
 
 
 class EngineFailure(StreamGNNError, RuntimeError):
@@ -123,8 +123,8 @@ class Service:
         self.reads = reads
         self.config = config
         self.checkpoints = checkpoints
-        engine.graph.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
-        self.arrivals: Arrivals[Origin] = Arrivals(engine.graph.contains, config.arrival_wait_s)
+        engine.limits = ValueLimits(config.max_abs_feature, config.max_abs_weight)
+        self.arrivals: Arrivals[Origin] = Arrivals(engine.contains, config.arrival_wait_s)
         self.pending = Pending()  # admitted, not applied yet
         self.batch_seq = 0
         self.stats = Stats()
@@ -220,7 +220,7 @@ class Service:
         waiting = [(w.update, w.source) for ws in self.arrivals.waiting.values() for w in ws]
         self.held = {o.key: (u, o) for u, o in self.pending.items() + waiting}
         self.pending = Pending()
-        self.arrivals = Arrivals(self.engine.graph.contains, self.config.arrival_wait_s)
+        self.arrivals = Arrivals(self.engine.contains, self.config.arrival_wait_s)
 
     def checkpoint(self, wait: bool = True) -> None:
         """Checkpoint the state after the last batch: engine, model, pending updates and
@@ -519,7 +519,7 @@ class Service:
 
     def _expire(self, update: Update, origin: Origin) -> None:
         named = referenced(update)
-        vertex = next((v for v in named if not self.engine.graph.contains(v)[0]), named[0])
+        vertex = next((v for v in named if not self.engine.contains(v)[0]), named[0])
         self.outputs.dead_letter(origin, "vertex_never_arrived",
                                  f"vertex {vertex} did not arrive within "
                                  f"{self.config.arrival_wait_s:g} s", update)
@@ -630,7 +630,7 @@ class Service:
         `_finish` publishes what changed, at once where the engine is done already (shards
         in this process), else after the loop's next poll or the next batch's start."""
         t = time.perf_counter()
-        cut = Cut.of(buffer, self.engine.graph.num_features)
+        cut = Cut.of(buffer, self.engine.num_features)
         seq = self._last_started + 1
         times = cut.times()
         if at is None:

@@ -2,8 +2,8 @@
 embedding of every vertex, the labels from the output layer, every vertex's edges),
 readable from any thread while the service loop applies the next batch.
 
-The view keeps its own copy of the rows, one table per layer indexed by the engine
-graph's slots, and its own id -> slot map. After each batch the loop calls `publish`
+The view keeps its own copy of the rows, one table per layer indexed by the engine's
+slots (`Engine.index`), and its own id -> slot map. After each batch the loop calls `publish`
 with the rows the batch rewrote (`Engine.rewritten`: the engine's own new rows, no
 copy) and the vertices it removed: they are published at once as a small *overlay* (one
 reference swap) together with the batch number; then the loop copies the overlay into
@@ -14,9 +14,11 @@ the copy or for a batch. Before the copy starts, the loop waits for the readers 
 overlay before (a reader holds one for the microseconds of a gather), whose base would
 change under them.
 
-Edges are read from the engine's own graph under `Engine.graph_lock` (held by a batch
-only while it changes the graph); while a batch runs, its change (`Engine.last_diff`) is
-taken back for the vertex read, so neighbors show the same state as the rows.
+With one partition, edges are read from the engine's own graph under `Engine.graph_lock`
+(held by a batch only while it changes the graph); while a batch runs, its change
+(`Engine.last_diff`) is taken back for the vertex read, so neighbors show the same state
+as the rows. With partitions, edges live with their destinations' owners: the loop asks
+them between batches (`engine_neighbors`).
 
 Memory: one copy of every layer's rows at the graph's slot capacity (``nbytes``), an id
 map, and one batch's rewritten rows; nothing grows with the number of updates.
@@ -77,8 +79,9 @@ def layer_index(num_layers: int, layer: int) -> int:
 
 def engine_neighbors(engine: Engine, batch: int, id: int) -> Neighbors:
     """The same answer as `ReadView.neighbors`, from the engine itself (call it between
-    two batches, on the loop's thread)."""
-    return _neighbors(engine.graph, batch, id, None)
+    two batches, on the loop's thread: the path where the edges live in partitions)."""
+    ins = engine.in_edges([id])
+    return Neighbors(batch, EdgeList(ins.src, ins.w), EdgeList(*engine.out_edges(id)))
 
 
 def engine_rows(engine: Engine, batch: int, ids: np.ndarray, layer: int) -> Rows:
@@ -144,7 +147,7 @@ class ReadView:
     def __init__(self, engine: Engine, batch: int) -> None:
         """A copy of ``engine``'s rows, the state after ``batch`` batches (call it between
         two batches)."""
-        graph = engine.graph
+        graph = engine.index
         ids, slots = graph.vertex_ids(), graph.vertex_slots()
         self._ids = IdMap(len(graph.ext))
         self._ids.insert(ids, slots)
@@ -195,6 +198,12 @@ class ReadView:
         with self.state() as state:
             return state.read(ids, layer)
 
+    @property
+    def reads_edges(self) -> bool:
+        """Whether `neighbors` answers here: the engine keeps its graph in this process
+        (one partition); else `engine_neighbors` answers on the loop's thread."""
+        return self._engine.graph is not None
+
     def neighbors(self, id: int) -> Neighbors:
         """In- and out-edges of vertex ``id`` in the state after the last batch published,
         read from the engine's graph while the next batch runs: where that batch already
@@ -210,7 +219,7 @@ class ReadView:
         read; call it on the loop's thread, right after the batch."""
         with engine.graph_lock:
             self._graph_batch, self._graph_diff = batch, engine.last_diff
-        graph = engine.graph
+        graph = engine.index
         keys, rows = (list(side) for side in zip(*engine.rewritten(), strict=True))
         new = keys[0]  # slots of the vertices added, moved or given new features
         added = graph.ext[new[self._ids.get(graph.ext[new]) != new]]

@@ -1,5 +1,5 @@
 """The incremental engine: per-layer state and hop-by-hop BSP propagation (`Shard`), the
-partitions it is split into (`Placement`), the halo exchange between them (`exchange`)
+partitions it is split into (`placement`), the halo exchange between them (`exchange`)
 and query serving (`query`); an MPI job's ranks (`mpi`) and its supervisor (`supervisor`).
 Must not import kafka; only `mpi` and `supervisor` import mpi4py. Importing this package
 imports none of its modules (the names below load on use), so `serve --workers`'s
@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _HOME = {"ApplyResult": "batch", "ChangedLabels": "labels", "Engine": "engine",
-         "Placement": "placement", "QueryAnswer": "query", "Shard": "shard"}
+         "QueryAnswer": "query", "Shard": "shard"}
 __all__ = sorted(_HOME)
 
 

@@ -35,7 +35,7 @@ class ApplyResult:
     messages from ghosts, combined per destination and source partition (what a design
     combining messages at the sender would send);
     ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out;
-    ``rewritten`` lists per layer 1..L the rows of owned vertices the batch wrote, as
+    ``rewritten`` lists per layer 0..L the rows of owned vertices the batch wrote, as
     (the shard's slots ascending, rows) (a shard's own report, empty from MPI ranks:
     `Engine.rewritten` merges them), and ``removed`` the ids the batch deleted (engine
     only)."""
@@ -50,6 +50,8 @@ class ApplyResult:
     pulled_columns: list[int] = field(default_factory=list)
     rewritten: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     removed: np.ndarray | None = None
+    released: tuple[np.ndarray, np.ndarray] | None = None  # a partition's ghosts let go
+    edges_added: int = 0  # net, into a partition's vertices
 
 
 @dataclass

@@ -1,12 +1,15 @@
 """`Engine`: exact incremental GNN inference over a dynamic graph split into partitions
-(docs/architecture.md "Partitions and MPI ranks"). The engine keeps the whole graph for
-validation (the coordinator's view: a batch is checked and applied to it atomically, exactly as
-with one partition), routes the batch's net change to the partitions (`Placement`) and runs
-the `Shard` supersteps in lock step: before superstep l each shard sends the rows of h^(l-1)
-that changed to the shards holding them as ghosts, as packed buffers through an `Exchange`
-(a transpose in one process; point to point between MPI ranks). Bootstrap cuts the graph
-into partitions and each shard computes its own first state the same way. With one partition
-the shard works on the engine's own graph and nothing is exchanged.
+(docs/architecture.md "Partitions and MPI ranks"). With one partition the engine keeps the
+graph, validates and applies each batch to it atomically, and its shard works on that graph
+with nothing exchanged. With more, the engine (the coordinator) keeps no graph: its
+`Directory` decides the batch's vertex questions and where each update goes, each
+partition applies its share to the edges it keeps and decides the rest, and the `Shard`
+supersteps run in lock step: before superstep l each shard sends the rows of h^(l-1) that
+changed to the shards holding them as ghosts, as packed buffers through an `Exchange` (a
+transpose in one process; point to point between MPI ranks). Bootstrap cuts the graph into
+partitions and each shard computes its own first state the same way; from partition files
+(`from_partitions`) the engine reads the map alone and each partition builds its own shard
+from its file (`bootstrap_files`).
 
 Owns the public engine API; must not import kafka or mpi4py.
 """
@@ -16,10 +19,10 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, TypeVar
 
 import numpy as np
 import torch
@@ -27,25 +30,43 @@ from pydantic import TypeAdapter, ValidationError
 
 from streamgnn.allocator import freed_memory_returned
 from streamgnn.datasets import GraphData
-from streamgnn.errors import InvalidQueryError, NonFiniteEmbeddingError
+from streamgnn.errors import (
+    InvalidQueryError,
+    InvalidUpdateError,
+    NonFiniteEmbeddingError,
+    UnknownVertexError,
+)
 from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph.directory import Directory
+from streamgnn.graph.idmap import Slotted
 from streamgnn.graph.slotmap import SlotMap
 from streamgnn.models import decompose
 from streamgnn.models.inference import layerwise_states
 from streamgnn.npz import prefixed, read_arrays, under, write_arrays
 from streamgnn.queries import QueryColumns, QueryRequest
-from streamgnn.updates import AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
+from streamgnn.updates import CHECKED, AddEdge, AddVertex, Update, UpdateBatch, ValueLimits
 from streamgnn.workers.batch import ApplyResult
-from streamgnn.workers.exchange import Exchange, InProcess
+from streamgnn.workers.bootstrap_files import bootstrap_from_file
+from streamgnn.workers.exchange import InProcess
 from streamgnn.workers.executors import Executors
 from streamgnn.workers.labels import ChangedLabels
-from streamgnn.workers.placement import Placement, Routed, Strategy
-from streamgnn.workers.query import QueryAnswer, QueryGraph, plan, run
+from streamgnn.workers.local import LocalWorkers, Workers, lockstep
+from streamgnn.workers.partition_files import read_map, sizes
+from streamgnn.workers.placement import Strategy, bit, initial_owners, shares
+from streamgnn.workers.query import (
+    FetchedReads,
+    GraphReads,
+    QueryAnswer,
+    QueryGraph,
+    plan,
+    run,
+)
 from streamgnn.workers.shard import Shard
 from streamgnn.workers.slotsets import SlotSets
 
 T = TypeVar("T")
-_CHECKED = ValueLimits(float("inf"), float("inf"))  # a shard's input: the engine checked it
+_NONE_RELEASED = (np.zeros(0, np.int64),) * 3  # ghosts let go of: ids, owners, holders
+_NO_PAIRS = (np.zeros(0, np.int64),) * 2
 
 
 class Engine:
@@ -72,13 +93,18 @@ class Engine:
                                           dtype=self.dtype, keep_states=not recompute)
             if recompute:  # RC re-aggregates from scratch: it keeps no states
                 states = [None] * len(self.layers)
-            self.placement = None
             self._workers = LocalWorkers([Shard(self.layers, graph, hs, states, self.device,
                                                self.dtype)])
         else:
             _check_workers(workers, partitions)
-            self.placement = Placement.initial(graph, partitions, placement)
-            cut = self._cutter()
+            owner = initial_owners(graph, partitions, placement)
+            slots = graph.vertex_slots()
+            self.directory = Directory(graph.ext[slots], owner[slots], partitions,
+                                       graph.num_features, graph.limits, placement)
+            self.index = self.directory
+            self._released = _NONE_RELEASED
+            self._num_edges = graph.num_edges
+            cut = _cutter(graph, owner)
             if workers is None:  # each shard computes its own first state, layer by layer
                 self._workers = LocalWorkers(lockstep([
                     Shard.bootstrap(self.layers, cut(p), self.device, self.dtype, recompute,
@@ -87,10 +113,14 @@ class Engine:
             else:  # each worker gets its partition, cut just before it is sent
                 workers.bootstrap(cut, recompute)
                 self._workers = workers
+            self.graph = None  # the partitions have it: the coordinator keeps the directory
 
-    def _attach(self, model: torch.nn.Module, graph: DynamicGraph, device: str) -> None:
+    def _attach(self, model: torch.nn.Module, graph: DynamicGraph | None, device: str
+                ) -> None:
         self.layers = decompose(model.to(device))
-        self.graph = graph
+        self.graph: DynamicGraph | None = graph  # with partitions: None once they have it
+        self.index: Slotted = graph  # the vertices' slots: the graph's or the directory's
+        self.directory: Directory | None = None  # with partitions: ids -> owners
         self.device = torch.device(device)
         self.executors = Executors(model, self.layers, self.device)
         self.dtype = next(model.parameters()).dtype  # float32, or float64 for checks
@@ -102,36 +132,8 @@ class Engine:
         self.graph_lock = threading.Lock()
         self.last_diff: GraphDiff | None = None
         # the last batch collected: its change and the shards' reports
-        self._collected: tuple[GraphDiff | None, list[ApplyResult]] = (None, [])
+        self._collected: list[ApplyResult] = []
         self._in_flight: deque[_InFlight] = deque()  # batches `submit` started, oldest first
-
-    def _cutter(self) -> Callable[[int], dict[str, np.ndarray]]:
-        """``cut(p)``: shard ``p`` without layer state (`Shard.bootstrap` computes it):
-        the vertices it owns, the in-neighbors it needs as ghosts (their in-degrees too),
-        the edges into its vertices."""
-        edges = self.graph.edge_slots()
-        return functools.partial(self._cut, edges)
-
-    def _cut(self, edges: tuple[np.ndarray, np.ndarray, np.ndarray], p: int
-             ) -> dict[str, np.ndarray]:
-        g, part = self.graph, self.placement.part
-        src, dst, w = edges
-        into = part[dst] == p
-        owned = np.flatnonzero(part[:g.num_slots] == p)
-        ghosts = np.setdiff1d(src[into], owned)
-        local = np.concatenate([owned, ghosts])
-        data = GraphData(g.ext[local], g.ext[src[into]], g.ext[dst[into]], g.x[local],
-                         weight=w[into])
-        graph = DynamicGraph.from_data(data, _CHECKED)
-        graph.in_weight[len(owned):len(local)] = g.in_weight[ghosts]
-        ghost = np.zeros(len(graph.alive), bool)
-        ghost[len(owned):len(local)] = True
-        holders = np.zeros(len(graph.alive), np.uint64)
-        holders[:len(owned)] = self.placement.holders[owned]
-        owner = np.full(len(graph.alive), -1, np.int16)
-        owner[len(owned):len(local)] = part[ghosts]
-        return {**prefixed("graph/", graph.to_arrays()), "ghost": ghost, "holders": holders,
-                "ghost_owner": owner}
 
     @classmethod
     def from_pyg(cls, model: torch.nn.Module, data: GraphData, device: str = "cpu",
@@ -143,12 +145,47 @@ class Engine:
         every P."""
         return cls(model, DynamicGraph.from_data(data, limits), device, **kwargs)
 
+    @classmethod
+    def from_partitions(cls, model: torch.nn.Module, folder: Path, device: str = "cpu",
+                        recompute: bool = False, progress: bool = False,
+                        workers: Workers | None = None) -> Engine:
+        """Bootstrap from the partition files `streamgnn datasets partition` wrote into
+        ``folder``, each loaded where its partition lives: the engine reads the map alone
+        (the directory; the feature width and edge count from the files' headers), and
+        each shard builds itself from its own file (`bootstrap_from_file`). The same
+        engine as `from_pyg` with the folder's partition count and placement, on the
+        dataset it was written from, accepting values within the default `ValueLimits`
+        (those the files were checked against). ``workers``: as many as the partitions
+        (default: in this process)."""
+        folder = Path(folder)
+        engine = cls.__new__(cls)
+        engine._attach(model, None, device)
+        with freed_memory_returned():
+            mapped = read_map(folder)
+            parts = mapped.parts
+            _check_workers(workers, parts)
+            num_features, engine._num_edges = sizes(folder, parts)
+            engine.directory = engine.index = Directory(mapped.ids, mapped.part, parts,
+                                                        num_features, strategy=mapped.strategy)
+            del mapped
+            engine._released = _NONE_RELEASED
+            if workers is None:
+                engine._workers = LocalWorkers(lockstep([
+                    bootstrap_from_file(engine.layers, folder, engine.device, engine.dtype,
+                                        recompute, p, parts, progress and p == 0)
+                    for p in range(parts)], InProcess()))
+            else:
+                workers.bootstrap_files(folder, recompute)
+                engine._workers = workers
+        return engine
+
     def snapshot(self) -> dict[str, np.ndarray]:
         """Everything the engine knows beside the model, as plain arrays (what a checkpoint
-        holds): the graph as laid out (``graph/...``), the placement and each shard's
-        state (``shard<p>/...``), so a restored engine repeats this one bit for bit."""
+        holds): with one partition the graph as laid out (``graph/...``), with more the
+        directory; and each shard's state (``shard<p>/...``, its graph
+        with more than one), so a restored engine repeats this one bit for bit."""
         out = self._head()
-        for p, arrays in enumerate(self.workers.arrays(with_graph=self.placement is not None)):
+        for p, arrays in enumerate(self.workers.arrays(with_graph=self.directory is not None)):
             out.update(prefixed(f"shard{p}/", arrays))
         return out
 
@@ -163,10 +200,10 @@ class Engine:
 
     def write(self, folder: Path) -> list[dict]:
         """Write the state as `snapshot` holds it into checkpoint folder ``folder``: the
-        file ``engine`` (graph, placement) here, and ``shard<p>`` where each shard lives
+        file ``engine`` (`_head`) here, and ``shard<p>`` where each shard lives
         (every MPI rank writes its own); returns their manifest entries."""
         return [write_arrays(folder, "engine", self._head()),
-                *self.workers.write(folder, with_graph=self.placement is not None)]
+                *self.workers.write(folder, with_graph=self.directory is not None)]
 
     @property
     def in_host_memory(self) -> bool:
@@ -187,11 +224,19 @@ class Engine:
     def _restore(cls, model: torch.nn.Module, head: dict[str, np.ndarray],
                  shard: Callable[[int], dict[str, np.ndarray]], device: str,
                  workers: Workers | None, folder: Path | None = None) -> Engine:
+        directory = under(head, "directory/")
+        if under(head, "placement/"):
+            raise ValueError("this state predates the partitions' directory: it holds the "
+                             "whole graph for the coordinator, which keeps none now; "
+                             "bootstrap the engine again from the dataset")
         engine = cls.__new__(cls)
-        engine._attach(model, DynamicGraph.from_arrays(under(head, "graph/")), device)
-        placement = under(head, "placement/")
-        engine.placement = Placement.from_arrays(placement) if placement else None
-        if engine.placement is None:  # one partition: the shard works on this graph
+        engine._attach(model, None if directory else
+                       DynamicGraph.from_arrays(under(head, "graph/")), device)
+        if directory:
+            engine.directory = engine.index = Directory.from_arrays(directory)
+            engine._released = _NONE_RELEASED
+            engine._num_edges = int(head["edges"])
+        if engine.directory is None:  # one partition: the shard works on this graph
             engine._workers = LocalWorkers([Shard.from_arrays(
                 engine.layers, shard(0), engine.device, engine.dtype, engine.graph)])
         elif workers is None:
@@ -209,11 +254,12 @@ class Engine:
         return engine
 
     def _head(self) -> dict[str, np.ndarray]:
-        """The graph and placement arrays of a `snapshot` (no shard state)."""
-        out = prefixed("graph/", self.graph.to_arrays())
-        if self.placement is not None:
-            out.update(prefixed("placement/", self.placement.to_arrays()))
-        return out
+        """The arrays of a `snapshot` beside the shards' state: the graph (one partition)
+        or the directory and the edge count."""
+        if self.directory is None:
+            return prefixed("graph/", self.graph.to_arrays())
+        return {**prefixed("directory/", self.directory.to_arrays()),
+                "edges": np.array(self._num_edges)}
 
     # ---------------------------------------------------------------- reads
     @property
@@ -222,7 +268,7 @@ class Engine:
 
     @property
     def num_partitions(self) -> int:
-        return 1 if self.placement is None else self.placement.num_partitions
+        return 1 if self.directory is None else self.directory.num_partitions
 
     @property
     def shards(self) -> list[Shard]:
@@ -240,21 +286,100 @@ class Engine:
         return self.lookup(ids, -1).argmax(axis=1)
 
     def vertex_ids(self) -> np.ndarray:
-        return self.graph.vertex_ids()
+        if self.directory is None:
+            return self.graph.vertex_ids()
+        return self.directory.vertex_ids()
+
+    def contains(self, ids) -> np.ndarray:
+        """Whether each of ``ids`` is a vertex of the graph."""
+        ids = np.atleast_1d(np.asarray(ids, np.int64))
+        if self.directory is None:
+            return self.graph.contains(ids)
+        return self.directory.owners(ids) >= 0
+
+    @property
+    def num_vertices(self) -> int:
+        return (self.graph.num_vertices if self.directory is None
+                else self.directory.num_vertices)
+
+    @property
+    def num_edges(self) -> int:
+        """Edges in the graph (with partitions: as the last batch collected left them)."""
+        return self.graph.num_edges if self.directory is None else self._num_edges
+
+    @property
+    def num_features(self) -> int:
+        return self._checker.num_features
+
+    @property
+    def limits(self) -> ValueLimits:
+        """The largest feature value and weight the engine takes (`ValueLimits`)."""
+        return self._checker.limits
+
+    @limits.setter
+    def limits(self, limits: ValueLimits) -> None:
+        self._checker.limits = limits
+
+    @property
+    def _checker(self) -> DynamicGraph | Directory:
+        """What checks a batch's vertices and values against the feature width and the
+        limits: the graph (one partition) or the directory."""
+        return self.graph if self.directory is None else self.directory
 
     def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.graph.edges()
+        """Every edge as (source ids, destination ids, weights); with partitions, each
+        partition's (the edges into its vertices), one after the other."""
+        if self.directory is None:
+            return self.graph.edges()
+        return self.workers.edges()
+
+    def to_data(self) -> GraphData:
+        """The current graph as a snapshot (vertices in `vertex_ids` order; edges as
+        `edges` gives them), asked of the partitions."""
+        ids = self.vertex_ids()
+        src, dst, w = self.edges()
+        return GraphData(ids, src, dst, self.lookup(ids, 0), weight=w)
+
+    def in_edges(self, ids, edges: bool = True) -> Neighborhood:
+        """The in-edges of vertices ``ids`` (each at its owner): per id the in-degree and
+        weighted in-degree; with ``edges``, the sources' ids and the weights, id after id.
+        Raises `UnknownVertexError` for an id not in the graph."""
+        ids = np.atleast_1d(np.asarray(ids, np.int64))
+        owner = self.partition_of(ids)
+        asked = [ids[owner == p] for p in range(self.num_partitions)]
+        return Neighborhood.gathered(owner, self._neighbors(asked, False, edges))
+
+    def out_edges(self, id: int) -> tuple[np.ndarray, np.ndarray]:
+        """The destinations' ids and the weights of vertex ``id``'s out-edges (kept at
+        each destination's owner), in no order."""
+        self.partition_of([id])
+        got = self._neighbors([np.array([id], np.int64)] * self.num_partitions, True, True)
+        return (np.concatenate([r["nbr"] for r in got]),
+                np.concatenate([r["w"] for r in got]))
+
+    def _neighbors(self, asked: list[np.ndarray], out: bool, edges: bool
+                   ) -> list[dict[str, np.ndarray]]:
+        if self.directory is None:
+            return [self.shards[0].neighbors(asked[0], out, edges)]
+        return self.workers.neighbors(asked, out, edges)
 
     def partition_of(self, ids) -> np.ndarray:
         """The partition owning each of ``ids`` (raises `UnknownVertexError` for an id
         not in the graph)."""
-        return self.owners(self.graph.slots(ids))
+        if self.directory is None:
+            return self.owners(self.graph.slots(ids))
+        ids = np.atleast_1d(np.asarray(ids, np.int64))
+        owners = self.directory.owners(ids).astype(np.int64)
+        if (missing := np.flatnonzero(owners < 0)).size:
+            i = int(missing[0])
+            raise UnknownVertexError(f"vertex {ids[i]} is not in the graph", index=i)
+        return owners
 
     def owners(self, slots: np.ndarray) -> np.ndarray:
-        """The partition owning each of ``slots``."""
-        if self.placement is None:
+        """The partition owning each of ``slots`` (`index` slots of live vertices)."""
+        if self.directory is None:
             return np.zeros(len(slots), np.int64)
-        return self.placement.owners(slots).astype(np.int64)
+        return self.directory.owner[slots].astype(np.int64)
 
     def stats(self) -> list[dict]:
         """Per partition: vertices owned, halo (ghost) vertices, and for the last batch
@@ -279,10 +404,12 @@ class Engine:
             raise NonFiniteEmbeddingError(self._poisoned)
         settings = _options(req, options)
         if isinstance(req, QueryColumns):
-            cols = req.checked(self.graph.num_features, self.graph.limits)
+            cols = req.checked(self.num_features, self.limits)
         else:
-            cols = QueryColumns.from_request(req, self.graph.num_features, self.graph.limits)
-        qg = QueryGraph(self.graph, cols, self._query_sets)
+            cols = QueryColumns.from_request(req, self.num_features, self.limits)
+        reads = (GraphReads(self.graph) if self.directory is None
+                 else FetchedReads(self.index, self.in_edges, self._query_sets))
+        qg = QueryGraph(self.index, reads, cols, self._query_sets)
         budget, policy = settings["budget"], settings["policy"]
         if settings["insert"]:
             result = self.apply(
@@ -332,13 +459,29 @@ class Engine:
         if len(self._in_flight) >= self._workers.max_in_flight:
             raise self._refusal()
         workers = self._workers
-        with self.graph_lock:
-            diff = self.last_diff = self.graph.apply(batch, skip_invalid)
-        if self.placement is None:
-            results = workers.submit_diff(diff)
-        else:
-            results = workers.submit(self.placement.route(self.graph, diff, len(batch)))
-        self._in_flight.append(_InFlight(results, len(batch), diff, self.graph.ext[diff.removed]))
+        if self.directory is None:
+            with self.graph_lock:
+                diff = self.last_diff = self.graph.apply(batch, skip_invalid)
+            self._in_flight.append(_InFlight(workers.submit_diff(diff), len(batch),
+                                             diff.rejected, self.graph.ext[diff.removed]))
+            return
+        enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
+               else UpdateBatch.from_updates(batch, self.num_features))
+        decided = self.directory.decide(enc, skip_invalid)
+        routed = shares(decided, enc, self.num_partitions, self._released)
+        self._released = _NONE_RELEASED
+        if not skip_invalid:  # the directory's first rejection, or one of an edge
+            errors = decided.rejected + [e.at(int(r.positions[e.index])) for r, e in zip(
+                routed, workers.check(routed), strict=True) if e is not None]
+            if errors:
+                self.directory.undo(decided)
+                raise min(errors, key=lambda e: e.index)
+        self.directory.commit(decided)
+        subscribed = (np.concatenate([r.subscribed for r in routed]),
+                      np.concatenate([r.subscribers for r in routed]))
+        self._in_flight.append(_InFlight(workers.submit(routed), len(batch), decided.rejected,
+                                         decided.removed, subscribed,
+                                         [r.positions for r in routed]))
 
     def collect(self) -> ApplyResult:
         """The result of the oldest batch `submit` started and nothing collected yet,
@@ -346,21 +489,44 @@ class Engine:
         if not self._in_flight:
             raise RuntimeError("no batch in flight: collect() follows submit()")
         flight = self._in_flight.popleft()
-        results = flight.results()
-        self._collected = flight.diff, results
+        results = self._collected = flight.results()
         if bad := [r.non_finite for r in results if r.non_finite]:
             self._poisoned = (f"a batch of {flight.size} updates drove layer {min(bad)} "
                               "embeddings to NaN or inf; restore the engine from a snapshot")
             while self._in_flight:  # the workers' replies to a batch after it, let go
                 self._in_flight.popleft().results()
             raise NonFiniteEmbeddingError(self._poisoned)
+        rejected = flight.rejected
+        if self.directory is not None:
+            self._let_go(results)
+            self._num_edges += sum(r.edges_added for r in results)
+            rejected = sorted(rejected + [  # the partitions' rejections in their shares
+                e.at(int(at[e.index])) for at, r in zip(flight.positions, results, strict=True)
+                for e in r.rejected], key=lambda e: e.index)
         labels = ChangedLabels.concat([r.changed_labels for r in results])
         names = ("recomputed", "pulled", "pulled_columns", "remote_reads", "combined_messages")
         counts = ({name: getattr(results[0], name) for name in names} if len(results) == 1
                   else {name: [sum(c) for c in zip(*(getattr(r, name) for r in results),
                                                     strict=True)]
                         for name in names})  # per layer, summed over the shards
-        return ApplyResult(labels, flight.diff.rejected, removed=flight.removed, **counts)
+        return ApplyResult(labels, rejected, removed=flight.removed, **counts)
+
+    def _let_go(self, results: list[ApplyResult]) -> None:
+        """Add the ghosts the partitions let go of in a batch to what the next batch tells
+        their owners, but those that a batch submitted after it (still in flight) made the
+        same partition hold again: its owner must keep sending it their rows."""
+        if not any(len(r.released[0]) for r in results if r.released is not None):
+            return
+        again = {pair for f in self._in_flight
+                 for pair in zip(*(a.tolist() for a in f.subscribed), strict=True)}
+        ids, owners, holders = (list(a) for a in self._released)
+        for q, r in enumerate(results):
+            for u, owner in zip(*(a.tolist() for a in r.released or ((), ())), strict=True):
+                if (u, q) not in again:
+                    ids.append(u)
+                    owners.append(owner)
+                    holders.append(q)
+        self._released = tuple(np.array(a, np.int64) for a in (ids, owners, holders))
 
     @property
     def computing(self) -> bool:
@@ -382,29 +548,23 @@ class Engine:
         return RuntimeError(f"{len(self._in_flight)} batches in flight: collect() first")
 
     def rewritten(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per layer 0..L (0: the features), the rows the last batch wrote, as (the graph's
-        slots ascending, rows); merged from the shards' reports when asked (the read view
-        asks, before the next batch), empty where the shards run elsewhere or the graph
-        has moved on to a batch still in flight."""
-        diff, results = self._collected
-        if diff is None or diff is not self.last_diff or not all(r.rewritten for r in results):
+        """Per layer 0..L (0: the features), the rows the last batch collected wrote, as
+        (`index` slots ascending, rows); merged from the shards' reports when asked (the
+        read view asks, before the next batch), empty where the shards run elsewhere or a
+        batch is in flight (their slots may have moved on)."""
+        results = self._collected
+        if self._in_flight or not results or not all(r.rewritten for r in results):
             return []
-        return [self._features(diff), *(
-            self._rewritten(layer) for layer in zip(*(r.rewritten for r in results)))]
-
-    def _features(self, diff: GraphDiff) -> tuple[np.ndarray, np.ndarray]:
-        """The feature rows ``diff`` wrote, by the graph's slots (ascending)."""
-        slots = np.sort(np.concatenate([diff.changed, diff.added]).astype(np.int64))
-        return slots, self.graph.x[slots]
+        return [self._rewritten(layer) for layer in zip(*(r.rewritten for r in results))]
 
     def _rewritten(self, shards: tuple[tuple[np.ndarray, np.ndarray], ...]
                    ) -> tuple[np.ndarray, np.ndarray]:
-        """One layer's rows the shards wrote (their slots, their rows), by the graph's
-        slots (ascending)."""
-        if self.placement is None:
+        """One layer's rows the shards wrote (their slots, their rows), by `index` slots
+        (ascending)."""
+        if self.directory is None:
             return shards[0]
         if [m.source for m in self._slot_maps] != [shard.graph for shard in self.shards]:
-            self._slot_maps = [SlotMap(shard.graph, self.graph) for shard in self.shards]
+            self._slot_maps = [SlotMap(shard.graph, self.index) for shard in self.shards]
         slots = np.concatenate([to_engine(s) for to_engine, (s, _) in
                                 zip(self._slot_maps, shards, strict=True)])
         order = np.argsort(slots)
@@ -442,133 +602,91 @@ def _options(req: QueryRequest | QueryColumns, options: dict) -> dict:
 
 
 @dataclass
+class Neighborhood:
+    """Some vertices' in-edges in CSR form: vertex i's sources are ``src[ptr[i]:ptr[i+1]]``
+    (ids; weights ``w`` alongside; both empty when asked without edges), its in-degree
+    ``count[i]`` and its weighted in-degree ``in_weight[i]``."""
+
+    count: np.ndarray
+    in_weight: np.ndarray
+    ptr: np.ndarray
+    src: np.ndarray
+    w: np.ndarray
+
+    @classmethod
+    def gathered(cls, owner: np.ndarray, replies: list[dict[str, np.ndarray]]
+                 ) -> Neighborhood:
+        """The vertices' neighborhoods in their order from each partition's reply about
+        the vertices it owns (``owner``: each vertex's partition, `Shard.neighbors`)."""
+        if len(replies) == 1:  # one partition: its reply is in the vertices' order
+            r = replies[0]
+            return cls(r["count"], r["in_weight"], np.concatenate([[0], np.cumsum(r["count"])]),
+                       r.get("nbr", np.zeros(0, np.int64)),
+                       np.asarray(r.get("w", np.zeros(0)), np.float64))
+        n = len(owner)
+        count, in_weight = np.zeros(n, np.int64), np.zeros(n, np.float64)
+        where = [np.flatnonzero(owner == p) for p in range(len(replies))]
+        for at, reply in zip(where, replies, strict=True):
+            count[at], in_weight[at] = reply["count"], reply["in_weight"]
+        ptr = np.concatenate([[0], np.cumsum(count)])
+        if "nbr" not in replies[0]:
+            return cls(count, in_weight, ptr, np.zeros(0, np.int64), np.zeros(0))
+        src = np.empty(int(ptr[-1]), np.int64)
+        w = np.empty(int(ptr[-1]), np.float64)
+        for at, reply in zip(where, replies, strict=True):
+            c = reply["count"]
+            first = np.repeat(ptr[at] - np.concatenate([[0], np.cumsum(c)[:-1]]), c)
+            into = first + np.arange(len(reply["nbr"]))
+            src[into], w[into] = reply["nbr"], reply["w"]
+        return cls(count, in_weight, ptr, src, w)
+
+
+@dataclass
 class _InFlight:
     """A batch `Engine.submit` started: what waits for its shards' results, and what the
     result needs of the graph as the batch left it."""
 
     results: Callable[[], list[ApplyResult]]
     size: int
-    diff: GraphDiff  # its change of the graph
+    rejected: list[InvalidUpdateError]  # (with partitions: the directory's)
     removed: np.ndarray  # ids of the vertices it deleted
+    subscribed: tuple[np.ndarray, np.ndarray] = _NO_PAIRS  # (ids, holders) told owners
+    positions: list[np.ndarray] = field(default_factory=list)  # of each share in the batch
+
+
+def _cutter(graph: DynamicGraph, part: np.ndarray) -> Callable[[int], dict[str, np.ndarray]]:
+    """``cut(p)``: shard ``p`` of ``graph`` with owners ``part`` (by slot), without layer
+    state (`Shard.bootstrap` computes it): the vertices it owns, the in-neighbors it needs
+    as ghosts (their in-degrees too), the edges into its vertices, and who holds its
+    vertices as ghosts."""
+    src, dst, w = graph.edge_slots()
+    holders = np.zeros(graph.num_slots, np.uint64)  # per slot, a bit per holder
+    cut = part[src] != part[dst]
+    np.bitwise_or.at(holders, src[cut], bit(part[dst[cut]]))
+    return functools.partial(_cut, graph, part, holders, (src, dst, w))
+
+
+def _cut(g: DynamicGraph, part: np.ndarray, holders_of: np.ndarray,
+         edges: tuple[np.ndarray, np.ndarray, np.ndarray], p: int) -> dict[str, np.ndarray]:
+    src, dst, w = edges
+    into = part[dst] == p
+    owned = np.flatnonzero(part[:g.num_slots] == p)
+    ghosts = np.setdiff1d(src[into], owned)
+    local = np.concatenate([owned, ghosts])
+    data = GraphData(g.ext[local], g.ext[src[into]], g.ext[dst[into]], g.x[local],
+                     weight=w[into])
+    graph = DynamicGraph.from_data(data, CHECKED)
+    graph.in_weight[len(owned):len(local)] = g.in_weight[ghosts]
+    ghost = np.zeros(len(graph.alive), bool)
+    ghost[len(owned):len(local)] = True
+    holders = np.zeros(len(graph.alive), np.uint64)
+    holders[:len(owned)] = holders_of[owned]
+    owner = np.full(len(graph.alive), -1, np.int16)
+    owner[len(owned):len(local)] = part[ghosts]
+    return {**prefixed("graph/", graph.to_arrays()), "ghost": ghost, "holders": holders,
+            "ghost_owner": owner}
 
 
 def _check_workers(workers: Workers | None, partitions: int) -> None:
     if workers is not None and workers.size != partitions:
         raise ValueError(f"{partitions} partitions for {workers.size} workers")
-
-
-class Workers(Protocol):
-    """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
-    engine builds `LocalWorkers` itself, which need only what it calls on both: `submit`,
-    `rows`, `arrays`, `write`, `summaries`, `max_in_flight`."""
-
-    size: int  # how many partitions they hold
-    max_in_flight: int  # batches they take submitted and not yet collected
-
-    def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
-        """Take the shards' state: ``shard(p)``, partition p's (`Shard.arrays`)."""
-        ...
-
-    def bootstrap(self, cut: Callable[[int], dict[str, np.ndarray]], recompute: bool
-                  ) -> None:
-        """Compute the shards' first state where they live (`Shard.bootstrap`) from
-        ``cut(p)``, partition p without layer state."""
-        ...
-
-    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
-        """Start every shard's part of a batch, run in lock step; returns what waits for
-        them to finish and gives their results."""
-        ...
-
-    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
-        """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
-        ...
-
-    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
-        """Each shard's partial aggregates for a query layer (`Shard.partials` with the
-        request's keywords; None: nothing asked of it)."""
-        ...
-
-    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
-        """Each shard's state (`Shard.arrays`)."""
-        ...
-
-    def write(self, folder: Path, with_graph: bool) -> list[dict]:
-        """Each shard's state as file ``shard<p>`` in ``folder`` (without its graph unless
-        ``with_graph``); their manifest entries."""
-        ...
-
-    def read(self, folder: Path, weights: dict[str, np.ndarray]) -> None:
-        """Take the shards' state from the files `write` wrote into ``folder`` (each
-        where it lives), and the model's ``weights`` (its state dict: the model the state
-        was computed with, whatever model file a worker started from)."""
-        ...
-
-    def summaries(self) -> list[dict]:
-        ...
-
-
-class LocalWorkers:
-    """The shards in this process, exchanging through ``exchange`` (a transpose)."""
-
-    max_in_flight = 1  # `submit` returns with the batch done
-
-    def __init__(self, shards: list[Shard], exchange: Exchange | None = None) -> None:
-        self.shards = shards
-        self.exchange = exchange or InProcess()
-
-    def submit_diff(self, diff: GraphDiff) -> Callable[[], list[ApplyResult]]:
-        """One shard working on the engine's own graph, which ``diff`` changed (done
-        before this returns)."""
-        results = lockstep([self.shards[0].run(diff)], self.exchange)
-        return lambda: results
-
-    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
-        n = len(self.shards)
-        results = lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
-            zip(self.shards, routed, strict=True))], self.exchange)
-        return lambda: results
-
-    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
-        out = None
-        for p in np.unique(owner).tolist():
-            shard, mine = self.shards[p], owner == p
-            rows = shard.rows(shard.graph.slots(ids[mine]), layer)
-            if out is None:
-                out = np.empty((len(ids), rows.shape[1]), rows.dtype)
-            out[mine] = rows
-        return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
-
-    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
-        return [None if r is None else shard.partials(**r)
-                for shard, r in zip(self.shards, requests, strict=True)]
-
-    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
-        return [shard.arrays(with_graph) for shard in self.shards]
-
-    def write(self, folder: Path, with_graph: bool) -> list[dict]:
-        return [write_arrays(folder, f"shard{p}", shard.arrays(with_graph))
-                for p, shard in enumerate(self.shards)]
-
-    def summaries(self) -> list[dict]:
-        return [shard.summary() for shard in self.shards]
-
-
-def lockstep(programs: list[Generator[list[np.ndarray], list[np.ndarray], T]],
-             exchange: Exchange) -> list[T]:
-    """Run shards' BSP programs (`Shard.run`, `Shard.bootstrap`) together, handing their
-    buffers over through ``exchange`` at each barrier; what they return."""
-    results: list[T | None] = [None] * len(programs)
-    incoming: list[list[np.ndarray] | None] = [None] * len(programs)
-    while True:
-        outgoing = []
-        for p, program in enumerate(programs):
-            try:
-                outgoing.append(next(program) if incoming[p] is None
-                                else program.send(incoming[p]))
-            except StopIteration as done:
-                results[p] = done.value
-        if not outgoing:
-            return results
-        incoming = exchange.alltoall(outgoing)
-

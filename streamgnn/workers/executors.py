@@ -92,14 +92,14 @@ def calibrate(engine, sizes: tuple[int, ...] = (1, 16, 64, 256, 1024, 4096),
     from streamgnn.progress import track
     from streamgnn.queries import QueryColumns
 
-    g, rng = engine.graph, np.random.default_rng(seed)
-    ids = g.vertex_ids()
-    degree = max(1, round(g.num_edges / max(g.num_vertices, 1)))
+    rng = np.random.default_rng(seed)
+    ids = engine.vertex_ids()
+    degree = max(1, round(engine.num_edges / max(engine.num_vertices, 1)))
     cuda = [d for d in engine.executors.devices if d.type == "cuda"]
     measured = []
     for n in track(sizes, "calibrating", "size", enabled=progress):
         first = int(ids.max()) + 1
-        x = g.x[g.slots(rng.choice(ids, n))]
+        x = engine.lookup(rng.choice(ids, n), 0)
         ends = np.sort(rng.choice(ids, (n, degree)), axis=1)  # repeats now adjacent
         new, old = np.repeat(first + np.arange(n), degree), ends.ravel()
         keep = np.concatenate([[True], (old[1:] != old[:-1]) | (new[1:] != new[:-1])])

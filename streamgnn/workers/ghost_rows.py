@@ -19,6 +19,7 @@ from torch import Tensor
 
 from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.layers import Layer
+from streamgnn.updates import ADD_VERTEX, DELETE_VERTEX
 from streamgnn.workers.batch import Batch, Changed
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.halo import begin_halo, rows_for, take_ghost_rows
@@ -28,25 +29,41 @@ from streamgnn.workers.tables import Tables
 
 def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarray,
                  added: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Who holds what once the coordinator's split ``routed`` of a batch (which made ``diff``
-    on the shard's graph, removing and adding these slots) begins (`begin_halo`): the
-    owned slots another partition now holds as ghosts, that partition, and the bytes of
-    ghosts' features (and ids) the routed batch brought."""
+    """Who holds what once this partition's share ``routed`` of a batch (which made
+    ``diff`` on the shard's graph, removing and adding these slots) begins (`begin_halo`):
+    the ghosts its edges added (the added slots no vertex addition of the share made),
+    owned by the source owners the directory named; the owned slots another partition may
+    now hold (each sent its rows), and that partition. Returns those, and the bytes of
+    ghosts' ids the share brought."""
     assert tb.ghost is not None, "a routed batch goes to a partition's shard"
-    r, slots = routed, removed[:0]
-    if len(r.ghosts) or len(r.subscribed) or len(r.unsubscribed) or len(removed) or len(added):
+    r, ext = routed, tb.graph.ext
+    ghosts, ghost_owners = _new_ghosts(r, ext[added])
+    alive_owned = tb.graph.find(r.subscribed)
+    keep = alive_owned >= 0
+    keep[keep] &= ~tb.ghost[alive_owned[keep]] | np.isin(alive_owned[keep], added)
+    subscribed, subscribers = r.subscribed[keep], r.subscribers[keep]
+    known = tb.graph.find(r.unsubscribed) >= 0
+    unsubscribed, unsubscribers = r.unsubscribed[known], r.unsubscribers[known]
+    slots = removed[:0]
+    if len(ghosts) or len(subscribed) or len(unsubscribed) or len(removed) or len(added):
         unknown, slots = begin_halo(
-            tb.graph.id_table, removed, added, r.ghosts, r.ghost_owners, r.subscribed,
-            r.subscribers, r.unsubscribed, r.unsubscribers, tb.ghost, tb.ghost_owner,
+            tb.graph.id_table, removed, added, ghosts, ghost_owners, subscribed,
+            subscribers, unsubscribed, unsubscribers, tb.ghost, tb.ghost_owner,
             tb.holders, tb.owned, tb.graph.in_weight)
-        if unknown >= 0:
-            named = np.concatenate([r.ghosts, r.subscribed, r.unsubscribed])[unknown]
-            raise RuntimeError(f"the coordinator named vertex {named}, which this "
-                               "partition does not hold")
-    ghost_rows = len(r.ghosts) + (int(np.count_nonzero(tb.ghost[diff.changed]))
-                                  if len(diff.changed) else 0)
-    return slots, r.subscribers, ghost_rows * (8 + tb.graph.x.itemsize
-                                               * tb.graph.num_features)
+        assert unknown < 0, "the ids were looked up"
+    return slots, subscribers, 8 * (len(r.ghosts) + len(r.subscribed))
+
+
+def _new_ghosts(r: Routed, added_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Among the ids of the added slots, those an edge added (a ghost): every one but the
+    ids whose last vertex update in the share is an addition; with the owner the
+    directory named for the last edge from each."""
+    op, ids = r.batch.op, r.batch.src
+    vertex = np.flatnonzero((op == ADD_VERTEX) | (op == DELETE_VERTEX))
+    last = {int(i): int(o) for i, o in zip(ids[vertex], op[vertex])}
+    ghosts = np.array([i for i in added_ids.tolist() if last.get(i) != ADD_VERTEX], np.int64)
+    owner = dict(zip(r.ghosts.tolist(), r.ghost_owners.tolist()))
+    return ghosts, np.array([owner[i] for i in ghosts.tolist()], np.int64)
 
 
 def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[np.ndarray]:
@@ -56,11 +73,18 @@ def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[n
     owner's where z moved and h did not: its activation is the same h, bit for bit.
     Features come with the routed batch: at layer 0 (degree-normalised layers only) the
     rows whose in-degree changed go, with it."""
-    moved = b.edges.degree_changed if hop == 0 else b.changed.slots
+    degrees = any(layer.degree_normalised for layer in tb.layers)
+    if hop > 0:
+        moved = b.changed.slots
+    elif degrees:
+        moved = tb.sets.union(b.changed.old_slots, b.edges.degree_changed)
+    else:
+        moved = b.changed.old_slots
     if tb.holders is None or not (len(moved) or len(b.subscribed)):
         return [np.zeros(0, np.uint8)] * partitions
     if hop == 0:
-        table, in_weight = torch.from_numpy(tb.graph.x), tb.graph.in_weight
+        table = torch.from_numpy(tb.graph.x)
+        in_weight = tb.graph.in_weight if degrees else None
     else:
         table, in_weight = tb.stored(hop), None
     return rows_for(me, partitions, moved, tb.owned, tb.holders, b.subscribed,
@@ -78,6 +102,14 @@ def incoming(tb: Tables, b: Batch, hop: int, buffers: Sequence[np.ndarray]) -> N
     ids, rows = ((received[0].ids, received[0].rows) if len(received) == 1 else  # as sent
                  (np.concatenate([g.ids for g in received]),
                   np.concatenate([g.rows for g in received])))
+    weights = [g.in_weight for g in received]
+    w = np.concatenate(weights) if weights[0] is not None else None
+    slots = tb.graph.find(ids)  # rows of vertices it no longer holds as ghosts: not taken
+    held = slots >= 0
+    held[held] = tb.ghost[slots[held]]
+    if not held.all():
+        ids, rows = ids[held], rows[held]
+        w = None if w is None else w[held]
     table = torch.from_numpy(tb.graph.x) if hop == 0 else tb.stored(hop)
     activation = (tb.layers[hop - 1].elementwise if hop > 0 and tb.z[hop - 1]
                   else "identity")  # h of a stored row
@@ -91,9 +123,7 @@ def incoming(tb: Tables, b: Batch, hop: int, buffers: Sequence[np.ndarray]) -> N
     if activation is None:
         old = tb.layers[hop - 1].activate(old)
     b.changed = Changed(sources, old_slots, [*c.old_rows, tb.ours(old)])
-    weights = [g.in_weight for g in received]
-    if weights[0] is not None:  # (degree-normalised layers, before the first)
-        w = np.concatenate(weights)
+    if w is not None:  # (degree-normalised layers, before the first)
         degree = slots[tb.graph.in_weight[slots] != w]
         tb.graph.in_weight[slots] = w
         b.edges.degree_changed = tb.sets.union(b.edges.degree_changed, degree)

@@ -50,11 +50,11 @@ def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subsc
         ghost[v], holders[v] = False, 0
     for i in range(len(ghosts)):
         ghost[slots[i]], ghost_owner[slots[i]] = True, ghost_owners[i]
-    for i in range(len(subscribed)):
-        holders[sub_slots[i]] |= holder_bit(subscribers[i])
-    for i in range(len(unsubscribed)):
+    for i in range(len(unsubscribed)):  # (let go of before this batch: first)
         s = slots[len(ghosts) + len(subscribed) + i]
         holders[s] &= ~holder_bit(unsubscribers[i])
+    for i in range(len(subscribed)):
+        holders[sub_slots[i]] |= holder_bit(subscribers[i])
     for v in added:
         owned[v] = not ghost[v]
     return -1, sub_slots

@@ -21,8 +21,10 @@ before) and replies come back on a communicator of their own. The partitions of 
 or a load go one worker at a time instead (``Send``, array by array, each received into an
 allocation of its own that the shard adopts), each built just before it is sent and dropped
 after, so rank 0 never holds more than one (a products-like graph's four add up to several
-GB). Counts and offsets are 64-bit, so mpi4py uses MPI-4's large-count calls where a
-transfer passes 2 GiB. During a batch the workers exchange ghost rows among themselves
+GB). A bootstrap from partition files (``BOOTSTRAP_FILES``) sends the workers the
+folder's name alone: each reads its own file there (`bootstrap_from_file`). Counts and
+offsets are 64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes
+2 GiB. During a batch the workers exchange ghost rows among themselves
 (`alltoallv`: a nonblocking send per peer) of the same packed buffers `Shard.run` builds in
 one process. A worker that fails aborts the whole job (``MPI_Abort``), so nothing hangs;
 `serve` restarts it from its last checkpoint.
@@ -53,12 +55,15 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
+from streamgnn import errors
 from streamgnn.allocator import freed_memory_returned
+from streamgnn.errors import InvalidUpdateError
 from streamgnn.extras import needs
 from streamgnn.models import decompose
 from streamgnn.npz import from_bytes, plain, prefixed, read_arrays, to_bytes, under, write_arrays
 from streamgnn.updates import UpdateBatch
 from streamgnn.workers.batch import ApplyResult
+from streamgnn.workers.bootstrap_files import bootstrap_from_file
 from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import Shard
@@ -70,9 +75,9 @@ if TYPE_CHECKING:
     from streamgnn.router.checkpoint import Checkpoints
 
 (LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP, VERIFY,
- MOVE_ASIDE, DROP) = range(13)
+ MOVE_ASIDE, DROP, CHECK, EDGES, NEIGHBORS, BOOTSTRAP_FILES) = range(17)
 ONE_AT_A_TIME = (LOAD, BOOTSTRAP)  # commands whose payloads are sent to one worker at a time
-NEW_SHARD = (LOAD, BOOTSTRAP, READ)  # commands that replace a worker's shard
+NEW_SHARD = (LOAD, BOOTSTRAP, READ, BOOTSTRAP_FILES)  # commands that replace a worker's shard
 T = TypeVar("T")
 NOTHING = np.zeros(0, np.uint8)  # an empty message
 
@@ -111,9 +116,27 @@ class MpiWorkers:
         self._call(BOOTSTRAP, ({**cut(p), "recompute": np.array(recompute)}
                                for p in range(self.size)))
 
+    def bootstrap_files(self, folder: Path, recompute: bool) -> None:
+        at = {"folder": _json(str(Path(folder).absolute())), "recompute": np.array(recompute)}
+        self._call(BOOTSTRAP_FILES, [at] * self.size)
+
     def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
         self._send(APPLY, [_routed_arrays(r) for r in routed])
         return lambda: [_result(message) for message in self._replies()]
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        replies = self._call(EDGES, [{}] * self.size)
+        return tuple(np.concatenate([r[k] for r in replies]) for k in ("src", "dst", "w"))
+
+    def check(self, routed: list[Routed]) -> list[InvalidUpdateError | None]:
+        replies = self._call(CHECK, [_routed_arrays(r) for r in routed])
+        return [None if not r else getattr(errors, str(_unjson(r["kind"])))(
+            str(_unjson(r["reason"])), index=int(r["index"])) for r in replies]
+
+    def neighbors(self, asked: list[np.ndarray], out: bool, edges: bool
+                  ) -> list[dict[str, np.ndarray]]:
+        return self._call(NEIGHBORS, [{"ids": ids, "flags": np.array([out, edges])}
+                                      for ids in asked])
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         replies = self._call(ROWS, [{"ids": ids[owner == p], "layer": np.array(layer)}
@@ -305,7 +328,8 @@ def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str,
 
 def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, device: str,
                dtype: torch.dtype, peers: MPI.Comm, copies: Checkpoints | None) -> Shard:
-    """The shard a LOAD, BOOTSTRAP or READ command makes."""
+    """The shard a LOAD, BOOTSTRAP, BOOTSTRAP_FILES (from this rank's partition file in
+    the folder named, as named) or READ command makes."""
     me, partitions = peers.Get_rank(), peers.Get_size()
     if command == LOAD:
         return Shard.from_arrays(layers, payload, torch.device(device), dtype)
@@ -313,6 +337,10 @@ def _new_shard(command: int, payload: dict[str, np.ndarray], layers: list, devic
         recompute = bool(payload.pop("recompute"))
         return _drive(Shard.bootstrap(layers, payload, torch.device(device), dtype,
                                       recompute, me, partitions), peers)
+    if command == BOOTSTRAP_FILES:
+        return _drive(bootstrap_from_file(layers, Path(_unjson(payload["folder"])),
+                                          torch.device(device), dtype,
+                                          bool(payload["recompute"]), me, partitions), peers)
     arrays = read_arrays(_folder(payload, copies) / f"shard{me}.npz")
     return Shard.from_arrays(layers, arrays, torch.device(device), dtype)
 
@@ -331,6 +359,11 @@ def _execute(command: int, message: np.ndarray, shard: Shard, peers: MPI.Comm,
     if command == APPLY:
         program = shard.run_routed(_routed(message), peers.Get_rank(), peers.Get_size())
         return _result_message(_drive(program, peers))
+    if command == CHECK:
+        error = shard.graph.check(_routed(message).batch, ghosts=True)
+        return to_bytes({} if error is None else {"kind": _json(type(error).__name__),
+                                                  "reason": _json(error.reason),
+                                                  "index": np.array(error.index)})
     return to_bytes(_answer(command, from_bytes(message), shard, peers, copies))
 
 
@@ -338,6 +371,12 @@ def _answer(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: M
             copies: Checkpoints | None) -> dict[str, np.ndarray]:
     """What a command other than a batch replies, as arrays."""
     me = peers.Get_rank()
+    if command == EDGES:
+        src, dst, w = shard.graph.edges()
+        return {"src": src, "dst": dst, "w": w}
+    if command == NEIGHBORS:
+        out, edges = payload["flags"].tolist()
+        return shard.neighbors(payload["ids"], out, edges)
     if command == ROWS:
         ids, layer = payload["ids"], int(payload["layer"])
         return {"rows": shard.rows(shard.graph.slots(ids), layer)}
@@ -503,26 +542,42 @@ def _partials(a: dict[str, np.ndarray]) -> dict:
 
 
 _COUNTS = ("recomputed", "pulled", "pulled_columns", "remote_reads", "combined_messages")
+_NO_IDS = np.zeros(0, np.int64)
+_NO_BYTES = np.zeros(0, np.uint8)
 
 
 def _result_message(r: ApplyResult) -> np.ndarray:
     """A shard's `ApplyResult` as its reply: int64s, namely the L layers counted, the
-    first layer driven to NaN or inf (0: none), the n label changes, the `_COUNTS` (L
-    each), then the changes' ids, old and new labels (n each): an idle shard's reply is
-    3 + 5 L numbers."""
+    first layer driven to NaN or inf (0: none), the n label changes, the m ghosts let go
+    of, the edges added (net), the bytes b of the rejections, the `_COUNTS` (L each), then
+    the changes' ids, old and new labels (n each), the ghosts' ids and owners (m each) and
+    the rejections as JSON (b bytes, padded to whole int64s): an idle shard's reply is
+    6 + 5 L numbers."""
     changes = r.changed_labels
-    head = [len(r.recomputed), r.non_finite, len(changes.ids)]
+    released = r.released if r.released is not None else (_NO_IDS, _NO_IDS)
+    rejected = (_json([[type(e).__name__, e.reason, e.index] for e in r.rejected])
+                if r.rejected else _NO_BYTES)
+    head = [len(r.recomputed), r.non_finite, len(changes.ids), len(released[0]),
+            r.edges_added, len(rejected)]
     head += [count for name in _COUNTS for count in getattr(r, name)]
+    padded = np.zeros(-(-len(rejected) // 8) * 8, np.uint8)
+    padded[:len(rejected)] = rejected
     return np.concatenate([np.array(head, np.int64), changes.ids, changes.old,
-                           changes.new]).view(np.uint8)
+                           changes.new, *released, padded.view(np.int64)]).view(np.uint8)
 
 
 def _result(message: np.ndarray) -> ApplyResult:
     """`_result_message` undone (the label changes view the message)."""
     row = message.view(np.int64)
-    layers, non_finite, n = row[:3].tolist()
-    end = 3 + len(_COUNTS) * layers
-    counts = row[3:end].reshape(len(_COUNTS), layers).tolist()
-    ids, old, new = row[end:].reshape(3, n)
-    return ApplyResult(ChangedLabels(ids, old, new), [], non_finite=non_finite,
+    layers, non_finite, n, m, edges_added, b = row[:6].tolist()
+    end = 6 + len(_COUNTS) * layers
+    counts = row[6:end].reshape(len(_COUNTS), layers).tolist()
+    ids, old, new = row[end:end + 3 * n].reshape(3, n)
+    end += 3 * n
+    released = row[end:end + 2 * m].reshape(2, m)
+    rejected = [getattr(errors, kind)(reason, index=index) for kind, reason, index in
+                (_unjson(row[end + 2 * m:].view(np.uint8)[:b]) if b else [])]
+    return ApplyResult(ChangedLabels(ids, old, new), rejected, non_finite=non_finite,
+                       released=(released[0], released[1]), edges_added=edges_added,
                        **dict(zip(_COUNTS, counts, strict=True)))
+

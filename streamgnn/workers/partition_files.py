@@ -9,6 +9,10 @@ the vertices it owns, and ``src``, ``dst`` (external ids) and ``weight`` of the 
 whose destination it owns, in the dataset's order; each also names ``part`` and
 ``parts``. Plain npz (`npz.write_arrays`), never a pickle.
 
+`Engine.from_partitions` starts an engine from a folder: the coordinator reads the map
+(and the feature width and edge count from the files' headers: `sizes`), and each
+partition its own file (`bootstrap_files`).
+
 Lives in `workers/` beside the placement it writes out (`datasets/` imports nothing
 inside streamgnn but the top level). Must not import torch, kafka or mpi4py.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +62,11 @@ class PartitionMap:
 
 @dataclass(frozen=True)
 class Partition:
-    """Partition ``index``'s file: its vertices (``ids``, ``x``, ``y``) and the edges into
-    them (``src``, ``dst``, ``weight``)."""
+    """Partition ``index``'s file (of ``parts``): its vertices (``ids``, ``x``, ``y``) and
+    the edges into them (``src``, ``dst``, ``weight``)."""
 
     index: int
+    parts: int
     ids: np.ndarray
     x: np.ndarray
     y: np.ndarray | None
@@ -156,19 +162,41 @@ def read_map(directory: Path) -> PartitionMap:
                         str(arrays["strategy"]))
 
 
+def partitions_in(directory: Path) -> int:
+    """The number of partitions of the files in ``directory`` (read from the map alone)."""
+    with np.load(_existing(Path(directory) / f"{MAP}.npz"), allow_pickle=False) as npz:
+        return int(npz["parts"])
+
+
 def read_partition(directory: Path, p: int) -> Partition:
     """Partition ``p``'s file in ``directory`` (one of the map's partitions)."""
     directory = Path(directory)
-    with np.load(_existing(directory / f"{MAP}.npz"), allow_pickle=False) as npz:
-        parts = int(npz["parts"])
+    parts = partitions_in(directory)
     if not 0 <= p < parts:
         raise InputError(f"{directory} holds partitions 0 to {parts - 1}, not {p}")
     arrays = read_arrays(_existing(directory / f"part-{p}.npz"))
     if int(arrays["part"]) != p or int(arrays["parts"]) != parts:
         raise InputError(f"{directory}/part-{p}.npz is not partition {p} of {parts}",
                          "write the folder again with `streamgnn datasets partition`")
-    return Partition(p, arrays["ids"], arrays["x"], arrays.get("y"), arrays["src"],
+    return Partition(p, parts, arrays["ids"], arrays["x"], arrays.get("y"), arrays["src"],
                      arrays["dst"], arrays["weight"])
+
+
+def sizes(directory: Path, parts: int) -> tuple[int, int]:
+    """The feature width and the number of edges of the ``parts`` partition files in
+    ``directory``, from the arrays' headers alone (the coordinator reads no partition)."""
+    directory = Path(directory)
+    width = _shape(directory / "part-0.npz", "x")[1]
+    return width, sum(_shape(directory / f"part-{p}.npz", "src")[0] for p in range(parts))
+
+
+def _shape(path: Path, name: str) -> tuple[int, ...]:
+    """The shape of array ``name`` in the npz file ``path``, read from its header."""
+    with zipfile.ZipFile(_existing(path)) as npz, npz.open(f"{name}.npy") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read = (np.lib.format.read_array_header_1_0 if major == 1
+                else np.lib.format.read_array_header_2_0)
+        return read(f)[0]
 
 
 def _existing(path: Path) -> Path:

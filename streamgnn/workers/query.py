@@ -1,8 +1,9 @@
 """Query serving (docs/architecture.md "The life of a query"): new vertices answered from
 the engine's exact embeddings, as if inserted, without changing them.
 
-Over G plus the query Q (`QueryGraph`: query vertex i gets the virtual slot N + i), per
-layer l = 1..L (`plan`):
+Over G plus the query Q (`QueryGraph`: existing vertices by the engine's `index` slots,
+query vertex i at virtual slot N + i; G's in-edges fetched from the partitions owning
+their destinations, as the plan reaches them), per layer l = 1..L (`plan`):
 - *needed* B_l: the vertices whose h^l the answer reads: B_L = Q, B_(l-1) = B_l and their
   in-neighbors;
 - *recomputed* R_l: exact mode, the needed vertices whose h^l the query changes (Q, what is
@@ -23,7 +24,9 @@ Owns query planning and execution; must not import kafka or mpi4py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -31,11 +34,14 @@ from torch import Tensor
 
 from streamgnn.errors import DuplicateVertexError, InvalidQueryError, UnknownVertexError
 from streamgnn.graph import DynamicGraph
-from streamgnn.graph.idmap import IdMap
+from streamgnn.graph.idmap import IdMap, Slotted
 from streamgnn.models.layers import Layer
 from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
 from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.slotsets import SlotSets, marked
+
+if TYPE_CHECKING:
+    from streamgnn.workers.engine import Neighborhood
 
 
 @dataclass
@@ -65,23 +71,132 @@ class QueryAnswer:
     changed_labels: ChangedLabels = field(default_factory=ChangedLabels.empty)
 
 
+class Reads(Protocol):
+    """G's edges and degrees of existing vertices, by the engine's `index` slots."""
+
+    def in_edges(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ptr, source slots, weights float64) of distinct ``slots``' in-edges, CSR."""
+        ...
+
+    def degrees(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """In-degree and weighted in-degree (float64) of distinct ``slots``."""
+        ...
+
+    def receivers(self, vertices: np.ndarray, mark: np.ndarray) -> np.ndarray:
+        """Per one of distinct ``vertices``: whether an edge of G enters it from a vertex
+        ``mark`` (a mask over the virtual slots) marks."""
+        ...
+
+
+class GraphReads:
+    """`Reads` of the engine's own graph (one partition): its arrays, read in place."""
+
+    def __init__(self, graph: DynamicGraph) -> None:
+        self.graph = graph
+
+    def in_edges(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ptr, src, w = self.graph.in_edges(slots)
+        return ptr, src.astype(np.int64), w.astype(np.float64)
+
+    def degrees(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.graph.in_degree[slots], self.graph.in_weight[slots]
+
+    def receivers(self, vertices: np.ndarray, mark: np.ndarray) -> np.ndarray:
+        """Walks the marked sources' out-edges or the vertices' in-edges, whichever are
+        fewer."""
+        g = self.graph
+        sources = np.flatnonzero(mark[:g.num_slots])
+        if g.out_degree[sources].sum() <= g.in_degree[vertices].sum():
+            _, dst, _ = g.out_edges(sources)
+            return marked(len(mark), dst)[vertices]
+        ptr, src, _ = g.in_edges(vertices)
+        at = np.repeat(np.arange(len(vertices)), np.diff(ptr))
+        return np.bincount(at[mark[src]], minlength=len(vertices)) > 0
+
+
+class FetchedReads:
+    """`Reads` of a graph held in partitions: in-edges and degrees asked of the vertices'
+    owners through ``fetch`` (`Engine.in_edges`, by id), each vertex's once per query, in
+    one call per question, kept in a cache. Every source fetched is a live vertex: its
+    ``index`` slot is known."""
+
+    def __init__(self, index: Slotted, fetch: Callable[[np.ndarray, bool], Neighborhood],
+                 sets: SlotSets) -> None:
+        self.index, self.fetch, self.sets = index, fetch, sets
+        # one entry per vertex fetched (in fetch order): its in-degree and weighted
+        # in-degree, and where its in-edges (sources' slots, weights) start in _src and _w
+        # (-1: fetched without them)
+        self._held = np.zeros(0, np.int64)
+        self._count = np.zeros(0, np.int64)
+        self._weight = np.zeros(0, np.float64)
+        self._start = np.zeros(0, np.int64)
+        self._src = np.zeros(0, np.int64)
+        self._w = np.zeros(0, np.float64)
+
+    def in_edges(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        at = self._cached(slots, True)
+        count = self._count[at]
+        ptr = np.concatenate([[0], np.cumsum(count)])
+        take = np.repeat(self._start[at] - ptr[:-1], count) + np.arange(ptr[-1])
+        return ptr, self._src[take], self._w[take]
+
+    def degrees(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        at = self._cached(slots, False)
+        return self._count[at], self._weight[at]
+
+    def receivers(self, vertices: np.ndarray, mark: np.ndarray) -> np.ndarray:
+        """Walks the vertices' in-edges (the sources' out-edges are spread over every
+        partition)."""
+        ptr, src, _ = self.in_edges(vertices)
+        at = np.repeat(np.arange(len(vertices)), np.diff(ptr))
+        return np.bincount(at[mark[src]], minlength=len(vertices)) > 0
+
+    def _cached(self, slots: np.ndarray, edges: bool) -> np.ndarray:
+        """Positions in the cache of distinct ``slots``; those not in it (with ``edges``:
+        or in it without their in-edges) are fetched first, in one call."""
+        at = self.sets.find(self._held, slots)
+        held = at >= 0
+        missing = ~held
+        if edges:
+            missing[held] = self._start[at[held]] < 0
+        if not missing.any():
+            return at
+        asked = slots[missing]
+        got = self.fetch(self.index.ext[asked], edges)
+        start = np.full(len(asked), -1, np.int64)
+        if edges:
+            start = len(self._src) + got.ptr[:-1]
+            self._src = np.concatenate([self._src, self.index.find(got.src)])
+            self._w = np.concatenate([self._w, got.w])
+        new = ~held[missing]
+        self._start[at[missing][~new]] = start[~new]  # had only their degrees
+        at[np.flatnonzero(missing)[new]] = len(self._held) + np.arange(int(new.sum()))
+        self._held = np.concatenate([self._held, asked[new]])
+        self._count = np.concatenate([self._count, got.count[new]])
+        self._weight = np.concatenate([self._weight, got.in_weight[new]])
+        self._start = np.concatenate([self._start, start[new]])
+        return at
+
+
 class QueryGraph:
     """G plus a query's vertices and edges, read without changing G: existing vertices by
-    slot, query vertex i at virtual slot ``N + i`` (N = G's slot count). Raises the error
-    naming a query id already in G, an edge endpoint in neither, or an edge joining two
-    existing vertices. Set operations on virtual slots go through ``sets`` (the engine's,
-    kept between queries)."""
+    their ``index`` slot (the engine's), query vertex i at virtual slot ``N + i`` (N =
+    ``index.num_slots``); G's edges and degrees through ``reads``. Raises the error naming
+    a query id already in G, an edge endpoint in neither, or an edge joining two existing
+    vertices. Set operations on virtual slots go through ``sets`` (the engine's, kept
+    between queries)."""
 
-    def __init__(self, graph: DynamicGraph, cols: QueryColumns, sets: SlotSets) -> None:
-        self.graph, self.cols, self.sets = graph, cols, sets
-        self.n0 = n0 = graph.num_slots
-        taken = np.flatnonzero(graph.contains(cols.ids))
+    def __init__(self, index: Slotted, reads: Reads, cols: QueryColumns, sets: SlotSets
+                 ) -> None:
+        self.index, self.reads, self.cols, self.sets = index, reads, cols, sets
+        self.n0 = n0 = index.num_slots
+        taken = np.flatnonzero(index.contains(cols.ids))
         if len(taken):
             i = int(taken[0])
             raise DuplicateVertexError(f"query vertex {cols.ids[i]} is already in the "
                                        "graph (a query adds new vertices)", index=i)
         self.q = n0 + np.arange(len(cols.ids), dtype=np.int64)
-        sets.fit(len(graph.alive) + MAX_QUERY_VERTICES)  # every virtual slot, any query
+        sets.fit(len(index.alive) + MAX_QUERY_VERTICES)  # every virtual slot, any query
         self.src, self.dst = self._virtual(cols.src, cols.dst)
         self.w = cols.weight.astype(np.float64)
         # existing vertices a query edge enters
@@ -95,7 +210,7 @@ class QueryGraph:
         slots = query.get(ends).astype(np.int64)
         found = slots >= 0
         slots += self.n0
-        slots[~found] = self.graph.find(ends[~found])
+        slots[~found] = self.index.find(ends[~found])
         s, d = slots[:len(src)], slots[len(src):]
         unknown = (s < 0) | (d < 0)
         existing = (s < self.n0) & (d < self.n0) & ~unknown
@@ -115,14 +230,14 @@ class QueryGraph:
         out = np.empty(len(slots), np.int64)
         mine = slots >= self.n0
         out[mine] = self.cols.ids[slots[mine] - self.n0]
-        out[~mine] = self.graph.ext[slots[~mine]]
+        out[~mine] = self.index.ext[slots[~mine]]
         return out
 
     def in_edges(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ptr, src, weight) of the in-edges of sorted distinct ``targets``, CSR-style
         (virtual slots; weights float64)."""
         old = targets < self.n0
-        ptr, src, w = self.graph.in_edges(targets[old])
+        ptr, src, w = self.reads.in_edges(targets[old])
         at = np.repeat(np.flatnonzero(old), np.diff(ptr))
         at_q = self.sets.find(targets, self.dst)
         into = at_q >= 0
@@ -130,24 +245,18 @@ class QueryGraph:
         order = np.argsort(at, kind="stable")
         counts = np.bincount(at, minlength=len(targets))
         return (np.concatenate([[0], np.cumsum(counts)]),
-                np.concatenate([src.astype(np.int64), self.src[into]])[order],
-                np.concatenate([w.astype(np.float64), self.w[into]])[order])
+                np.concatenate([src, self.src[into]])[order],
+                np.concatenate([w, self.w[into]])[order])
 
     def reached(self, vertices: np.ndarray, sources: np.ndarray) -> np.ndarray:
         """Per one of ``vertices``: whether it is one of ``sources`` or receives an edge
-        from one. Walks G's out-edges of the sources or in-edges of the vertices,
-        whichever are fewer."""
+        from one (an edge of G comes from an existing source to an existing vertex)."""
         mark = self.mask(sources)
         reach = self.mask(self.dst[mark[self.src]])  # query edges from a source
         out = mark[vertices] | reach[vertices]
-        old_s, old = sources[sources < self.n0], vertices < self.n0
-        if self.graph.out_degree[old_s].sum() <= self.graph.in_degree[vertices[old]].sum():
-            _, dst, _ = self.graph.out_edges(old_s)
-            reach[dst] = True
-            return out | reach[vertices]
-        ptr, src, _ = self.graph.in_edges(vertices[old])
-        at = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
-        out[old] |= np.bincount(at[mark[src]], minlength=len(ptr) - 1) > 0
+        old = vertices < self.n0
+        if old.any() and (sources < self.n0).any():
+            out[old] |= self.reads.receivers(vertices[old], mark)
         return out
 
     def mask(self, slots: np.ndarray) -> np.ndarray:
@@ -156,23 +265,22 @@ class QueryGraph:
 
     def in_weight(self, vertices: np.ndarray) -> np.ndarray:
         """Weighted in-degree of sorted distinct ``vertices`` (float64)."""
-        return self._with_query_edges(vertices, self.graph.in_weight, self.w)
+        return self._degrees(vertices, True)
 
     def in_degree(self, vertices: np.ndarray) -> np.ndarray:
         """In-degree of sorted distinct ``vertices``."""
-        return self._with_query_edges(vertices, self.graph.in_degree,
-                                      np.ones(len(self.w), np.int64))
+        return self._degrees(vertices, False)
 
-    def _with_query_edges(self, vertices: np.ndarray, graph_values: np.ndarray,
-                          per_edge: np.ndarray) -> np.ndarray:
-        """Per sorted distinct ``vertices``: its ``graph_values`` entry (query vertices:
-        0) plus ``per_edge`` of each query edge into it."""
-        out = np.zeros(len(vertices), per_edge.dtype)
+    def _degrees(self, vertices: np.ndarray, weighted: bool) -> np.ndarray:
+        """Per sorted distinct ``vertices``: its in-degree in G (query vertices: 0) plus
+        its query in-edges; ``weighted``, their weights summed instead."""
         old = vertices < self.n0
-        out[old] = graph_values[vertices[old]]
+        count, weight = self.reads.degrees(vertices[old])
+        out = np.zeros(len(vertices), np.float64 if weighted else np.int64)
+        out[old] = weight if weighted else count
         at = self.sets.find(vertices, self.dst)
         into = at >= 0
-        return out + np.bincount(at[into], per_edge[into], len(vertices)).astype(out.dtype)
+        return out + np.bincount(at[into], self.w[into] if weighted else None, len(vertices))
 
 
 def plan(qg: QueryGraph, layers: list[Layer], budget: float | None, policy: str,
@@ -211,20 +319,17 @@ def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
         return candidates[:0]
     if policy == "random":
         return np.sort(np.random.default_rng(seed).choice(candidates, k, replace=False))
-    degree = qg.in_degree(candidates)
     if policy == "top-ratio":
         at = qg.sets.find(candidates, qg.dst)
-        from_query = np.bincount(at[at >= 0], minlength=len(candidates))
-        score = from_query / np.maximum(degree, 1)
+        score = np.bincount(at[at >= 0], minlength=len(candidates)).astype(np.float64)
     elif policy == "degree":
         ptr, src, _ = qg.in_edges(candidates)
         sources, at = np.unique(src, return_inverse=True)
         inverse = 1.0 / np.maximum(qg.in_degree(sources), 1)
-        sums = np.add.reduceat(np.append(inverse[at], 0.0),
-                               ptr[:-1]) * (np.diff(ptr) > 0)
-        score = sums / np.maximum(degree, 1)
+        score = np.add.reduceat(np.append(inverse[at], 0.0), ptr[:-1]) * (np.diff(ptr) > 0)
     else:
         raise InvalidQueryError(f"policy {policy!r}: use top-ratio, random or degree")
+    score /= np.maximum(qg.in_degree(candidates), 1)  # (degree: read where in_edges left it)
     order = np.lexsort((qg.ext(candidates), -score))
     return np.sort(candidates[order[:k]])
 
@@ -274,12 +379,12 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
                 locals_.append(None)
                 continue
             local, dst = np.unique(at[edges], return_inverse=True)
-            req = {"hop": hop, "src": qg.graph.ext[src[edges]], "dst": dst.astype(np.int32),
+            req = {"hop": hop, "src": qg.index.ext[src[edges]], "dst": dst.astype(np.int32),
                    "w": w[edges], "num": len(local),
                    "dst_part": None if dst_part is None else dst_part[
                        torch.from_numpy(local).to(device)].cpu().numpy()}
             sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
-            if engine.placement is None:  # one shard, on this graph: its slots are ours
+            if engine.directory is None:  # one shard, on this graph: its slots are ours
                 req["slots"] = src[edges]
             requests.append(req)
             locals_.append(local)
@@ -304,7 +409,7 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
         here = layer.update(h, agg, t, tensor(qg.in_weight(targets)))
         here_ids = targets
         old = targets[targets < qg.n0]
-        answer.recomputed.append(qg.graph.ext[old])
+        answer.recomputed.append(qg.index.ext[old])
         answer.sent_bytes.append(sent)
         answer.received_bytes.append(received)
         width = h.shape[1] * h.element_size() + 8
@@ -327,7 +432,7 @@ def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, pos: np.ndarr
         out[torch.from_numpy(np.flatnonzero(mine)).to(here.device)] = here.index_select(
             0, torch.from_numpy(pos[mine]).to(here.device))
     old = targets[~mine]
-    rows = engine.workers.rows(engine.owners(old), qg.graph.ext[old], layer)
+    rows = engine.workers.rows(engine.owners(old), qg.index.ext[old], layer)
     out[torch.from_numpy(np.flatnonzero(~mine)).to(here.device)] = torch.from_numpy(
         rows).to(here.device, here.dtype)
     return out, rows.nbytes + 8 * len(old)

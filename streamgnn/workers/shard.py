@@ -46,6 +46,7 @@ from streamgnn.models.inference import layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, fill_rows_
 from streamgnn.npz import under
+from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed, Step
 from streamgnn.workers.ghost_rows import (
     begin_routed,
@@ -54,6 +55,7 @@ from streamgnn.workers.ghost_rows import (
     layer_outgoing,
     outgoing,
 )
+from streamgnn.workers.halo import begin_halo
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.pulls import keep_ties
@@ -141,6 +143,25 @@ class Shard:
         tb = self.tables
         return tb.h_rows(layer, tb.index(slots)).cpu().numpy()
 
+    def neighbors(self, ids: np.ndarray, out: bool, edges: bool) -> dict[str, np.ndarray]:
+        """The in-edges (``out``: the out-edges) this partition keeps of vertices ``ids``:
+        per id, ``count`` and (in-edges) the weighted in-degree ``in_weight``; with
+        ``edges``, the other ends' ids ``nbr`` and the weights ``w``, id after id. An id
+        it does not hold has none (a vertex's in-edges are all at its owner; its out-edges
+        at the owner of each destination)."""
+        g = self.graph
+        slots = g.find(ids)
+        held = slots >= 0
+        count = np.zeros(len(ids), np.int64)
+        count[held] = (g.out_degree if out else g.in_degree)[slots[held]]
+        reply = {"count": count}
+        if not out:
+            reply["in_weight"] = np.where(held, g.in_weight[np.maximum(slots, 0)], 0.0)
+        if edges:
+            _, nbr, w = (g.out_edges if out else g.in_edges)(slots[held])
+            reply.update(nbr=g.ext[nbr], w=w)
+        return reply
+
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
                  num: int, dst_part: np.ndarray | None, slots: np.ndarray | None = None
@@ -189,7 +210,7 @@ class Shard:
         self._begin(diff, routed)
         try:
             for hop in range(1, len(self.layers) + 1):
-                if partitions > 1 and (hop > 1 or self._sends_in_degrees):
+                if partitions > 1:
                     out = outgoing(self.tables, self._batch, hop - 1, partitions, me)
                     self.busy.append(time.perf_counter() - start)
                     received = yield out
@@ -210,11 +231,38 @@ class Shard:
         """`run` for this shard's part of a batch as the coordinator split it (applying it to
         the shard's graph is part of the first step's compute)."""
         start = time.perf_counter()
-        diff = self.graph.apply(routed.batch)  # valid: the coordinator's whole graph accepted it
+        diff = self.graph.apply(routed.batch, skip_invalid=True, ghosts=True)
         applied = time.perf_counter() - start
         result = yield from self.run(diff, me, partitions, routed)
+        start = time.perf_counter()
+        result.released = self._release_ghosts(diff)
+        e = diff.edges
+        result.edges_added = int(np.count_nonzero(~np.isnan(e.after))
+                                 - np.count_nonzero(~np.isnan(e.before)))
+        self.busy[-1] += time.perf_counter() - start
         self.busy[0] += applied
         return result
+
+    def _release_ghosts(self, diff: GraphDiff) -> tuple[np.ndarray, np.ndarray]:
+        """Ghosts no edge here comes from any more (a deleted edge's source, or a ghost an
+        edge added and the batch took away again), deleted from the graph: their ids and
+        owners (told to the owners with the next batch)."""
+        tb, g = self.tables, self.graph
+        e = diff.edges
+        maybe = np.concatenate([e.src[np.isnan(e.after)], diff.added]).astype(np.int64)
+        maybe = np.unique(maybe[g.alive[maybe]])
+        idle = maybe[tb.ghost[maybe] & (g.out.deg[maybe] == 0)]
+        if not len(idle):
+            return idle, idle
+        ids, owners = g.ext[idle].copy(), tb.ghost_owner[idle].astype(np.int64)
+        gone = g.apply(UpdateBatch.unchecked(
+            np.full(len(ids), DELETE_VERTEX, np.int8), ids, np.zeros_like(ids),
+            np.zeros(len(ids), np.float32), np.full(len(ids), NO_X, np.int64),
+            np.zeros((0, g.num_features), np.float32))).removed.astype(np.int64)
+        none = gone[:0]
+        begin_halo(g.id_table, gone, none, none, none, none, none, none, none, tb.ghost,
+                   tb.ghost_owner, tb.holders, tb.owned, g.in_weight)
+        return ids, owners
 
     def _begin(self, diff: GraphDiff, routed: Routed | None = None) -> None:
         """Start a batch whose updates made ``diff`` on the graph; ``routed``: the coordinator's
@@ -237,9 +285,12 @@ class Shard:
                     fill_rows_(rows, added, None)
         changed = Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                           diff.changed.astype(np.int64), [tb.as_rows(diff.changed_x_before)])
+        features = np.sort(changed.slots)  # rewritten at layer 0: the features
+        features = features[tb.owned[features]]
+        result = ApplyResult(ChangedLabels.empty(), diff.rejected,
+                             rewritten=[(features, self.graph.x[features])])
         self._batch = Batch(BatchEdges.of(self.graph, diff, tb.sets), added, removed,
-                            tb.as_rows(diff.removed_x), changed,
-                            ApplyResult(ChangedLabels.empty(), diff.rejected), subscribed,
+                            tb.as_rows(diff.removed_x), changed, result, subscribed,
                             subscribers)
 
     def _step(self, hop: int) -> None:

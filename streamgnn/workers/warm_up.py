@@ -16,7 +16,9 @@ once with the row loops serial and, where torch may use more than one thread, on
 every one on threads whatever its size (the threaded builds); with two partitions too
 where the service is partitioned. Without the last two batches, the first re-anchoring
 batch of a stream stalled to compile, the first large one again (its threaded build), and
-so did the first bad batch a library user applied (its undo kernel).
+so did the first bad batch a library user applied (its undo kernel). The batches are drawn
+from a copy of the random graph that follows them (an engine with partitions keeps no
+graph to draw from).
 
 Owns that start-up step; must not import kafka or mpi4py.
 """
@@ -33,6 +35,7 @@ import torch
 from streamgnn import cores
 from streamgnn.datasets import GraphData
 from streamgnn.errors import InvalidUpdateError
+from streamgnn.graph import DynamicGraph
 from streamgnn.models.convert import decompose
 from streamgnn.queries import QueryEdge, QueryRequest, QueryVertex
 from streamgnn.replay.linkbench import LinkBenchWorkload
@@ -56,13 +59,13 @@ def warm_up(model: torch.nn.Module, device: str = "cpu", partitions: int = 1,
     data = _random_graph(decompose(model)[0].in_dim)
     for parts in (1, 2) if partitions > 1 else (1,):
         engine = Engine.from_pyg(model, data, device, recompute=recompute, partitions=parts)
-        workload = LinkBenchWorkload(engine.graph, seed=parts)
+        workload = LinkBenchWorkload(DynamicGraph.from_data(data), seed=parts)
         for threaded in (False, True) if torch.get_num_threads() > 1 else (False,):
             with cores.threads_whatever_the_size() if threaded else contextlib.nullcontext():
                 for size in BATCH_SIZES:
-                    engine.apply(workload.batch(size))
+                    engine.apply(workload.applied(size))
                 worn_out(engine)  # and one that re-anchors
-                engine.apply(workload.batch(BATCH_SIZES[-1]))
+                engine.apply(workload.applied(BATCH_SIZES[-1]))
                 refused(engine, data.num_features)
                 for budget in (None, 0.5):
                     engine.query(_query(engine.vertex_ids(), data.num_features, budget),

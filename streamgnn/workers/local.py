@@ -1,0 +1,173 @@
+"""Where the shards run: `Workers`, the interface the engine drives them through (MPI
+ranks: `streamgnn.workers.mpi.MpiWorkers`), `LocalWorkers` (the shards in this process)
+and `lockstep`, which runs the shards' BSP programs together in one process.
+
+Must not import kafka or mpi4py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+from streamgnn.errors import InvalidUpdateError
+from streamgnn.graph import GraphDiff
+from streamgnn.npz import write_arrays
+from streamgnn.workers.batch import ApplyResult
+from streamgnn.workers.exchange import Exchange, InProcess
+from streamgnn.workers.placement import Routed
+from streamgnn.workers.shard import Shard
+
+T = TypeVar("T")
+
+
+class Workers(Protocol):
+    """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
+    engine builds `LocalWorkers` itself, which need only what it calls on both: `submit`,
+    `rows`, `arrays`, `write`, `summaries`, `max_in_flight`."""
+
+    size: int  # how many partitions they hold
+    max_in_flight: int  # batches they take submitted and not yet collected
+
+    def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
+        """Take the shards' state: ``shard(p)``, partition p's (`Shard.arrays`)."""
+        ...
+
+    def bootstrap(self, cut: Callable[[int], dict[str, np.ndarray]], recompute: bool
+                  ) -> None:
+        """Compute the shards' first state where they live (`Shard.bootstrap`) from
+        ``cut(p)``, partition p without layer state."""
+        ...
+
+    def bootstrap_files(self, folder: Path, recompute: bool) -> None:
+        """Compute the shards' first state where they live, each from its partition file
+        in ``folder`` (`bootstrap_from_file`)."""
+        ...
+
+    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
+        """Start every shard's part of a batch, run in lock step; returns what waits for
+        them to finish and gives their results."""
+        ...
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each partition's edges (those into its vertices), one after the other."""
+        ...
+
+    def check(self, routed: list[Routed]) -> list[InvalidUpdateError | None]:
+        """Each partition's first rejection of its share, as `DynamicGraph.check` finds it
+        (``index``: the position in the share), or None; nothing changes."""
+        ...
+
+    def neighbors(self, asked: list[np.ndarray], out: bool, edges: bool
+                  ) -> list[dict[str, np.ndarray]]:
+        """Each partition's `Shard.neighbors` of the ids ``asked[p]`` of it."""
+        ...
+
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
+        """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
+        ...
+
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+        """Each shard's partial aggregates for a query layer (`Shard.partials` with the
+        request's keywords; None: nothing asked of it)."""
+        ...
+
+    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
+        """Each shard's state (`Shard.arrays`)."""
+        ...
+
+    def write(self, folder: Path, with_graph: bool) -> list[dict]:
+        """Each shard's state as file ``shard<p>`` in ``folder`` (without its graph unless
+        ``with_graph``); their manifest entries."""
+        ...
+
+    def read(self, folder: Path, weights: dict[str, np.ndarray]) -> None:
+        """Take the shards' state from the files `write` wrote into ``folder`` (each
+        where it lives), and the model's ``weights`` (its state dict: the model the state
+        was computed with, whatever model file a worker started from)."""
+        ...
+
+    def summaries(self) -> list[dict]:
+        ...
+
+
+class LocalWorkers:
+    """The shards in this process, exchanging through ``exchange`` (a transpose)."""
+
+    max_in_flight = 1  # `submit` returns with the batch done
+
+    def __init__(self, shards: list[Shard], exchange: Exchange | None = None) -> None:
+        self.shards = shards
+        self.exchange = exchange or InProcess()
+
+    def submit_diff(self, diff: GraphDiff) -> Callable[[], list[ApplyResult]]:
+        """One shard working on the engine's own graph, which ``diff`` changed (done
+        before this returns)."""
+        results = lockstep([self.shards[0].run(diff)], self.exchange)
+        return lambda: results
+
+    def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
+        n = len(self.shards)
+        results = lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
+            zip(self.shards, routed, strict=True))], self.exchange)
+        return lambda: results
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = [shard.graph.edges() for shard in self.shards]
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+
+    def check(self, routed: list[Routed]) -> list[InvalidUpdateError | None]:
+        return [shard.graph.check(r.batch, ghosts=True)
+                for shard, r in zip(self.shards, routed, strict=True)]
+
+    def neighbors(self, asked: list[np.ndarray], out: bool, edges: bool
+                  ) -> list[dict[str, np.ndarray]]:
+        return [shard.neighbors(ids, out, edges)
+                for shard, ids in zip(self.shards, asked, strict=True)]
+
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
+        out = None
+        for p in np.unique(owner).tolist():
+            shard, mine = self.shards[p], owner == p
+            rows = shard.rows(shard.graph.slots(ids[mine]), layer)
+            if out is None:
+                out = np.empty((len(ids), rows.shape[1]), rows.dtype)
+            out[mine] = rows
+        return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
+
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+        return [None if r is None else shard.partials(**r)
+                for shard, r in zip(self.shards, requests, strict=True)]
+
+    def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
+        return [shard.arrays(with_graph) for shard in self.shards]
+
+    def write(self, folder: Path, with_graph: bool) -> list[dict]:
+        return [write_arrays(folder, f"shard{p}", shard.arrays(with_graph))
+                for p, shard in enumerate(self.shards)]
+
+    def summaries(self) -> list[dict]:
+        return [shard.summary() for shard in self.shards]
+
+
+def lockstep(programs: list[Generator[list[np.ndarray], list[np.ndarray], T]],
+             exchange: Exchange) -> list[T]:
+    """Run shards' BSP programs (`Shard.run`, `Shard.bootstrap`) together, handing their
+    buffers over through ``exchange`` at each barrier; what they return."""
+    results: list[T | None] = [None] * len(programs)
+    incoming: list[list[np.ndarray] | None] = [None] * len(programs)
+    while True:
+        outgoing = []
+        for p, program in enumerate(programs):
+            try:
+                outgoing.append(next(program) if incoming[p] is None
+                                else program.send(incoming[p]))
+            except StopIteration as done:
+                results[p] = done.value
+        if not outgoing:
+            return results
+        incoming = exchange.alltoall(outgoing)
+
