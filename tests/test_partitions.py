@@ -282,3 +282,31 @@ def test_a_ghost_let_go_of_and_held_again_by_the_next_batch_in_flight_stays_fed(
     engine.collect()
     engine.apply([sg.UpdateFeatures(id=u, x=[-1.0] * F_IN)])    # its rows must still come
     assert_exact(engine, model, torch.float64, 1e-9)
+
+
+@pytest.mark.parametrize("partitions", [2, 3])
+def test_neighbors_asked_of_the_owners_are_the_whole_graphs(partitions):
+    """With partitions, a vertex's in-edges come from its owner and its out-edges from
+    every destination's owner (`engine_neighbors`, what REST serves): the same edges and
+    weights as one partition's graph, after a batch that adds, updates and deletes some."""
+    from streamgnn.router.view import engine_neighbors
+
+    data = start_graph(3)
+    model = randomise(ARCHS["graphconv-add"](2), 3).double()
+    split, whole = (Engine.from_pyg(model, data, partitions=p) for p in (partitions, 1))
+    a, b = int(data.src[0]), int(data.dst[0])
+    batch = [sg.DeleteEdge(src=a, dst=b), sg.AddVertex(id=999, x=[0.5] * F_IN),
+             sg.AddEdge(src=999, dst=b, weight=2.0), sg.AddEdge(src=a, dst=999),
+             sg.UpdateEdge(src=int(data.src[1]), dst=int(data.dst[1]), weight=3.0)]
+    split.apply(batch)
+    whole.apply(batch)
+
+    def edges(side) -> list[tuple[int, float]]:
+        return sorted(zip(side.ids.tolist(), np.round(side.weights, 6).tolist()))
+
+    for v in whole.vertex_ids().tolist():
+        got, want = engine_neighbors(split, 7, v), engine_neighbors(whole, 7, v)
+        assert got.batch == 7
+        assert edges(got.ins) == edges(want.ins) and edges(got.outs) == edges(want.outs)
+    with pytest.raises(sg.UnknownVertexError):
+        engine_neighbors(split, 7, 10**9)
