@@ -28,7 +28,6 @@ from streamgnn.datasets import GraphData
 from streamgnn.errors import InputError
 from streamgnn.graph import DynamicGraph
 from streamgnn.models.layers import Layer
-from streamgnn.npz import prefixed
 from streamgnn.updates import CHECKED
 from streamgnn.workers.exchange import Ghosts, pack, unpack
 from streamgnn.workers.partition_files import read_partition
@@ -85,10 +84,7 @@ def cut_from_file(folder: Path, me: int, partitions: int
         raise InputError(f"{folder}/part-{me}.npz has edges from vertex "
                          f"{ghosts[unowned[0]]}, which no partition file holds",
                          "write the folder again with `streamgnn datasets partition`")
-    ghost = np.zeros(len(graph.alive), bool)
-    ghost[owned:len(local)] = True
-    return {**prefixed("graph/", graph.to_arrays()), "ghost": ghost, "holders": holders,
-            "ghost_owner": ghost_owner}
+    return Shard.cut(graph, owned, holders, ghost_owner)
 
 
 def _answer(graph: DynamicGraph, owned: int, holders: np.ndarray, q: int, asked: np.ndarray

@@ -677,14 +677,11 @@ def _cut(g: DynamicGraph, part: np.ndarray, holders_of: np.ndarray,
                      weight=w[into])
     graph = DynamicGraph.from_data(data, CHECKED)
     graph.in_weight[len(owned):len(local)] = g.in_weight[ghosts]
-    ghost = np.zeros(len(graph.alive), bool)
-    ghost[len(owned):len(local)] = True
     holders = np.zeros(len(graph.alive), np.uint64)
     holders[:len(owned)] = holders_of[owned]
     owner = np.full(len(graph.alive), -1, np.int16)
     owner[len(owned):len(local)] = part[ghosts]
-    return {**prefixed("graph/", graph.to_arrays()), "ghost": ghost, "holders": holders,
-            "ghost_owner": owner}
+    return Shard.cut(graph, len(owned), holders, owner)
 
 
 def _check_workers(workers: Workers | None, partitions: int) -> None:

@@ -45,7 +45,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.inference import layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, fill_rows_
-from streamgnn.npz import under
+from streamgnn.npz import prefixed, under
 from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed, Step
 from streamgnn.workers.ghost_rows import (
@@ -101,6 +101,17 @@ class Shard:
         self._sends_in_degrees = any(layer.degree_normalised for layer in self.layers)
         keep_ties(tables)
         tables.on_huge_pages()
+
+    @staticmethod
+    def cut(graph: DynamicGraph, owned: int, holders: np.ndarray, ghost_owner: np.ndarray
+            ) -> dict[str, np.ndarray]:
+        """A partition without layer state, as `bootstrap` takes it: ``graph`` holds the
+        vertices it owns in its first ``owned`` slots and its ghosts after them, owned by
+        ``ghost_owner``; ``holders`` marks per slot the partitions holding it."""
+        ghost = np.zeros(len(graph.alive), bool)
+        ghost[owned:graph.num_slots] = True
+        return {**prefixed("graph/", graph.to_arrays()), "ghost": ghost, "holders": holders,
+                "ghost_owner": ghost_owner}
 
     @classmethod
     def bootstrap(cls, layers: list[Layer], arrays: dict[str, np.ndarray],
