@@ -38,7 +38,9 @@ def check(model: torch.nn.Module, workers) -> dict:
     rejected = 0
     batches = []
     for size in (1, 10, 100, 1000, 100):
-        batches.append([*workload.batch(size), sg.AddEdge(src=10**9, dst=0)])  # one invalid
+        s, d, _ = workload.graph.edges()  # an edge there: only its destination's owner knows
+        batches.append([sg.AddEdge(src=int(s[0]), dst=int(d[0])), *workload.batch(size),
+                        sg.AddEdge(src=10**9, dst=0)])  # and a vertex the directory lacks
         workload.graph.apply(batches[-1], skip_invalid=True)
     for pair in (batches[:1], batches[1:3], batches[3:]):  # two in flight where paired
         for batch in pair:
@@ -47,7 +49,18 @@ def check(model: torch.nn.Module, workers) -> dict:
             a = engine.collect()
             b = alone.apply(batch, skip_invalid=True)
             assert a.changed_labels == b.changed_labels
+            assert [(type(e), e.index, e.reason) for e in a.rejected] == [
+                (type(e), e.index, e.reason) for e in b.rejected]
             rejected += len(a.rejected)
+    s, d, _ = workload.graph.edges()
+    whole = [sg.AddVertex(id=10**9 + 1, x=[0.0] * F_IN), sg.AddEdge(src=int(s[0]), dst=int(d[0]))]
+    for which in (engine, alone):  # refused whole, as one process refuses it, nothing applied
+        try:
+            which.apply(whole)
+        except sg.DuplicateEdgeError as e:
+            assert e.index == 1 and not which.contains([10**9 + 1])[0]
+        else:
+            raise AssertionError("a duplicate edge was applied")
     current = engine.to_data()
     refs = pyg_layers(model, current, torch.float64)
     rng = np.random.default_rng(1)

@@ -130,8 +130,7 @@ class MpiWorkers:
 
     def check(self, routed: list[Routed]) -> list[InvalidUpdateError | None]:
         replies = self._call(CHECK, [_routed_arrays(r) for r in routed])
-        return [None if not r else getattr(errors, str(_unjson(r["kind"])))(
-            str(_unjson(r["reason"])), index=int(r["index"])) for r in replies]
+        return [_error(_unjson(r["error"])) if r else None for r in replies]
 
     def neighbors(self, asked: list[np.ndarray], out: bool, edges: bool
                   ) -> list[dict[str, np.ndarray]]:
@@ -361,9 +360,7 @@ def _execute(command: int, message: np.ndarray, shard: Shard, peers: MPI.Comm,
         return _result_message(_drive(program, peers))
     if command == CHECK:
         error = shard.graph.check(_routed(message).batch, ghosts=True)
-        return to_bytes({} if error is None else {"kind": _json(type(error).__name__),
-                                                  "reason": _json(error.reason),
-                                                  "index": np.array(error.index)})
+        return to_bytes({} if error is None else {"error": _json(_error_item(error))})
     return to_bytes(_answer(command, from_bytes(message), shard, peers, copies))
 
 
@@ -546,6 +543,17 @@ _NO_IDS = np.zeros(0, np.int64)
 _NO_BYTES = np.zeros(0, np.uint8)
 
 
+def _error_item(error: InvalidUpdateError) -> list:
+    """A partition's rejection as JSON: its kind, reason and position in the share."""
+    return [type(error).__name__, error.reason, error.index]
+
+
+def _error(item: list) -> InvalidUpdateError:
+    """`_error_item` undone."""
+    kind, reason, index = item
+    return getattr(errors, kind)(reason, index=index)
+
+
 def _result_message(r: ApplyResult) -> np.ndarray:
     """A shard's `ApplyResult` as its reply: int64s, namely the L layers counted, the
     first layer driven to NaN or inf (0: none), the n label changes, the m ghosts let go
@@ -555,8 +563,7 @@ def _result_message(r: ApplyResult) -> np.ndarray:
     6 + 5 L numbers."""
     changes = r.changed_labels
     released = r.released if r.released is not None else (_NO_IDS, _NO_IDS)
-    rejected = (_json([[type(e).__name__, e.reason, e.index] for e in r.rejected])
-                if r.rejected else _NO_BYTES)
+    rejected = _json([_error_item(e) for e in r.rejected]) if r.rejected else _NO_BYTES
     head = [len(r.recomputed), r.non_finite, len(changes.ids), len(released[0]),
             r.edges_added, len(rejected)]
     head += [count for name in _COUNTS for count in getattr(r, name)]
@@ -575,7 +582,7 @@ def _result(message: np.ndarray) -> ApplyResult:
     ids, old, new = row[end:end + 3 * n].reshape(3, n)
     end += 3 * n
     released = row[end:end + 2 * m].reshape(2, m)
-    rejected = [getattr(errors, kind)(reason, index=index) for kind, reason, index in
+    rejected = [_error(item) for item in
                 (_unjson(row[end + 2 * m:].view(np.uint8)[:b]) if b else [])]
     return ApplyResult(ChangedLabels(ids, old, new), rejected, non_finite=non_finite,
                        released=(released[0], released[1]), edges_added=edges_added,
