@@ -31,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 from streamgnn.allocator import freed_memory_returned
 from streamgnn.datasets import GraphData
 from streamgnn.errors import (
+    InputError,
     InvalidQueryError,
     InvalidUpdateError,
     NonFiniteEmbeddingError,
@@ -226,9 +227,11 @@ class Engine:
                  workers: Workers | None, folder: Path | None = None) -> Engine:
         directory = under(head, "directory/")
         if under(head, "placement/"):
-            raise ValueError("this state predates the partitions' directory: it holds the "
-                             "whole graph for the coordinator, which keeps none now; "
-                             "bootstrap the engine again from the dataset")
+            raise InputError("this state predates the partitions' directory: bootstrap the "
+                             "engine again (the coordinator kept the whole graph then, and "
+                             "keeps none now)",
+                             "start `serve` with a fresh --state-dir (in Python: "
+                             "Engine.from_pyg or from_partitions)")
         engine = cls.__new__(cls)
         engine._attach(model, None if directory else
                        DynamicGraph.from_arrays(under(head, "graph/")), device)
