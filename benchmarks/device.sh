@@ -13,7 +13,7 @@ out=${OUT:-${1:-/tmp/device-out}}
 work=/tmp/device-results
 mkdir -p "$out" "$work"
 summary=$out/summary.txt
-steps=${STEPS:-"env tests engine queries mpi"}
+steps=${STEPS:-"env tests engine queries cpu mpi"}
 scale=${SECONDS_SCALE:-1}
 started=$(date +%s)
 
@@ -31,11 +31,15 @@ bounded() {  # bounded SECONDS NAME COMMAND...: run it under a time limit, log t
 wants() { [[ " $steps " == *" $1 "* ]]; }
 
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || { say "installing the carried wheels failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
-  MPI4PY_LIBMPI=$(find /tmp/site -name 'libmpi.so.12*' | head -1)
-  export MPI4PY_LIBMPI
+  # mpich by --prefix: with --target pip drops a wheel's data/lib, where libmpi lives
+  { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site $(ls .whl/*.whl | grep -v /mpich-) &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --prefix /tmp/mpich .whl/mpich-*.whl; } || { say "installing the carried wheels failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/mpich/bin:/tmp/site/bin:$PATH
+  # mpi4py's wheel picks its MPI at run time: name mpich, or the image's Open MPI wins
+  export MPI4PY_MPIABI=mpich MPI4PY_LIBMPI=/tmp/mpich/lib/libmpi.so.12 \
+    LD_LIBRARY_PATH=/tmp/mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 else
   export PYTHONPATH=$PWD
 fi
@@ -64,15 +68,24 @@ if wants queries; then  # batch 1,024 on arxiv-like: exact and SRPE on the CPU a
     --json "$work/queries.json"
 fi
 
-if wants mpi; then  # real mpiexec on the 16 cores: 1 + P ranks, arxiv-like, bs=1000
+if wants cpu; then  # the baseline MPI must beat: one process, 16 threads, on the same cores
+  bounded 90 engine-cpu16 python3 benchmarks/engine.py --device cpu --threads 16 --layers 2 \
+    --workloads "GraphConv sum" --batch-sizes 1000 10000 --seconds 4 \
+    --out "$work/engine-cpu16.json"
+fi
+
+if wants mpi; then  # real mpiexec on the 16 cores: 1 + P ranks, arxiv-like, bs 1,000 and 10,000
   bounded 30 mpi-check mpiexec -n 2 python3 -c "from mpi4py import MPI;
-c = MPI.COMM_WORLD; print(c.Get_rank(), c.Get_size(), MPI.Get_library_version()[:12])"
+import mpi4py; c = MPI.COMM_WORLD;
+print(c.Get_rank(), c.Get_size(), MPI.Get_library_version()[:12], mpi4py.__file__)"
   if grep -q '2 MPICH' "$work/mpi-check.txt"; then
-    for p in 1 2 4 8; do
-      bounded 50 "scale-arxiv-like-${p}w" mpiexec -n $((p + 1)) python3 benchmarks/scale.py \
-        --dataset arxiv-like --model graphconv-sum --batch 1000 --batches 30
+    for run in "1000 1" "1000 2" "1000 4" "1000 8" "10000 1" "10000 4" "10000 8"; do
+      read -r bs p <<<"$run"
+      bounded 50 "scale-${bs}-${p}w" mpiexec -n $((p + 1)) python3 benchmarks/scale.py \
+        --dataset arxiv-like --model graphconv-sum --batch "$bs" --batches $((30000 / bs + 5))
+      cp "benchmarks/results/scale-arxiv-like-graphconv-sum-${p}w.json" \
+        "$work/scale-arxiv-like-${bs}-${p}w.json" 2>/dev/null
     done
-    cp benchmarks/results/scale-*.json "$work/" 2>/dev/null
   else
     say "mpi: ranks do not see each other under MPICH (see mpi-check.txt): scaling skipped"
   fi

@@ -82,7 +82,7 @@ def peak_rss_mb() -> float:
 def engine_bytes(engine: Engine) -> int:
     """The engine's state: its tables and its graph; with partitions, the shards' graphs
     (ghosts included) and the coordinator's directory."""
-    if engine.placement is None:
+    if engine.directory is None:
         return table_bytes(engine) + _graph_bytes(engine.graph)
     return (table_bytes(engine) + sum(_graph_bytes(shard.graph) for shard in engine.shards)
             + engine.directory.nbytes)
