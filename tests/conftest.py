@@ -72,6 +72,11 @@ def pyg_step(model: torch.nn.Module, i: int, h: torch.Tensor, ei: torch.Tensor,
 
 @pytest.fixture
 def device_kernels(monkeypatch):
+    """`force_device_kernels` for the test."""
+    force_device_kernels(monkeypatch)
+
+
+def force_device_kernels(monkeypatch) -> None:
     """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
     GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
     reduce, a superstep's steps before its product one by one (`_one_kernel`). Left for a
