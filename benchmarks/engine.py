@@ -39,6 +39,7 @@ from rich.table import Table
 
 import streamgnn as sg
 from streamgnn.allocator import keep_freed_memory
+from streamgnn.crossings import counted
 from streamgnn.models.gnn import pyg_forward
 from streamgnn.models.zoo import ModelSpec
 from streamgnn.replay import LinkBenchWorkload
@@ -206,6 +207,10 @@ def run(label: str, name: str, weighted: bool, layers: int, split, sizes, budget
         row = {"workload": label, "layers": layers, "batch": size,
                "engine": percentiles(times["engine"]), "rc": percentiles(times["rc"]),
                "full": {"median_ms": full * 1000}}
+        if engine.device.type != "cpu":  # host/device copies of one more batch, untimed
+            with counted() as crossed:
+                engine.apply(trace.batch(size))
+            row["crossings_per_batch"] = crossed.total
         for key in ("engine", "rc", "full"):
             row[key]["updates_per_s"] = size / (row[key]["median_ms"] / 1000)
         for key in ("engine", "rc"):  # means per layer
@@ -287,8 +292,10 @@ def print_table(rows: list[dict]) -> None:
                         f"(engine {first['engine_mb']:.0f} MB, RC {first['rc_mb']:.0f} MB; "
                         f"max |engine - RC| {first['engine_vs_rc_max_abs']:.1e}, relative "
                         f"{first['engine_vs_rc_max_rel']:.1e})")
+    crossings = "crossings_per_batch" in first
     for col in ("batch", "engine upd/s", "RC upd/s", "full upd/s", "engine/RC",
-                "engine p50/p99 ms", "RC p50/p99 ms", "full ms"):
+                "engine p50/p99 ms", "RC p50/p99 ms", "full ms",
+                *(["host/device copies"] if crossings else [])):
         table.add_column(col, justify="right")
     for r in rows:
         e, c, f = r["engine"], r["rc"], r["full"]
@@ -296,7 +303,8 @@ def print_table(rows: list[dict]) -> None:
                       f"{f['updates_per_s']:,.1f}",
                       f"{e['updates_per_s'] / c['updates_per_s']:.1f}x",
                       f"{e['median_ms']:.2f} / {e['p99_ms']:.2f}",
-                      f"{c['median_ms']:.2f} / {c['p99_ms']:.2f}", f"{f['median_ms']:.0f}")
+                      f"{c['median_ms']:.2f} / {c['p99_ms']:.2f}", f"{f['median_ms']:.0f}",
+                      *([str(r["crossings_per_batch"])] if crossings else []))
     console.print(table)
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch_geometric.nn import GINConv
 
 import streamgnn as sg
+from streamgnn.crossings import counted
 from streamgnn.models.aggr import SumAggregation
 from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
@@ -636,3 +637,30 @@ def test_values_at_the_limits_come_and_go_without_leaving_error(name):
     with pytest.raises(sg.OutOfRangeError, match="weight"):
         engine.apply([sg.UpdateEdge(src=int(src[0]), dst=int(dst[0]),
                                     weight=2 * limits.weights)])
+
+
+# Host/device crossings a batch makes on the device path, at most (2 layers; P = 1 / 2):
+# every one is a copy over the bus on a GPU (`streamgnn.crossings`).
+# (Issue 51's goal is 2 a batch: that needs the adjacency on the device.)
+CROSSINGS = {"graphconv-add": (31, 84), "graphconv-max": (49, 126), "pyg-gcn": (41, 110),
+             "pyg-gat": (54, 136), "pyg-sage-mean": (31, 88), "pyg-gin": (27, 88)}
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("arch", sorted(CROSSINGS))
+def test_a_batch_crosses_to_the_host_a_bounded_number_of_times_whatever_its_size(
+        device_kernels, arch, partitions):
+    """Counted on the CPU with the device kernels forced: batches of 100 and of 800
+    updates cross within the same bound, the one the code reaches (nothing per vertex or
+    per update, nothing per step added unnoticed)."""
+    data = random_graph(np.random.default_rng(5), n=300, m=1500, d=F_IN, hubs=3)
+    model = randomise(ARCHS[arch](2), 5).double()
+    engine = Engine.from_pyg(model, data, partitions=partitions)
+    workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=1)
+    counts = {}
+    for size in (100, 800, 100, 800):
+        batch = workload.applied(size)
+        with counted() as seen:
+            engine.apply(batch)
+        counts[size] = max(counts.get(size, 0), seen.total)
+    assert max(counts.values()) <= CROSSINGS[arch][partitions - 1], seen.sites()

@@ -305,7 +305,7 @@ def test_merge_rows_numba_and_torch_take_rows_from_the_first_table_or_else_the_s
 
 @given(seed=seeds, count=st.integers(0, 6), shape=st.sampled_from([(9, 4), (9,)]),
        dtype=st.sampled_from([np.float32, np.uint8]), zeros=st.booleans())
-def test_fill_rows_numba_and_torch_set_the_given_rows_to_one_row_and_leave_the_rest(
+def test_fill_rows_numba_and_torch_set_each_tables_rows_to_its_row_and_leave_the_rest(
         seed, count, shape, dtype, zeros):
     rng = np.random.default_rng(seed)
     base = rng.integers(1, 100, shape).astype(dtype)
@@ -314,9 +314,12 @@ def test_fill_rows_numba_and_torch_set_the_given_rows_to_one_row_and_leave_the_r
     expected = base.copy()
     expected[index] = 0 if zeros else row
     for kernel in (fill_rows_numba, fill_rows_torch):
-        table = torch.from_numpy(base.copy())
-        kernel(table, index, None if zeros else torch.from_numpy(row))
-        np.testing.assert_array_equal(table.numpy(), expected)
+        tables = [torch.from_numpy(base.copy()), torch.from_numpy(base.copy())]
+        kernel(tables, index, [None if zeros else torch.from_numpy(row), None])
+        np.testing.assert_array_equal(tables[0].numpy(), expected)
+        expected_zeros = base.copy()
+        expected_zeros[index] = 0
+        np.testing.assert_array_equal(tables[1].numpy(), expected_zeros)
 
 
 @given(seed=seeds, count=st.integers(0, 12), shape=st.sampled_from([(9, 4), (9,), (9, 2, 3)]))

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from streamgnn.cores import block_costs, block_work, chunk_rows, row_loop
 from streamgnn.models.rowops import block_edges, by_destination
+from streamgnn.models.transfer import upload
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 MAX_TIES = 255  # uint8: more carriers are counted as this many (a lower bound)
@@ -85,10 +86,10 @@ def fold_max_torch(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
                    new: tuple[np.ndarray, np.ndarray, np.ndarray],
                    old: tuple[np.ndarray, np.ndarray, np.ndarray], sign: float,
                    tol: float) -> tuple[Tensor, Tensor]:
-    def messages(rows: np.ndarray, factor: np.ndarray, at: np.ndarray) -> tuple[Tensor, Tensor]:
-        msg = t.index_select(0, torch.from_numpy(rows).to(t.device)).to(state.dtype)
-        msg *= torch.from_numpy(factor).to(state.device, state.dtype).unsqueeze(-1)
-        return torch.from_numpy(region[at]).to(state.device), sign * msg
+    def messages(rows: Tensor, factor: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
+        msg = t.index_select(0, rows).to(state.dtype)
+        msg *= factor.to(state.dtype).unsqueeze(-1)
+        return dst, sign * msg
 
     def per_destination(dst: Tensor, flags: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
         unique, at = torch.unique(dst, return_inverse=True)
@@ -96,8 +97,11 @@ def fold_max_torch(state: Tensor, ties: Tensor, t: Tensor, region: np.ndarray,
                                     device=state.device).index_add_(0, at, f.int())
                         for f in flags]
 
-    new_dst, new_msg = messages(*new)
-    old_dst, old_msg = messages(*old)
+    (rows, factor, at), (old_rows, old_factor, old_at) = new, old
+    uploaded = upload(state.device, rows, factor, region[at], old_rows, old_factor,
+                      region[old_at])
+    new_dst, new_msg = messages(*uploaded[:3])
+    old_dst, old_msg = messages(*uploaded[3:])
     before = state.index_select(0, new_dst.unique())
     state.index_reduce_(0, new_dst, new_msg, "amax", include_self=True)
     at, (equal,) = per_destination(new_dst, [new_msg == state.index_select(0, new_dst)])

@@ -25,6 +25,7 @@ from numba.extending import intrinsic, overload
 from torch import Tensor
 
 from streamgnn.cores import block_costs, block_work, chunk_rows, row_loop
+from streamgnn.models.transfer import download, upload
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 _ONES = np.ones(1024)
@@ -286,12 +287,9 @@ def fold_rows_torch(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,
         return t.new_zeros((0, state.shape[1])), np.zeros(0), (
             state.new_empty((0, state.shape[1])) if keep else None)
 
-    def device(a: np.ndarray) -> Tensor:
-        return torch.from_numpy(a).to(state.device)
-
-    out, wear, kept = fold_rows_tensors(state, drift, t, *map(device, (
-        rows, coef, local, region, divisor, scale, bias)), limit)
-    return out, wear.cpu().numpy(), kept if keep else None
+    out, wear, kept = fold_rows_tensors(state, drift, t, *upload(
+        state.device, rows, coef, local, region, divisor, scale, bias), limit)
+    return out, download(wear)[0], kept if keep else None
 
 
 def fold_rows_(state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray, coef: np.ndarray,
@@ -348,13 +346,13 @@ def store_rows_numba(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.n
 
 def store_rows_torch(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
                      keep_old: bool) -> tuple[np.ndarray, Tensor, bool]:
-    at = torch.from_numpy(index).to(table.device)
+    at, fresh_at = upload(table.device, index, fresh)
     before = table.index_select(0, at)
     table[at] = rows
-    moved = (rows != before).any(dim=-1).cpu().numpy() | fresh
-    kept = np.flatnonzero(moved & ~fresh) if keep_old else np.zeros(0, np.int64)
-    return moved, before[torch.from_numpy(kept).to(table.device)], bool(
-        torch.isfinite(rows).all())
+    moved_at = (rows != before).any(dim=-1) | fresh_at
+    old = before[moved_at & ~fresh_at] if keep_old else before[:0]
+    moved, finite = download(moved_at, torch.isfinite(rows).all())
+    return moved, old, bool(finite)
 
 
 def store_rows_(table: Tensor, index: np.ndarray, rows: Tensor, fresh: np.ndarray,
@@ -445,14 +443,15 @@ def difference_table_numba(table: Tensor, slots: np.ndarray, relu: bool, old: Te
 
 def difference_table_torch(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
                            taken: np.ndarray, moved: np.ndarray, dest: np.ndarray) -> Tensor:
-    rows = table[torch.from_numpy(slots).to(table.device)].to(old.device, old.dtype)
+    at, taken_at, moved_at, dest_at = upload(old.device, slots, taken, moved, dest)
+    if table.device != old.device:  # the features, on the host
+        at = upload(table.device, slots)[0]
+    rows = table[at].to(old.device, old.dtype)
     if relu:
         rows = torch.relu(rows)
     fresh = rows.shape[0] - len(moved)
-    stacked = torch.cat([rows[:fresh], old[torch.from_numpy(taken).to(old.device)],
-                         rows[fresh:] - old[torch.from_numpy(moved).to(old.device)]])
-    return torch.empty_like(stacked).index_copy_(0, torch.from_numpy(dest).to(old.device),
-                                                 stacked)
+    stacked = torch.cat([rows[:fresh], old[taken_at], rows[fresh:] - old[moved_at]])
+    return torch.empty_like(stacked).index_copy_(0, dest_at, stacked)
 
 
 def difference_table(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
@@ -518,14 +517,15 @@ def activated_rows_torch(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool
         return torch.relu(rows) if relu else rows
 
     n = z.shape[0]
-    after = act(torch.cat([z, table.index_select(0, torch.from_numpy(ahead).to(z.device))]))
-    finite = bool(torch.isfinite(after[:n]).all())
+    ahead_at, fresh_at = upload(z.device, ahead, fresh)
+    after = act(torch.cat([z, table.index_select(0, ahead_at)]))
+    finite = torch.isfinite(after[:n]).all()
     if z_old is None:
-        return after, np.ones(n, np.bool_), after[:0], finite
+        return after, np.ones(n, np.bool_), after[:0], bool(download(finite)[0])
     old = act(z_old)
-    moved = (old != after[:n]).any(dim=-1).cpu().numpy() | fresh
-    kept = torch.from_numpy(np.flatnonzero(moved & ~fresh)).to(z.device)
-    return after, moved, old.index_select(0, kept), finite
+    moved_at = (old != after[:n]).any(dim=-1) | fresh_at
+    moved, finite = download(moved_at, finite)
+    return after, moved, old[moved_at & ~fresh_at], bool(finite)
 
 
 def activated_rows(z: Tensor, table: Tensor, ahead: np.ndarray, relu: bool,
@@ -614,22 +614,30 @@ def _fill_loop(table, index, row):
             rows[i, j] = row[j]
 
 
-def fill_rows_numba(table: Tensor, index: np.ndarray, row: Tensor | None) -> None:
-    rows = table.numpy()
-    values = np.zeros(rows[:1].size, rows.dtype) if row is None else row.numpy().reshape(-1)
-    _fill_loop(rows, index, values)
+def fill_rows_numba(tables: list[Tensor], index: np.ndarray, rows: list[Tensor | None]
+                    ) -> None:
+    for table, row in zip(tables, rows, strict=True):
+        values = table.numpy()
+        fill = (np.zeros(values[:1].size, values.dtype) if row is None
+                else row.numpy().reshape(-1))
+        _fill_loop(values, index, fill)
 
 
-def fill_rows_torch(table: Tensor, index: np.ndarray, row: Tensor | None) -> None:
-    table[torch.from_numpy(index).to(table.device)] = 0 if row is None else row
+def fill_rows_torch(tables: list[Tensor], index: np.ndarray, rows: list[Tensor | None]
+                    ) -> None:
+    at = upload(tables[0].device, index)[0]
+    for table, row in zip(tables, rows, strict=True):
+        table[at] = 0 if row is None else row
 
 
-def fill_rows_(table: Tensor, index: np.ndarray, row: Tensor | None) -> None:
-    """``table[index[i]] = row`` for every i (``row`` None: zeros): rows reset in place.
-    Between a batch's kernels torch's indexed assignment costs many times what it does
-    alone, even for a few rows."""
-    kernel = fill_rows_numba if table.device.type == "cpu" else fill_rows_torch
-    kernel(table, index, row)
+def fill_rows_(tables: list[Tensor], index: np.ndarray, rows: list[Tensor | None]) -> None:
+    """``table[index[i]] = row`` for every i, each table with its row (None: zeros): rows
+    reset in place. Between a batch's kernels torch's indexed assignment costs many times
+    what it does alone, even for a few rows."""
+    if not tables:
+        return
+    kernel = fill_rows_numba if tables[0].device.type == "cpu" else fill_rows_torch
+    kernel(tables, index, rows)
 
 
 @row_loop

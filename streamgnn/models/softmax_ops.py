@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from numba import njit
 from torch import Tensor
 
+from streamgnn.models.transfer import upload
 from streamgnn.prefetch import AHEAD, prefetch_row
 
 
@@ -102,16 +103,17 @@ def fold_softmax_torch(state: Tensor, t: Tensor, channels: int, region: np.ndarr
                        part: Tensor, slope: float, cancellation: float) -> Tensor:
     h, c = t.shape[1], channels
 
-    def messages(rows: np.ndarray, at: np.ndarray) -> tuple[Tensor, Tensor]:
+    def messages(rows: Tensor, at: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
         """[logit (heads) | value (heads x channels)] per message, and its destination."""
-        at_t = torch.from_numpy(at).to(state.device)
-        rows_t = t.index_select(0, torch.from_numpy(rows).to(t.device))
-        logits = F.leaky_relu(rows_t[..., c] + part.index_select(0, at_t), slope)
+        rows_t = t.index_select(0, rows)
+        logits = F.leaky_relu(rows_t[..., c] + part.index_select(0, at), slope)
         msg = torch.cat([logits, rows_t[..., :c].flatten(1)], dim=1).to(state.dtype)
-        return msg, torch.from_numpy(region[at]).to(state.device)
+        return msg, dst
 
-    new_msg, new_dst = messages(*new)
-    old_msg, old_dst = messages(*old)
+    (rows, at), (old_rows, old_at) = new, old
+    uploaded = upload(state.device, rows, at, region[at], old_rows, old_at, region[old_at])
+    new_msg, new_dst = messages(*uploaded[:3])
+    old_msg, old_dst = messages(*uploaded[3:])
     touched = torch.cat([new_dst, old_dst]).unique()
     at_new = torch.searchsorted(touched, new_dst)
     at_old = torch.searchsorted(touched, old_dst)

@@ -2,8 +2,8 @@
 (`download`). On a GPU each copy costs a launch and, from pageable memory or back to the
 host, a wait for the work queued before it: a superstep's index arrays go over together,
 from one pinned buffer, without making the host wait, and the values the host must see
-come back together. On the CPU the same packing runs, so a count of crossings
-(`streamgnn.crossings`) taken there shows a GPU's.
+come back together. On the CPU the arrays and tensors share their memory, and a count of
+crossings (`streamgnn.crossings`) counts each call as the one copy it is on a GPU.
 
 Owns the packing; must not import the engine.
 """
@@ -23,24 +23,23 @@ _TORCH = {v: k for k, v in _NUMPY.items()}
 
 def upload(device: torch.device, *arrays: np.ndarray) -> list[Tensor]:
     """``arrays`` as tensors on ``device`` (each its own dtype and shape), copied in one."""
-    if not arrays:
-        return []
     parts = [np.ascontiguousarray(a) for a in arrays]
+    if device.type == "cpu":  # the arrays themselves
+        return [torch.from_numpy(a) for a in parts]
     offsets, total = _layout([a.nbytes for a in parts])
     buffer = np.empty(total, np.uint8)
     for a, at in zip(parts, offsets, strict=True):
         buffer[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
     host = torch.from_numpy(buffer)
-    moved = (host if device.type == "cpu" else
-             host.pin_memory().to(device, non_blocking=True))
+    moved = host.pin_memory().to(device, non_blocking=True)
     return [moved[at:at + a.nbytes].view(_TORCH[a.dtype]).view(a.shape)
             for a, at in zip(parts, offsets, strict=True)]
 
 
 def download(*tensors: Tensor) -> list[np.ndarray]:
     """``tensors`` (on one device) as host arrays, read back in one copy."""
-    if not tensors:
-        return []
+    if all(t.device.type == "cpu" for t in tensors):  # the tensors' own memory
+        return [t.numpy() for t in tensors]
     flat = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]
     offsets, total = _layout([f.shape[0] for f in flat])
     packed = flat[0].new_zeros(total)

@@ -45,9 +45,10 @@ from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.inference import layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, fill_rows_
+from streamgnn.models.transfer import download
 from streamgnn.npz import prefixed, under
 from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
-from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed, Step
+from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed
 from streamgnn.workers.ghost_rows import (
     begin_routed,
     incoming,
@@ -288,12 +289,13 @@ class Shard:
             subscribed, subscribers, self.ghost_feature_bytes = begin_routed(
                 tb, diff, routed, removed, added)
         if len(added):  # reused slots: start empty
-            for layer, rows, z in zip(self.layers, tb.state, tb.z, strict=True):
-                if rows is not None:
-                    fill_rows_(rows, added, layer.empty_preactivation() if z else None)
-            for rows in (*tb.drift, *tb.ties):
-                if rows is not None:
-                    fill_rows_(rows, added, None)
+            tables, rows = [], []
+            for layer, state, z in zip(self.layers, tb.state, tb.z, strict=True):
+                if state is not None:
+                    tables.append(state)
+                    rows.append(layer.empty_preactivation() if z else None)
+            tables += [t for t in (*tb.drift, *tb.ties) if t is not None]
+            fill_rows_(tables, added, rows + [None] * (len(tables) - len(rows)))
         changed = Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                           diff.changed.astype(np.int64), [tb.as_rows(diff.changed_x_before)])
         features = np.sort(changed.slots)  # rewritten at layer 0: the features
@@ -320,14 +322,18 @@ class Shard:
         """Close the batch: its label changes and counts."""
         tb = self.tables
         b, last, self._batch, tb.recent = self._batch, tb.recent, None, None
-        if len(last.region):  # (else the batch changed no label here)
-            b.result.changed_labels = self._label_changes(last)
+        result, n = b.result, len(last.region)
+        hops = result.rewritten[1:]  # the supersteps' rows, still where they were computed
+        rows = [rows for _, rows in hops]
+        on_cpu = tb.device.type == "cpu"
+        labels = [] if on_cpu or not n else [last.after[:n].argmax(-1)]
+        host = download(*rows, *labels)  # one copy back (the CPU's: the tensors' memory)
+        result.rewritten[1:] = [(slots, r) for (slots, _), r in zip(hops, host, strict=False)]
+        if n:  # (else the batch changed no label here)
+            new = argmax_rows(last.after[:n]) if on_cpu else host[-1]
+            at, old = relabel_(tb.labels, last.region, new, last.fresh)
+            result.changed_labels = ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
         for touched in (b.edges.degree_changed, b.added):
             if len(touched):
                 tb.in_weight[touched] = self.graph.in_weight[touched]
-        return b.result
-
-    def _label_changes(self, last: Step) -> ChangedLabels:
-        new = argmax_rows(last.after[:len(last.region)])
-        at, old = relabel_(self.tables.labels, last.region, new, last.fresh)
-        return ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
+        return result

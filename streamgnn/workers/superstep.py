@@ -100,8 +100,7 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
     result.pulled_columns.append(0 if columns is None else _count(columns.cols))
     result.remote_reads.append(remote)
     result.combined_messages.append(_combined_messages(tb, sources, at, v1, edges))
-    result.rewritten.append((region, after.numpy()[:len(region)] if tb.device.type == "cpu"
-                             else after[:len(region)].cpu().numpy()))
+    result.rewritten.append((region, after[:len(region)]))  # read back at the batch's end
     return Step(hop, region, after, fresh, moved, old_rows, finite, activated)
 
 
@@ -112,8 +111,8 @@ def _reached_nothing(tb: Tables, layer: Layer, result: ApplyResult, hop: int,
     for counts in (result.recomputed, result.pulled, result.pulled_columns,
                    result.remote_reads, result.combined_messages):
         counts.append(0)
-    nothing, none = tb.no_rows(layer.out_dim)
-    result.rewritten.append((region, none))
+    nothing = tb.no_rows(layer.out_dim)[0]
+    result.rewritten.append((region, nothing))
     return Step(hop, region, nothing, _NOT_ANY, _NOT_ANY, nothing)
 
 

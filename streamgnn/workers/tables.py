@@ -26,6 +26,7 @@ from streamgnn.allocator import huge_pages, lengthened
 from streamgnn.graph import DynamicGraph
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import merge_rows, take_rows
+from streamgnn.models.transfer import upload
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.batch import Step
 from streamgnn.workers.slotsets import SlotSets
@@ -234,13 +235,12 @@ class Tables:
 
     def index(self, slots: np.ndarray) -> Tensor:
         """``slots`` as an index into the tables."""
-        index = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
-        return index if self.device.type == "cpu" else index.to(self.device)
+        return upload(self.device, slots if slots.dtype == np.int64 else
+                      slots.astype(np.int64))[0]
 
     def tensor(self, array: np.ndarray) -> Tensor:
         """``array`` on the tables' device."""
-        t = torch.from_numpy(np.ascontiguousarray(array))
-        return t if self.device.type == "cpu" else t.to(self.device)
+        return upload(self.device, array)[0]
 
     def ours(self, t: Tensor) -> Tensor:
         """``t`` in the engine's dtype and on its device: itself where it is already (a
