@@ -157,6 +157,7 @@ def exchange_s(work: dict, latency: float, bandwidth: float) -> float:
 
 
 def modelled(work: dict, latency: float, bandwidth: float) -> float:
+    """The model's wall seconds a batch."""
     return compute_s(work) + exchange_s(work, latency, bandwidth)
 
 
@@ -197,18 +198,15 @@ def amdahl(real: dict[tuple[int, int], float]) -> dict[int, tuple[float, float]]
     return out
 
 
-def check(real_path: Path, model_paths: list[Path]) -> None:
-    """The model against real runs on another machine, in two fits of stated terms:
-    calibrated, wall = s * compute + exchange + c0, with the per-core factor s and the
-    MPI path's fixed cost a batch c0 from the P=1 runs alone (rank 0 and one worker: no
-    exchange); refitted, + a + u * bs where P > 1, fitted to those runs: what splitting
-    adds or the model measured here gets wrong, a part fixed a batch and a part per
-    update. Rows of the model without a real run (P=16) are projections."""
-    real, terms = real_runs(real_path), model_terms(model_paths)
-    keys = sorted(k for k in terms if any(b == k[0] for b, _ in real))
-    compute, exchange, batches, ranks = (np.array(v, float) for v in zip(
-        *((*terms[k], *k) for k in keys), strict=True))
-    walls = np.array([real.get(k, np.nan) for k in keys])
+def fitted(compute: np.ndarray, exchange: np.ndarray, batches: np.ndarray,
+           ranks: np.ndarray, walls: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The model's rows (compute and exchange seconds as measured here, batch size, P)
+    fitted to real walls (NaN: no real run) in two steps of stated terms: calibrated,
+    wall = s * compute + exchange + c0, the per-core factor s and the MPI path's fixed
+    cost a batch c0 from the P=1 runs alone (rank 0 and one worker: no exchange);
+    refitted, + a + u * bs where P > 1, fitted to those runs: what splitting adds or the
+    model measured here gets wrong, a part fixed a batch and a part per update. Returns
+    both models' seconds per row and the terms."""
     one, split, known = ranks == 1, (ranks > 1).astype(float), ~np.isnan(walls)
     if (one & known).sum() < 2:
         raise SystemExit("calibrating needs P=1 runs and the model at two batch sizes")
@@ -217,11 +215,25 @@ def check(real_path: Path, model_paths: list[Path]) -> None:
     calibrated = s * compute + exchange + c0
     fit = ~one & known
     a, u = least_squares([split[fit], batches[fit]], walls[fit] - calibrated[fit])
-    refitted = calibrated + split * (a + u * batches)
-    console.print(f"from the P=1 runs: per-core factor s = {s:.2f} (the other machine's "
+    terms = {"s": s, "c0": c0, "a": a, "u": u}
+    return calibrated, calibrated + split * (a + u * batches), terms
+
+
+def check(real_path: Path, model_paths: list[Path]) -> None:
+    """The model against real runs on another machine (`fitted`), at each batch size of
+    both; rows of the model without a real run are projections. Then the real runs'
+    serial part (`amdahl`)."""
+    real, terms = real_runs(real_path), model_terms(model_paths)
+    keys = sorted(k for k in terms if any(b == k[0] for b, _ in real))
+    compute, exchange, batches, ranks = (np.array(v, float) for v in zip(
+        *((*terms[k], *k) for k in keys), strict=True))
+    walls = np.array([real.get(k, np.nan) for k in keys])
+    known = ~np.isnan(walls)
+    calibrated, refitted, t = fitted(compute, exchange, batches, ranks, walls)
+    console.print(f"from the P=1 runs: per-core factor s = {t['s']:.2f} (the other machine's "
                   f"time for this machine's second), the MPI path's fixed cost c0 = "
-                  f"{c0 * 1e3:.2f} ms a batch; from P > 1: a = {a * 1e3:+.2f} ms a batch, "
-                  f"u = {u * 1e6:+.3f} us an update")
+                  f"{t['c0'] * 1e3:.2f} ms a batch; from P > 1: a = {t['a'] * 1e3:+.2f} ms "
+                  f"a batch, u = {t['u'] * 1e6:+.3f} us an update")
     table = Table(title=f"model vs real mpiexec runs ({real_path.name})")
     for col in ("bs", "P", "compute ms (here)", "exchange ms (here)", "calibrated ms",
                 "error", "refitted ms", "error", "real ms"):
