@@ -100,12 +100,13 @@ def main() -> None:
             # engine let go of it (the workers have their partitions): the workload
             # applies them
             draw = workload.batch if workers is None else workload.applied
-        peak_bootstrapped, times = peak_rss_mb(), []
+        peak_bootstrapped, times, busy = peak_rss_mb(), [], []
         for _ in range(args.batches):
             batch = sg.UpdateBatch.from_updates(draw(args.batch), engine.num_features)
             t = time.perf_counter()
             engine.apply(batch, skip_invalid=True)
             times.append(time.perf_counter() - t)
+            busy.append([s["busy_s"] for s in engine.stats()])  # untimed: a round trip
         stats = engine.stats()
         return {"dataset": name, "model": args.model,
                 "source": "dataset" if folder is None else "partition files",
@@ -115,7 +116,7 @@ def main() -> None:
                 "batch": args.batch,
                 "median_batch_s": float(np.median(times)),
                 "updates_per_s": args.batch / float(np.median(times)),
-                "max_batch_s": max(times),
+                "max_batch_s": max(times), "busy_s": _median_busy(busy),
                 "halo": [s["halo"] for s in stats], "vertices": [s["vertices"] for s in stats],
                 "peak_rss_mb_rank0_bootstrapped": peak_bootstrapped,
                 "peak_rss_mb_rank0": peak_rss_mb()}
@@ -125,10 +126,28 @@ def main() -> None:
     if comm.Get_rank() == 0:
         result["peak_rss_mb"] = peaks
         print(json.dumps(result, indent=2), flush=True)
+        busy = np.array(result["busy_s"]) * 1e3
+        print("busy ms per partition, median per step: " + "; ".join(
+            f"{part}: " + " / ".join(f"{ms:.2f}" for ms in steps)
+            for part, steps in enumerate(busy.tolist())) + "; slowest / mean "
+              "per step " + " / ".join(f"{r:.2f}" for r in busy.max(0) / busy.mean(0)),
+              flush=True)
         out = Path(f"benchmarks/results/scale-{name}-{args.model}-{result['workers']}w"
                    f"{'' if folder is None else '-files'}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
+
+
+def _median_busy(busy: list[list[list[float]]]) -> list[list[float]]:
+    """Per partition (a worker's shard, or the one process) and step between exchanges, the
+    median over the batches of its compute seconds; ``busy`` is per batch, partition and
+    step (a batch with fewer steps leaves its missing steps out of their medians)."""
+    steps = max(len(b) for batch in busy for b in batch)
+    table = np.full((len(busy), len(busy[0]), steps), np.nan)
+    for i, batch in enumerate(busy):
+        for part, b in enumerate(batch):
+            table[i, part, :len(b)] = b
+    return np.nanmedian(table, axis=0).tolist()
 
 
 def _classes(folder: Path, parts: int) -> int:

@@ -12,14 +12,23 @@ scaling from 4 to 16 workers).
    router's own time (validation, routing) per batch.
 3. The model: a batch's wall time = router + sum over supersteps of (slowest shard's
    compute + latency + most bytes sent / bandwidth).
-4. Checked against real ``mpiexec`` runs (rank 0 + P workers) at P = 2 and 4, on this
+4. Checked against real ``mpiexec`` runs (rank 0 + P workers) at P = 1, 2 and 4, on this
    2-core machine (the ranks share 2 cores, so the measured time is an upper bound).
 5. Projected: P = 8 and 16 on arxiv-like, strong-scaling efficiency 4 -> 16; and a
    papers100M-sized graph (111M vertices, 1.6B edges, 128 features) on 32 and 64 ranks:
    memory per rank from the measured bytes per vertex and per edge, latency per batch
    from the measured per-update work.
 
-Writes benchmarks/results/scaling.json.
+Writes benchmarks/results/scaling.json (``--out``; one file per ``--batch``).
+
+    python benchmarks/scaling.py --check benchmarks/results/scaling-16core.json [--models
+        benchmarks/results/scaling.json benchmarks/results/scaling-bs10000.json]
+
+6. Measures nothing: the model in those files against real ``mpiexec`` runs of
+   benchmarks/scale.py on another machine, at each batch size of both; calibrated there
+   (a per-core factor and the MPI path's fixed cost, from its P=1 runs at two batch
+   sizes), then refitted with a term where P > 1 (see `check`); and from the real runs
+   alone, wall = serial + parallel / P.
 """
 
 from __future__ import annotations
@@ -137,10 +146,109 @@ def per_shard_work(split, parts: list[int], size: int, batches: int) -> dict[int
     return out
 
 
+def compute_s(work: dict) -> float:
+    """The model's work on cores: the router's and, per superstep, the slowest shard's."""
+    return work["router_s"] + sum(work["slowest_s"])
+
+
+def exchange_s(work: dict, latency: float, bandwidth: float) -> float:
+    """The model's exchanges: a latency each, and the most bytes any shard sent."""
+    return len(work["max_sent_bytes"]) * latency + sum(work["max_sent_bytes"]) / bandwidth
+
+
 def modelled(work: dict, latency: float, bandwidth: float) -> float:
-    exchanges = len(work["max_sent_bytes"])
-    return (work["router_s"] + sum(work["slowest_s"]) + exchanges * latency
-            + sum(work["max_sent_bytes"]) / bandwidth)
+    """The model's wall seconds a batch."""
+    return compute_s(work) + exchange_s(work, latency, bandwidth)
+
+
+# ---------------------------------------------------------------- against real runs
+def real_runs(path: Path) -> dict[tuple[int, int], float]:
+    """Real ``mpiexec`` runs of benchmarks/scale.py, as in scaling-16core.json: the median
+    seconds a batch by (batch size, workers)."""
+    runs = json.loads(path.read_text())["mpiexec"]
+    return {(r["batch"], r["workers"]): r["median_batch_s"] for r in runs}
+
+
+def model_terms(paths: list[Path]) -> dict[tuple[int, int], tuple[float, float]]:
+    """From files this script wrote (one per batch size): by (batch size, P), the
+    model's compute seconds and exchange seconds as measured here."""
+    out = {}
+    for path in paths:
+        run = json.loads(path.read_text())
+        for w in run["rows"]:
+            out[run["batch"], w["partitions"]] = (
+                compute_s(w), exchange_s(w, run["latency_s"], run["bandwidth_bytes_s"]))
+    return out
+
+
+def least_squares(columns: list[np.ndarray], target: np.ndarray) -> np.ndarray:
+    """The coefficients of ``columns`` that fit ``target`` best (least squares)."""
+    return np.linalg.lstsq(np.stack(columns, axis=1), target, rcond=None)[0]
+
+
+def amdahl(real: dict[tuple[int, int], float]) -> dict[int, tuple[float, float]]:
+    """From the real runs alone, per batch size: wall = serial + parallel / P fitted to the
+    runs with P > 1 (P=1 has no exchange); the serial part bounds the speed-up."""
+    out = {}
+    for batch in sorted({b for b, _ in real}):
+        runs = [(p, wall) for (b, p), wall in real.items() if b == batch and p > 1]
+        if len(runs) > 1:
+            ranks, walls = np.array(runs, float).T
+            out[batch] = tuple(least_squares([np.ones(len(ranks)), 1 / ranks], walls))
+    return out
+
+
+def fitted(compute: np.ndarray, exchange: np.ndarray, batches: np.ndarray,
+           ranks: np.ndarray, walls: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The model's rows (compute and exchange seconds as measured here, batch size, P)
+    fitted to real walls (NaN: no real run) in two steps of stated terms: calibrated,
+    wall = s * compute + exchange + c0, the per-core factor s and the MPI path's fixed
+    cost a batch c0 from the P=1 runs alone (rank 0 and one worker: no exchange);
+    refitted, + a + u * bs where P > 1, fitted to those runs: what splitting adds or the
+    model measured here gets wrong, a part fixed a batch and a part per update. Returns
+    both models' seconds per row and the terms."""
+    one, split, known = ranks == 1, (ranks > 1).astype(float), ~np.isnan(walls)
+    if (one & known).sum() < 2:
+        raise SystemExit("calibrating needs P=1 runs and the model at two batch sizes")
+    fit = one & known
+    s, c0 = least_squares([compute[fit], np.ones(fit.sum())], walls[fit] - exchange[fit])
+    calibrated = s * compute + exchange + c0
+    fit = ~one & known
+    a, u = least_squares([split[fit], batches[fit]], walls[fit] - calibrated[fit])
+    terms = {"s": s, "c0": c0, "a": a, "u": u}
+    return calibrated, calibrated + split * (a + u * batches), terms
+
+
+def check(real_path: Path, model_paths: list[Path]) -> None:
+    """The model against real runs on another machine (`fitted`), at each batch size of
+    both; rows of the model without a real run are projections. Then the real runs'
+    serial part (`amdahl`)."""
+    real, terms = real_runs(real_path), model_terms(model_paths)
+    keys = sorted(k for k in terms if any(b == k[0] for b, _ in real))
+    compute, exchange, batches, ranks = (np.array(v, float) for v in zip(
+        *((*terms[k], *k) for k in keys), strict=True))
+    walls = np.array([real.get(k, np.nan) for k in keys])
+    known = ~np.isnan(walls)
+    calibrated, refitted, t = fitted(compute, exchange, batches, ranks, walls)
+    console.print(f"from the P=1 runs: per-core factor s = {t['s']:.2f} (the other machine's "
+                  f"time for this machine's second), the MPI path's fixed cost c0 = "
+                  f"{t['c0'] * 1e3:.2f} ms a batch; from P > 1: a = {t['a'] * 1e3:+.2f} ms "
+                  f"a batch, u = {t['u'] * 1e6:+.3f} us an update")
+    table = Table(title=f"model vs real mpiexec runs ({real_path.name})")
+    for col in ("bs", "P", "compute ms (here)", "exchange ms (here)", "calibrated ms",
+                "error", "refitted ms", "error", "real ms"):
+        table.add_column(col, justify="right")
+    for i, (batch, p) in enumerate(keys):
+        errors = [f"{(m - walls[i]) / walls[i]:+.0%}" if known[i] else ""
+                  for m in (calibrated[i], refitted[i])]
+        table.add_row(f"{batch:,}", str(p), f"{compute[i] * 1e3:.2f}",
+                      f"{exchange[i] * 1e3:.2f}", f"{calibrated[i] * 1e3:.2f}", errors[0],
+                      f"{refitted[i] * 1e3:.2f}", errors[1],
+                      f"{walls[i] * 1e3:.2f}" if known[i] else "")
+    console.print(table)
+    for batch, (serial, parallel) in amdahl(real).items():
+        console.print(f"real runs, bs={batch:,}: wall = {serial * 1e3:.1f} ms + "
+                      f"{parallel * 1e3:.1f} ms / P; at most {batch / serial:,.0f} updates/s")
 
 
 def main() -> None:
@@ -151,9 +259,19 @@ def main() -> None:
     parser.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fit", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/scaling.json")
+    parser.add_argument("--check", type=Path, metavar="REAL",
+                        help="measure nothing: compare the model in --models with the real "
+                             "mpiexec runs in REAL (scaling-16core.json's layout)")
+    parser.add_argument("--models", type=Path, nargs="+", metavar="JSON", default=[
+        Path("benchmarks/results/scaling.json"),
+        Path("benchmarks/results/scaling-bs10000.json")],
+                        help="this script's results, one per batch size (with --check)")
     args = parser.parse_args()
     if args.rank_job:
         rank_job(args)
+        return
+    if args.check:
+        check(args.check, args.models)
         return
     torch.set_num_threads(1)
     common = ["--preset", args.preset, "--batch", str(args.batch),
@@ -166,7 +284,7 @@ def main() -> None:
                   f"{bandwidth / 1e9:.2f} GB/s")
     split = stream_split(args.preset, weighted=False)
     work = per_shard_work(split, [1, 2, 4, 8, 16], args.batch, args.batches)
-    measured = {p: mpiexec(p + 1, *common) for p in (2, 4)}
+    measured = {p: mpiexec(p + 1, *common) for p in (1, 2, 4)}
 
     table = Table(title=f"{args.preset}, GraphConv-sum 2 layers, bs={args.batch}: wall time "
                         "per batch, model vs measured")
@@ -216,6 +334,7 @@ def main() -> None:
         console.print(papers[-1])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
+        "preset": args.preset, "batch": args.batch, "date": time.strftime("%Y-%m-%d"),
         "latency_s": latency, "bandwidth_bytes_s": bandwidth, "rows": rows,
         "mpiexec": {str(p): m for p, m in measured.items()},
         "efficiency_4_to_16": efficiency, "papers100M": papers}, indent=2))
