@@ -431,11 +431,11 @@ def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
     kept = rows_at >= 0
     same_rows = bool(len(targets) == len(below) and (rows_at == np.arange(len(below))).all())
     if not same_rows:
-        up["kept_at"], up["kept"] = np.flatnonzero(kept), rows_at[kept]
+        up["kept"] = rows_at[kept]
     fetched = 0
     if not kept.all():
         old = targets[~kept]
-        up["stored_at"] = np.flatnonzero(~kept)
+        up["kept_at"], up["stored_at"] = np.flatnonzero(kept), np.flatnonzero(~kept)
         up["stored"] = engine.workers.rows(engine.owners(old), qg.index.ext[old], hop - 1)
         fetched = up["stored"].nbytes + 8 * len(old)
     mine = pos >= 0
