@@ -18,7 +18,7 @@ import streamgnn as sg
 from streamgnn.workers import Engine
 from streamgnn.workers.executors import Calibration, calibrate
 from tests.archs import ARCHS, F_IN, randomise
-from tests.conftest import pyg_layers, pyg_step
+from tests.conftest import pyg_layers, pyg_step, random_graph
 from tests.reference import Reference
 from tests.test_engine import POOL, start_graph, update, valid_batch
 
@@ -447,3 +447,49 @@ def test_calibrate_times_query_batches_of_every_size_on_each_device(partitions):
     assert len(work) == 3 and work == sorted(work) and work[0] > 0
     assert all(cpu > 0 and (cuda is None) == (not torch.cuda.is_available())
                for _, cpu, cuda in cal.measured)
+
+
+@pytest.mark.parametrize(("partitions", "budget"), [(1, None), (1, 0.5), (2, None), (2, 0.5)],
+                         ids=["exact", "srpe", "cgp", "cgp-srpe"])
+@pytest.mark.parametrize("arch", ["graphconv-add", "pyg-gcn", "pyg-sage-mean", "pyg-gat",
+                                  "graphconv-max"])
+def test_a_query_batch_crosses_to_the_device_a_fixed_number_of_times(device_kernels,
+                                                                     monkeypatch, arch,
+                                                                     partitions, budget):
+    """Counted on the device-kernel path (what a GPU batch crosses), whatever the batch's
+    size: the query executor hands a batch's host arrays over in one upload and reads the
+    answer back in one download, 2 crossings; attention adds per layer one download (the
+    destinations' parts the partitions need) and one upload (their partial aggregates),
+    degree-normalised layers per layer their source scales (computed on host tensors,
+    counted twice). Everything else is per layer and partition, never per vertex: the
+    layers' partial kernel takes its 3 index arrays from the host, and each partition's
+    stored rows and partials cross at most 8 times."""
+    from streamgnn.crossings import counted
+    from streamgnn.workers import query
+
+    monkeypatch.setattr(query, "HOST_VIEWS", False)
+    num_layers = 2
+    data = random_graph(np.random.default_rng(1), n=600, m=3000, d=F_IN)
+    model = randomise(ARCHS[arch](num_layers), 1).double()
+    engine = Engine.from_pyg(model, data, partitions=partitions)
+    layer = engine.layers[0]
+    executor = 2 + 2 * num_layers * (layer.aggr.destination_dependent
+                                     + layer.degree_normalised)
+    rng = np.random.default_rng(0)
+    ids = np.asarray(data.ids)
+    for n in (1, 64, 512):
+        new = int(ids.max()) + 1 + np.arange(n)
+        a, b = rng.choice(ids, n), rng.choice(ids, n)
+        req = sg.QueryColumns(new, rng.standard_normal((n, F_IN)).astype(np.float32),
+                              np.concatenate([new, a]), np.concatenate([b, new]))
+        with counted() as seen:
+            res = engine.query(req, budget=budget)
+        sites = seen.sites(100)
+        ours = sum(c for site, c in sites
+                   if site.split(":")[0] in ("query.py", "transfer.py", "engine.py"))
+        assert ours <= executor, (n, sites)
+        assert seen.total <= executor + num_layers * (3 + 8 * partitions), (n, sites)
+        with monkeypatch.context() as host:
+            host.setattr(query, "HOST_VIEWS", True)
+            assert np.abs(res.embeddings - engine.query(req, budget=budget).embeddings
+                          ).max() <= 1e-12

@@ -17,6 +17,9 @@ partition owning it, from its stored rows, one partial aggregate per destination
 partition (computation-graph parallelism: rows never travel, partials do); the partials
 merge by the aggregation's own rule (`Aggregation.merge`) and the update runs here. The
 query vertices live with the coordinator, so the all-to-all of partials is a gather to it.
+The host lays out every layer of a batch before the dense work (edges, stored rows and,
+but for attention, the partitions' partials) and hands it to the executor's device in one
+upload; the answer comes back in one download.
 
 Owns query planning and execution; must not import kafka or mpi4py.
 """
@@ -36,12 +39,19 @@ from streamgnn.errors import DuplicateVertexError, InvalidQueryError, UnknownVer
 from streamgnn.graph import DynamicGraph
 from streamgnn.graph.idmap import IdMap, Slotted
 from streamgnn.models.layers import Layer
+from streamgnn.models.transfer import download, upload
 from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
 from streamgnn.workers.labels import ChangedLabels
 from streamgnn.workers.slotsets import SlotSets, marked
 
 if TYPE_CHECKING:
     from streamgnn.workers.engine import Neighborhood
+
+HOST_VIEWS = True
+"""Whether a query batch on the host views its host arrays as tensors in place (the CPU
+path: nothing to copy) instead of packing them as for a device (`upload`, `download`); tests
+that count crossings on the CPU (`streamgnn.crossings`) turn it off, so that what they
+count is a GPU's."""
 
 
 @dataclass
@@ -334,106 +344,198 @@ def choose(qg: QueryGraph, candidates: np.ndarray, budget: float, policy: str,
     return np.sort(candidates[order[:k]])
 
 
+@dataclass
+class _Hop:
+    """One layer of a query batch as the host lays it out before any dense work: the
+    in-edges of ``targets`` (R_l) with their sources ``src``, message factors ``w`` and
+    destinations ``at`` (positions in ``targets``); per edge, ``pos``, its source's row
+    among those computed here at the layer below (-1: a stored row, aggregated at its
+    owner); whether the targets' rows of the layer below are those rows as they are
+    (``same_rows``); per partition, the ``requests`` for its partial aggregates (None:
+    nothing asked of it) and how each reply joins the state (``joins``: ``merge``,
+    ``all`` rows or ``some``); ``up``, the host arrays the dense work reads; the bytes
+    ``sent`` and ``received`` and those of the stored rows ``fetched``."""
+
+    targets: np.ndarray
+    src: np.ndarray
+    w: np.ndarray
+    at: np.ndarray
+    pos: np.ndarray
+    same_rows: bool
+    requests: list[dict | None]
+    joins: list[tuple[int, str]]
+    up: dict[str, np.ndarray]
+    sent: int = 0
+    received: int = 0
+    fetched: int = 0
+
+    @property
+    def mine(self) -> np.ndarray:
+        """Per edge: whether its source's row was computed here."""
+        return self.pos >= 0
+
+    def ask(self, engine) -> None:
+        """The partitions' partial aggregates, into ``up`` (``reply<p>``)."""
+        for p, reply in enumerate(engine.workers.partials(self.requests)):
+            if reply is not None:
+                self.up[f"reply{p}"] = reply
+                self.received += reply.nbytes
+
+
 @torch.inference_mode()
 def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer,
         layers: list[Layer]) -> Tensor:
     """The query vertices' output rows [n, d_L] (request order), layer by layer as the
     module says, with ``layers`` (on the executor's device: the partitions compute on
-    their own); fills ``answer``'s per-layer counts."""
+    their own); fills ``answer``'s per-layer counts. The host lays out every layer first
+    (`_layout`: edges, stored rows, the partitions' partial aggregates) and hands it all
+    to the device in one upload; the dense work then reads nothing back, but for
+    destination-dependent aggregations (attention), whose partitions need each layer's
+    destination parts: one download and one upload for each such layer that asks any."""
     device, dtype = torch.device(answer.device), engine.dtype
-    here_ids = qg.q  # the vertices whose rows of the previous layer were computed here
-    here = torch.from_numpy(qg.cols.x).to(device, dtype)
+    hops = []
     for hop, (layer, targets) in enumerate(zip(layers, recompute, strict=True), start=1):
-        ptr, src, w = qg.in_edges(targets)
-        count = np.diff(ptr)
-        at = np.repeat(np.arange(len(targets)), count)
-        pos = qg.sets.find(here_ids, src)
-        mine = pos >= 0
-        sent = received = 0
-
-        h, fetched = _rows(engine, qg, targets, hop - 1, qg.sets.find(here_ids, targets), here)
-        received += fetched
-        t = layer.transform(h) if layer.self_transform or layer.caches_t else None
-        dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
-                    if layer.aggr.destination_dependent else None)
-        if layer.degree_normalised:  # each edge's factor carries its source's scale
-            sources, inverse = np.unique(src, return_inverse=True)
-            scale = layer.source_scale(torch.from_numpy(qg.in_weight(sources))).numpy()
-            w = w * scale[inverse]
-
-        def tensor(a: np.ndarray, kind=dtype) -> Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device, kind)
-
-        ours = here if mine.any() else here[:0]  # no edge from here: placeholders only
-        state = layer.partial(layer.transform(ours), pos[mine], at[mine], w[mine],
-                              len(targets), dst_part)
-        got = np.bincount(at[mine], minlength=len(targets))
-        stored = np.flatnonzero(~mine)
-        owner = engine.owners(src[stored])
-        requests: list[dict | None] = []
-        locals_: list[np.ndarray | None] = []
-        for p in range(engine.num_partitions):
-            edges = stored[owner == p]
-            if not len(edges):
-                requests.append(None)
-                locals_.append(None)
-                continue
-            local, dst = np.unique(at[edges], return_inverse=True)
-            req = {"hop": hop, "src": qg.index.ext[src[edges]], "dst": dst.astype(np.int32),
-                   "w": w[edges], "num": len(local),
-                   "dst_part": None if dst_part is None else dst_part[
-                       torch.from_numpy(local).to(device)].cpu().numpy()}
-            sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
-            if engine.directory is None:  # one shard, on this graph: its slots are ours
-                req["slots"] = src[edges]
-            requests.append(req)
-            locals_.append(local)
-        for local, reply, req in zip(locals_, engine.workers.partials(requests), requests,
-                                     strict=True):
-            if local is None:
-                continue
-            received += reply.nbytes
-            theirs = np.bincount(req["dst"], minlength=len(local))
-            reply = tensor(reply, state.dtype)
-            if got[local].any():
-                index = torch.from_numpy(local).to(device)
-                state[index] = layer.aggr.merge(
-                    state.index_select(0, index), tensor(got[local], torch.int64),
-                    reply, tensor(theirs, torch.int64))
-            elif len(local) == len(targets):  # every row a placeholder so far: theirs
-                state = reply
-            else:
-                state[torch.from_numpy(local).to(device)] = reply
-            got[local] += theirs
-        agg = layer.aggr.finalize(state, tensor(count, torch.int64)).to(dtype)
-        here = layer.update(h, agg, t, tensor(qg.in_weight(targets)))
-        here_ids = targets
-        old = targets[targets < qg.n0]
+        hops.append(_layout(engine, qg, layer, hop, targets,
+                            recompute[hop - 2] if hop > 1 else qg.q))
+    features, *ups = _send(device, [{"x": qg.cols.x}] + [h.up for h in hops])
+    here = features["x"].to(dtype)
+    for hop, layer, up in zip(hops, layers, ups, strict=True):
+        h, here = _compute(engine, layer, hop, up, here)
+        old = hop.targets[hop.targets < qg.n0]
         answer.recomputed.append(qg.index.ext[old])
-        answer.sent_bytes.append(sent)
-        answer.received_bytes.append(received)
+        answer.sent_bytes.append(hop.sent)
+        answer.received_bytes.append(hop.received + hop.fetched)
         width = h.shape[1] * h.element_size() + 8
-        answer.work += len(src)
-        answer.pull_bytes.append(len(qg.sets.union(src[stored])) * width + fetched)
+        answer.work += len(hop.src)
+        answer.pull_bytes.append(len(qg.sets.union(hop.src[~hop.mine])) * width
+                                 + hop.fetched)
     return here
 
 
-def _rows(engine, qg: QueryGraph, targets: np.ndarray, layer: int, pos: np.ndarray,
-          here: Tensor) -> tuple[Tensor, int]:
-    """h^layer of ``targets``: row ``pos`` of those computed here, or where ``pos`` is
-    -1 the stored row (fetched from the partition owning it); and the bytes fetched."""
+def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
+            below: np.ndarray) -> _Hop:
+    """Layer ``hop`` of the query batch on the host (`_Hop`): ``targets`` its R_l,
+    ``below`` the vertices whose rows of the layer below are computed here. Asks the
+    partitions for their partial aggregates now unless the aggregation needs the
+    destinations' parts (which only the dense work gives)."""
+    ptr, src, w = qg.in_edges(targets)
+    count = np.diff(ptr)
+    at = np.repeat(np.arange(len(targets)), count)
+    pos = qg.sets.find(below, src)
+    if layer.degree_normalised:  # each edge's factor carries its source's scale
+        sources, inverse = np.unique(src, return_inverse=True)
+        scale = layer.source_scale(torch.from_numpy(qg.in_weight(sources))).numpy()
+        w = w * scale[inverse]
+    up = {"count": count, "in_weight": qg.in_weight(targets)}
+    rows_at = qg.sets.find(below, targets)
+    kept = rows_at >= 0
+    same_rows = bool(len(targets) == len(below) and (rows_at == np.arange(len(below))).all())
+    if not same_rows:
+        up["kept"] = rows_at[kept]
+    fetched = 0
+    if not kept.all():
+        old = targets[~kept]
+        up["kept_at"], up["stored_at"] = np.flatnonzero(kept), np.flatnonzero(~kept)
+        up["stored"] = engine.workers.rows(engine.owners(old), qg.index.ext[old], hop - 1)
+        fetched = up["stored"].nbytes + 8 * len(old)
     mine = pos >= 0
-    if mine.all():
-        if len(pos) == len(here) and (pos == np.arange(len(pos))).all():
-            return here, 0
-        return here.index_select(0, torch.from_numpy(pos).to(here.device)), 0
-    out = here.new_empty((len(targets), here.shape[1]))
-    if mine.any():
-        out[torch.from_numpy(np.flatnonzero(mine)).to(here.device)] = here.index_select(
-            0, torch.from_numpy(pos[mine]).to(here.device))
-    old = targets[~mine]
-    rows = engine.workers.rows(engine.owners(old), qg.index.ext[old], layer)
-    out[torch.from_numpy(np.flatnonzero(~mine)).to(here.device)] = torch.from_numpy(
-        rows).to(here.device, here.dtype)
-    return out, rows.nbytes + 8 * len(old)
+    got = np.bincount(at[mine], minlength=len(targets))
+    stored = np.flatnonzero(~mine)
+    owner = engine.owners(src[stored])
+    requests: list[dict | None] = []
+    joins: list[tuple[int, str]] = []
+    sent = 0
+    for p in range(engine.num_partitions):
+        edges = stored[owner == p]
+        if not len(edges):
+            requests.append(None)
+            continue
+        local, dst = np.unique(at[edges], return_inverse=True)
+        req = {"hop": hop, "src": qg.index.ext[src[edges]], "dst": dst.astype(np.int32),
+               "w": w[edges], "num": len(local), "dst_part": None}
+        sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
+        if engine.directory is None:  # one shard, on this graph: its slots are ours
+            req["slots"] = src[edges]
+        requests.append(req)
+        theirs = np.bincount(dst, minlength=len(local))
+        up[f"local{p}"] = local
+        if got[local].any():
+            joins.append((p, "merge"))
+            up[f"got{p}"], up[f"theirs{p}"] = got[local], theirs
+        else:  # every row of these a placeholder so far: theirs
+            joins.append((p, "all" if len(local) == len(targets) else "some"))
+        got[local] += theirs
+    out = _Hop(targets, src, w, at, pos, same_rows, requests, joins, up, sent, 0, fetched)
+    if joins and not layer.aggr.destination_dependent:
+        out.ask(engine)
+    return out
 
+
+def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tensor
+             ) -> tuple[Tensor, Tensor]:
+    """The dense work of layer ``hop`` (its host arrays ``up`` on the device) from the rows
+    computed ``here`` at the layer below: the targets' rows of the layer below and of
+    this one."""
+    h = _rows(hop, up, here)
+    t = layer.transform(h) if layer.self_transform or layer.caches_t else None
+    dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
+                if layer.aggr.destination_dependent else None)
+    if dst_part is not None and hop.joins:  # the partitions need the destinations' parts
+        asked = [p for p, _ in hop.joins]
+        parts = _fetch(*(dst_part.index_select(0, up[f"local{p}"]) for p in asked))
+        for p, part in zip(asked, parts, strict=True):
+            hop.requests[p]["dst_part"] = part
+            hop.sent += part.nbytes
+        hop.up = {}
+        hop.ask(engine)
+        up = {**up, **_send(here.device, [hop.up])[0]}
+    mine = hop.mine
+    ours = here if mine.any() else here[:0]  # no edge from here: placeholders only
+    state = layer.partial(layer.transform(ours), hop.pos[mine], hop.at[mine], hop.w[mine],
+                          len(hop.targets), dst_part)
+    for p, join in hop.joins:
+        reply, index = up[f"reply{p}"].to(state.dtype), up[f"local{p}"]
+        if join == "merge":
+            state[index] = layer.aggr.merge(state.index_select(0, index), up[f"got{p}"],
+                                            reply, up[f"theirs{p}"])
+        elif join == "all":
+            state = reply
+        else:
+            state[index] = reply
+    agg = layer.aggr.finalize(state, up["count"]).to(h.dtype)
+    return h, layer.update(h, agg, t, up["in_weight"].to(h.dtype))
+
+
+def _rows(hop: _Hop, up: dict[str, Tensor], here: Tensor) -> Tensor:
+    """h of the layer below of ``hop``'s targets: rows of those computed ``here``, and
+    where none was the stored row (``up``'s ``stored``, fetched from the partition owning
+    it)."""
+    if hop.same_rows:
+        return here
+    if "stored" not in up:
+        return here.index_select(0, up["kept"])
+    out = here.new_empty((len(hop.targets), here.shape[1]))
+    out[up["kept_at"]] = here.index_select(0, up["kept"])
+    out[up["stored_at"]] = up["stored"].to(here.dtype)
+    return out
+
+
+def _send(device: torch.device, parcels: list[dict[str, np.ndarray]]
+          ) -> list[dict[str, Tensor]]:
+    """Every parcel's host arrays as tensors on ``device``, by the same names, in one
+    upload."""
+    names = [(i, name) for i, parcel in enumerate(parcels) for name in parcel]
+    arrays = [parcels[i][name] for i, name in names]
+    sent = ([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+            if HOST_VIEWS and device.type == "cpu" else upload(device, *arrays))
+    out: list[dict[str, Tensor]] = [{} for _ in parcels]
+    for (i, name), tensor in zip(names, sent, strict=True):
+        out[i][name] = tensor
+    return out
+
+
+def _fetch(*tensors: Tensor) -> list[np.ndarray]:
+    """``tensors`` as host arrays, in one download."""
+    if HOST_VIEWS and all(t.device.type == "cpu" for t in tensors):
+        return [t.numpy() for t in tensors]
+    return download(*tensors)
