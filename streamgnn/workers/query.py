@@ -47,13 +47,6 @@ from streamgnn.workers.slotsets import SlotSets, marked
 if TYPE_CHECKING:
     from streamgnn.workers.engine import Neighborhood
 
-HOST_VIEWS = True
-"""Whether a query batch on the host views its host arrays as tensors in place (the CPU
-path: nothing to copy) instead of packing them as for a device (`upload`, `download`); tests
-that count crossings on the CPU (`streamgnn.crossings`) turn it off, so that what they
-count is a GPU's."""
-
-
 @dataclass
 class QueryAnswer:
     """The answer to a query: for its vertices in request order, ``ids``, output
@@ -482,7 +475,7 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
                 if layer.aggr.destination_dependent else None)
     if dst_part is not None and hop.joins:  # the partitions need the destinations' parts
         asked = [p for p, _ in hop.joins]
-        parts = _fetch(*(dst_part.index_select(0, up[f"local{p}"]) for p in asked))
+        parts = download(*(dst_part.index_select(0, up[f"local{p}"]) for p in asked))
         for p, part in zip(asked, parts, strict=True):
             hop.requests[p]["dst_part"] = part
             hop.sent += part.nbytes
@@ -526,16 +519,8 @@ def _send(device: torch.device, parcels: list[dict[str, np.ndarray]]
     upload."""
     names = [(i, name) for i, parcel in enumerate(parcels) for name in parcel]
     arrays = [parcels[i][name] for i, name in names]
-    sent = ([torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-            if HOST_VIEWS and device.type == "cpu" else upload(device, *arrays))
+    sent = upload(device, *arrays)
     out: list[dict[str, Tensor]] = [{} for _ in parcels]
     for (i, name), tensor in zip(names, sent, strict=True):
         out[i][name] = tensor
     return out
-
-
-def _fetch(*tensors: Tensor) -> list[np.ndarray]:
-    """``tensors`` as host arrays, in one download."""
-    if HOST_VIEWS and all(t.device.type == "cpu" for t in tensors):
-        return [t.numpy() for t in tensors]
-    return download(*tensors)
