@@ -148,7 +148,7 @@ class Directory(Slotted):
         self.limits = limits or ValueLimits()
         self._ids = IdMap(capacity)
         self._ids.insert(np.asarray(ids, np.int64), np.arange(n, dtype=np.int32))
-        self.owner = np.full(capacity, -1, np.int16)
+        self.owner = np.full(capacity, -1, np.int8)  # partitions number 64 at most
         self.owner[:n] = owner
         self.alive = np.zeros(capacity, bool)
         self.alive[:n] = True
