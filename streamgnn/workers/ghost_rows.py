@@ -37,6 +37,9 @@ def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarra
     ghosts' ids the share brought."""
     assert tb.ghost is not None, "a routed batch goes to a partition's shard"
     r, ext = routed, tb.graph.ext
+    brought = 8 * (len(r.ghosts) + len(r.subscribed))
+    if not (len(added) or len(removed) or len(r.subscribed) or len(r.unsubscribed)):
+        return removed, removed, brought  # (a share that changes no vertex's holders)
     ghosts, ghost_owners = _new_ghosts(r, ext[added])
     alive_owned = tb.graph.find(r.subscribed)
     keep = alive_owned >= 0
@@ -51,7 +54,7 @@ def begin_routed(tb: Tables, diff: GraphDiff, routed: Routed, removed: np.ndarra
             subscribers, unsubscribed, unsubscribers, tb.ghost, tb.ghost_owner,
             tb.holders, tb.owned, tb.graph.in_weight)
         assert unknown < 0, "the ids were looked up"
-    return slots, subscribers, 8 * (len(r.ghosts) + len(r.subscribed))
+    return slots, subscribers, brought
 
 
 def _new_ghosts(r: Routed, added_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -262,6 +262,8 @@ class Shard:
         tb, g = self.tables, self.graph
         e = diff.edges
         maybe = np.concatenate([e.src[np.isnan(e.after)], diff.added]).astype(np.int64)
+        if not len(maybe):  # (no edge deleted, no vertex added: no ghost can go)
+            return maybe, maybe
         maybe = np.unique(maybe[g.alive[maybe]])
         idle = maybe[tb.ghost[maybe] & (g.out.deg[maybe] == 0)]
         if not len(idle):
