@@ -63,8 +63,8 @@ class ServeSettings(ServiceConfig):
     placement: str = Field(
         "metis", description="Initial owners: metis (METIS over the whole graph), stream "
         "(Fennel, one pass over the vertices in id order: for a graph too large for METIS) "
-        "or hash (id mod P). New vertices go to the least-loaded partition (by id mod "
-        "P with hash).")
+        "or hash (id mod P). A new vertex joins the high in-degree vertex its first edge "
+        "goes into, else the least-loaded partition (by id mod P with hash).")
     partitions_from: Path | None = Field(
         None, description="Bootstrap from the partition files `streamgnn datasets partition` "
         "wrote into this folder, each partition from its own file (with --workers, on its "

@@ -105,3 +105,27 @@ def directory_ids(directory: Directory, q: int | None = None) -> list[int]:
     n = int(directory._counts[1])
     live = directory.alive[:n] & ((directory.owner[:n] == q) if q is not None else True)
     return directory._ids.ext[np.flatnonzero(live)].tolist()
+
+
+@pytest.mark.parametrize("strategy", ["metis", "hash"])
+def test_a_new_vertex_joins_the_high_in_degree_vertex_it_first_sends_to(strategy):
+    """RIPPLE++'s Algorithm 1: a new vertex whose first edge goes into a vertex of the high
+    in-degree set is placed with it; one whose edges do not, on the least-loaded
+    partition; with hash placement, id % P whatever its edges. A checkpoint keeps the
+    set."""
+    ids = np.arange(12, dtype=np.int64)
+    owner = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2])  # partition 2 least loaded
+    directory = Directory(ids, owner, 3, D, strategy=strategy)
+    assert directory.high_due == (strategy != "hash")
+    directory.mark_high(np.array([3, 99]))  # 99: not a vertex (gone since it was named)
+    assert not directory.high_due
+    x = [0.0] * D
+    batch = UpdateBatch.from_updates([
+        sg.AddVertex(id=20, x=x), sg.AddEdge(src=20, dst=7), sg.AddEdge(src=20, dst=3),
+        sg.AddVertex(id=21, x=x), sg.AddEdge(src=21, dst=6),
+        sg.AddVertex(id=22, x=x), sg.AddEdge(src=22, dst=3)], D)
+    directory.commit(directory.decide(batch))
+    got = directory.owners(np.array([20, 21, 22])).tolist()
+    assert got == ([20 % 3, 21 % 3, 22 % 3] if strategy == "hash" else [0, 2, 0])
+    restored = Directory.from_arrays(directory.to_arrays())  # the set kept: a replay
+    assert not restored.high_due and restored.ext[restored.high].tolist() == [3]

@@ -155,6 +155,7 @@ class Directory(Slotted):
         self._free = np.zeros(16, np.int32)  # a stack of slots to reuse (grows with it)
         self._counts = np.array([0, n], np.int64)  # free top, slots used
         self.load = np.bincount(owner, minlength=num_partitions).astype(np.int64)
+        self.high: np.ndarray | None = None  # high in-degree slots, ascending (None: unnamed)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         n = int(self._counts[1])
@@ -162,7 +163,8 @@ class Directory(Slotted):
                 "free": self._free[:int(self._counts[0])],
                 "meta": np.array([self.num_partitions, self.num_features,
                                   STRATEGIES.index(self.strategy)]),
-                "limits": np.array([self.limits.features, self.limits.weights])}
+                "limits": np.array([self.limits.features, self.limits.weights]),
+                **({} if self.high is None else {"high": self.ext[self.high]})}
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Directory:
@@ -181,12 +183,14 @@ class Directory(Slotted):
         free = arrays["free"]
         d._free = np.concatenate([free, np.zeros(16, np.int32)]).astype(np.int32)
         d._counts[:] = (len(free), n)
+        if "high" in arrays:  # (a directory written before it named one names it anew)
+            d.mark_high(arrays["high"])
         return d
 
     @property
     def nbytes(self) -> int:
         return (self._ids.nbytes + self.owner.nbytes + self.alive.nbytes
-                + self._free.nbytes)
+                + self._free.nbytes + (0 if self.high is None else self.high.nbytes))
 
     @property
     def num_slots(self) -> int:
@@ -217,7 +221,8 @@ class Directory(Slotted):
         bad = np.flatnonzero(status[:done] != OK)
         passed = np.flatnonzero(status[:done] == OK)
         op = enc.op[passed]
-        self.place(us[passed][op == ADD_VERTEX])
+        added = us[passed][op == ADD_VERTEX]
+        self.place(added, self._toward_high(added, op, us[passed], vs[passed]))
         edge = op <= UPDATE_EDGE
         # a slot keeps its owner while it lives: the owner at each update's time
         target = np.where(op == DELETE_VERTEX, EVERY,
@@ -233,6 +238,8 @@ class Directory(Slotted):
         gone = d._us[:d._decided][(d._enc.op[:d._decided] == DELETE_VERTEX)
                                   & (d._status[:d._decided] == OK)]
         np.subtract.at(self.load, self.owner[gone], 1)
+        if len(gone) and self.high is not None:
+            self.high = np.setdiff1d(self.high, gone)
         top = int(self._counts[0])
         if top + len(gone) > len(self._free):
             self._free = np.concatenate([self._free[:top], gone, np.zeros(
@@ -256,18 +263,52 @@ class Directory(Slotted):
                 self.alive[d._us[i]] = True
         self._counts[:] = d._counts
 
-    def place(self, slots: np.ndarray) -> None:
+    @property
+    def high_due(self) -> bool:
+        """Whether the high in-degree set is still to be named (`mark_high`), for a
+        strategy that places by locality. It is named once, before the first batch, and
+        kept in checkpoints, so a replay places every vertex as the first run did."""
+        return self.strategy != "hash" and self.high is None
+
+    def mark_high(self, ids: np.ndarray) -> None:
+        """The high in-degree set: these ids (the partitions name them:
+        `Workers.high_in_degree`)."""
+        slots = self._ids.get(ids)
+        self.high = np.sort(slots[slots >= 0]).astype(np.int64)
+
+    def place(self, slots: np.ndarray, toward: np.ndarray | None = None) -> None:
         """Owners for the vertices the batch added (directory ``slots``, in batch order):
-        with the ``hash`` strategy ``id % P``, else the least-loaded partition, in turn."""
+        with the ``hash`` strategy ``id % P``; else RIPPLE++'s Algorithm 1: the owner of
+        the high in-degree vertex the new one sends its first edge to (``toward``, a slot
+        per added vertex, -1: none), or the least-loaded partition, in turn."""
         if self.strategy == "hash":
             owner = self.ext[slots] % self.num_partitions
             self.owner[slots] = owner
             np.add.at(self.load, owner, 1)
             return
-        for s in slots.tolist():
-            q = int(np.argmin(self.load))
+        toward = np.full(len(slots), -1) if toward is None else toward
+        for s, t in zip(slots.tolist(), toward.tolist(), strict=True):
+            q = int(self.owner[t]) if t >= 0 and self.owner[t] >= 0 else int(
+                np.argmin(self.load))
             self.owner[s] = q
             self.load[q] += 1
+
+    def _toward_high(self, added: np.ndarray, op: np.ndarray, us: np.ndarray,
+                     vs: np.ndarray) -> np.ndarray | None:
+        """Per vertex ``added`` (slots), the destination of the first edge the batch
+        adds from it into a high in-degree vertex (-1: none); None where there is no
+        such edge (``op``, ``us``, ``vs``: the passed updates and their endpoints)."""
+        if not len(added) or self.high is None or not len(self.high):
+            return None
+        edge = op == ADD_EDGE
+        src, dst = us[edge], vs[edge]
+        into = np.isin(dst, self.high)
+        src, dst = src[into], dst[into]
+        if not len(src):
+            return None
+        firsts, at = np.unique(src, return_index=True)  # each source's first such edge
+        where = np.minimum(np.searchsorted(firsts, added), len(firsts) - 1)
+        return np.where(firsts[where] == added, dst[at[where]], -1)
 
     def _reserve(self, adds: int) -> None:
         self._ids.reserve(adds)

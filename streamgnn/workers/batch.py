@@ -37,8 +37,9 @@ class ApplyResult:
     ``rejected`` holds the errors of updates a ``skip_invalid`` batch left out;
     ``rewritten`` lists per layer 0..L the rows of owned vertices the batch wrote, as
     (the shard's slots ascending, rows) (a shard's own report, empty from MPI ranks:
-    `Engine.rewritten` merges them), and ``removed`` the ids the batch deleted (engine
-    only)."""
+    `Engine.rewritten` merges them; the supersteps' rows stay tensors where they were
+    computed until the batch's end reads them all back in one copy), and ``removed``
+    the ids the batch deleted (engine only)."""
 
     changed_labels: ChangedLabels
     rejected: list[InvalidUpdateError] = field(default_factory=list)

@@ -470,6 +470,9 @@ class Engine:
             return
         enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
                else UpdateBatch.from_updates(batch, self.num_features))
+        if self.directory.high_due:  # before the first batch: RIPPLE++'s > twice the mean
+            self.directory.mark_high(self._workers.high_in_degree(
+                2 * self.num_edges / max(self.num_vertices, 1)))
         decided = self.directory.decide(enc, skip_invalid)
         routed = shares(decided, enc, self.num_partitions, self._released)
         self._released = _NONE_RELEASED

@@ -66,6 +66,11 @@ class Workers(Protocol):
         """Each partition's `Shard.neighbors` of the ids ``asked[p]`` of it."""
         ...
 
+    def high_in_degree(self, threshold: float) -> np.ndarray:
+        """The ids of the vertices with more in-edges than ``threshold``, from every
+        partition (`Shard.high_in_degree`)."""
+        ...
+
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
         ...
@@ -127,6 +132,9 @@ class LocalWorkers:
                   ) -> list[dict[str, np.ndarray]]:
         return [shard.neighbors(ids, out, edges)
                 for shard, ids in zip(self.shards, asked, strict=True)]
+
+    def high_in_degree(self, threshold: float) -> np.ndarray:
+        return np.concatenate([shard.high_in_degree(threshold) for shard in self.shards])
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         out = None

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from streamgnn.router.checkpoint import Checkpoints
 
 (LOAD, BOOTSTRAP, APPLY, ROWS, PARTIALS, ARRAYS, SUMMARIES, WRITE, READ, STOP, VERIFY,
- MOVE_ASIDE, DROP, CHECK, EDGES, NEIGHBORS, BOOTSTRAP_FILES) = range(17)
+ MOVE_ASIDE, DROP, CHECK, EDGES, NEIGHBORS, BOOTSTRAP_FILES, HIGH_IN_DEGREE) = range(18)
 ONE_AT_A_TIME = (LOAD, BOOTSTRAP)  # commands whose payloads are sent to one worker at a time
 NEW_SHARD = (LOAD, BOOTSTRAP, READ, BOOTSTRAP_FILES)  # commands that replace a worker's shard
 T = TypeVar("T")
@@ -136,6 +136,10 @@ class MpiWorkers:
                   ) -> list[dict[str, np.ndarray]]:
         return self._call(NEIGHBORS, [{"ids": ids, "flags": np.array([out, edges])}
                                       for ids in asked])
+
+    def high_in_degree(self, threshold: float) -> np.ndarray:
+        replies = self._call(HIGH_IN_DEGREE, [{"threshold": np.array(threshold)}] * self.size)
+        return np.concatenate([r["ids"] for r in replies])
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         replies = self._call(ROWS, [{"ids": ids[owner == p], "layer": np.array(layer)}
@@ -374,6 +378,8 @@ def _answer(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: M
     if command == NEIGHBORS:
         out, edges = payload["flags"].tolist()
         return shard.neighbors(payload["ids"], out, edges)
+    if command == HIGH_IN_DEGREE:
+        return {"ids": shard.high_in_degree(float(payload["threshold"]))}
     if command == ROWS:
         ids, layer = payload["ids"], int(payload["layer"])
         return {"rows": shard.rows(shard.graph.slots(ids), layer)}

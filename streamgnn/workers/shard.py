@@ -174,6 +174,12 @@ class Shard:
             reply.update(nbr=g.ext[nbr], w=w)
         return reply
 
+    def high_in_degree(self, threshold: float) -> np.ndarray:
+        """The ids of the vertices this partition owns with more in-edges than
+        ``threshold`` (RIPPLE++'s high in-degree set, for `Directory.place`)."""
+        g, n = self.graph, self.graph.num_slots
+        return g.ext[np.flatnonzero(self.tables.owned[:n] & (g.in_degree[:n] > threshold))]
+
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
                  num: int, dst_part: np.ndarray | None, slots: np.ndarray | None = None
@@ -330,7 +336,8 @@ class Shard:
         on_cpu = tb.device.type == "cpu"
         labels = [] if on_cpu or not n else [last.after[:n].argmax(-1)]
         host = download(*rows, *labels)  # one copy back (the CPU's: the tensors' memory)
-        result.rewritten[1:] = [(slots, r) for (slots, _), r in zip(hops, host, strict=False)]
+        result.rewritten[1:] = [(slots, r) for (slots, _), r in zip(hops, host[:len(rows)],
+                                                                   strict=True)]
         if n:  # (else the batch changed no label here)
             new = argmax_rows(last.after[:n]) if on_cpu else host[-1]
             at, old = relabel_(tb.labels, last.region, new, last.fresh)
