@@ -642,8 +642,8 @@ def test_values_at_the_limits_come_and_go_without_leaving_error(name):
 # Host/device crossings a batch makes on the device path, at most (2 layers; P = 1 / 2):
 # every one is a copy over the bus on a GPU (`streamgnn.crossings`).
 # (Issue 51's goal is 2 a batch: that needs the adjacency on the device.)
-CROSSINGS = {"graphconv-add": (31, 84), "graphconv-max": (49, 126), "pyg-gcn": (41, 110),
-             "pyg-gat": (54, 136), "pyg-sage-mean": (31, 88), "pyg-gin": (27, 88)}
+CROSSINGS = {"graphconv-add": (31, 82), "graphconv-max": (34, 90), "pyg-gcn": (34, 90),
+             "pyg-gat": (34, 90), "pyg-sage-mean": (33, 86), "pyg-gin": (28, 80)}
 
 
 @pytest.mark.parametrize("partitions", [1, 2])

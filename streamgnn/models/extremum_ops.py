@@ -198,14 +198,11 @@ def pull_max_columns_torch(state: Tensor, ties: Tensor, dst: Tensor, cols: Tenso
                            table: Tensor, begin: np.ndarray, end: np.ndarray,
                            src: np.ndarray, factor: np.ndarray | None, sign: float) -> None:
     edges, local = block_edges(begin, end)  # positions in src, and their destination
-
-    def device(a: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(state.device)
-
-    local = device(local)
-    msg = table.index_select(0, device(src[edges].astype(np.int64))).to(state.dtype)
-    if factor is not None:
-        msg *= device(factor[edges]).to(state.dtype).unsqueeze(-1)
+    local, read, *weights = upload(state.device, local, src[edges].astype(np.int64),
+                                   *([] if factor is None else [factor[edges]]))
+    msg = table.index_select(0, read).to(state.dtype)
+    if weights:
+        msg *= weights[0].to(state.dtype).unsqueeze(-1)
     msg = sign * msg
     best = state.new_zeros((len(dst), state.shape[1])).index_reduce_(
         0, local, msg, "amax", include_self=False)  # rows with no in-edge stay 0

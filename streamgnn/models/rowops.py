@@ -125,13 +125,18 @@ def in_row_sums_torch(table: Tensor, relu: bool, begin: np.ndarray, end: np.ndar
                       src: np.ndarray, w: np.ndarray | None, dtype: torch.dtype,
                       device: torch.device) -> Tensor:
     edge, local = block_edges(begin, end)
-    rows = table[torch.from_numpy(src[edge]).to(table.device)].to(device, torch.float64)
+    weights = [] if w is None else [w[edge]]
+    if table.device.type == device.type:  # the rows' index with the rest, in one copy
+        read, local, *weights = upload(device, src[edge], local, *weights)
+    else:  # a table on the host (the features): its rows cross instead
+        read = upload(table.device, src[edge])[0]
+        local, *weights = upload(device, local, *weights)
+    rows = table[read].to(device, torch.float64)
     if relu:
         rows = torch.relu(rows)
-    if w is not None:
-        rows *= torch.from_numpy(w[edge]).to(device, torch.float64).unsqueeze(-1)
-    sums = rows.new_zeros((len(begin), table.shape[1])).index_add_(
-        0, torch.from_numpy(local).to(device), rows)
+    if weights:
+        rows *= weights[0].to(torch.float64).unsqueeze(-1)
+    sums = rows.new_zeros((len(begin), table.shape[1])).index_add_(0, local, rows)
     return sums.to(dtype)
 
 
@@ -390,10 +395,11 @@ def compare_rows_numba(old: Tensor | None, new: Tensor, fresh: np.ndarray
 
 def compare_rows_torch(old: Tensor | None, new: Tensor, fresh: np.ndarray
                        ) -> tuple[np.ndarray, bool]:
-    finite = bool(torch.isfinite(new).all())
+    finite = torch.isfinite(new).all()
     if old is None:
-        return np.ones(len(new), np.bool_), finite
-    return (old != new).any(dim=-1).cpu().numpy() | fresh, finite
+        return np.ones(len(new), np.bool_), bool(download(finite)[0])
+    moved, finite = download((old != new).any(dim=-1), finite)  # in one copy
+    return moved | fresh, bool(finite)
 
 
 def compare_rows(old: Tensor | None, new: Tensor, fresh: np.ndarray
@@ -561,10 +567,9 @@ def merge_rows_numba(first: Tensor, at: np.ndarray, second: Tensor) -> Tensor:
 def merge_rows_torch(first: Tensor, at: np.ndarray, second: Tensor) -> Tensor:
     taken = at >= 0
     rows = first.new_empty((len(at), first.shape[1]))
-    kept, rest = (torch.from_numpy(np.flatnonzero(mask)).to(first.device)
-                  for mask in (taken, ~taken))
-    rows.index_copy_(0, kept, first.index_select(0, torch.from_numpy(at[taken]).to(
-        first.device)))
+    kept, rest, read = upload(first.device, np.flatnonzero(taken), np.flatnonzero(~taken),
+                              at[taken].astype(np.int64))
+    rows.index_copy_(0, kept, first.index_select(0, read))
     return rows.index_copy_(0, rest, second)
 
 
@@ -594,7 +599,7 @@ def take_rows_numba(table: Tensor, index: np.ndarray) -> Tensor:
 
 
 def take_rows_torch(table: Tensor, index: np.ndarray) -> Tensor:
-    return table.index_select(0, torch.from_numpy(index).to(table.device))
+    return table.index_select(0, upload(table.device, index)[0])
 
 
 def take_rows(table: Tensor, index: np.ndarray) -> Tensor:

@@ -17,6 +17,7 @@ from numba import njit
 from torch import Tensor
 
 from streamgnn.graph.idmap import get_many
+from streamgnn.models.transfer import download, upload
 from streamgnn.prefetch import AHEAD, prefetch_row
 from streamgnn.workers.exchange import NO_WEIGHTS, pack_many
 from streamgnn.workers.placement import holder_bit
@@ -137,7 +138,7 @@ def gather_rows_numba(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.
 def gather_rows_torch(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows of ``slots`` in ``table`` on the host: an array and the row of it holding
     each slot's."""
-    rows = table.index_select(0, torch.from_numpy(slots).to(table.device)).cpu().numpy()
+    rows = download(table.index_select(0, upload(table.device, slots)[0]))[0]
     return rows, np.arange(len(slots))
 
 
@@ -207,14 +208,14 @@ def take_ghost_rows_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, ta
     if len(unknown):
         return int(unknown[0]), slots, sources, old_slots, table[:0]
     fresh = find_marked(added, slots, scratch, mark) >= 0
-    at = torch.from_numpy(slots).to(table.device)
-    new = torch.from_numpy(rows).to(table.device, table.dtype)
+    at, new = upload(table.device, slots, rows)  # the slots and rows in one copy
+    new = new.to(table.dtype)
     before = table.index_select(0, at)
     table[at] = new
-    moved = (new != before).any(dim=-1).cpu().numpy() | fresh
+    moved = download((new != before).any(dim=-1))[0] | fresh
     joins = moved & (find_marked(sources, slots, scratch, mark) < 0)
     replaced = np.flatnonzero(joins & ~fresh)
-    old = before.index_select(0, torch.from_numpy(replaced).to(table.device))
+    old = before.index_select(0, upload(table.device, replaced)[0])
     return (-1, slots, np.concatenate([sources, slots[joins]]),
             np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old)
 

@@ -93,7 +93,7 @@ def message_sources(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.nd
         olds = np.concatenate([changed.old_slots, removed])
         t = _kept_rows(tb, hop, layer, slots, olds, changed)
     else:
-        rows = torch.cat([tb.h_rows(hop - 1, tb.index(slots)), old_rows])
+        rows = torch.cat([tb.h_rows_at(hop - 1, slots), old_rows])
         t = layer.rel_root(rows, paired) if keeps_z else layer.transform(rows)
     return Sources(slots, t, new, old, delta, has, had, at1, at2,
                    None if own_slots is None else own, extra_at, paired)
@@ -106,10 +106,12 @@ def _kept_rows(tb: Tables, hop: int, layer: Layer, slots: np.ndarray, olds: np.n
     include all of them), whose new rows it then takes: the old rows subtracted are
     then the very values once added."""
     kept = tb.t[hop - 1]
-    t = kept.index_select(0, tb.index(np.concatenate([slots, olds])))
-    index = tb.index(changed.slots)
-    new = layer.transform(tb.h_rows(hop - 1, index))
-    t[tb.index(tb.sets.positions(slots, changed.slots))] = new
+    read, index, at, *features = tb.upload(
+        np.concatenate([slots, olds]), changed.slots, tb.sets.positions(slots, changed.slots),
+        *tb.features_of(hop - 1, changed.slots))
+    t = kept.index_select(0, read)
+    new = layer.transform(tb.h_rows(hop - 1, index, *features))
+    t[at] = new
     kept[index] = new
     return t
 
@@ -120,17 +122,19 @@ def source_scales(tb: Tables, layer: Layer, slots: np.ndarray
     layers; ones otherwise), in float64."""
     if not layer.degree_normalised:
         return ones(len(slots)), ones(len(slots))
-    return tuple(layer.source_scale(torch.from_numpy(w[slots])).numpy()
-                 for w in (tb.graph.in_weight, tb.in_weight))
+    both = np.stack([tb.graph.in_weight[slots], tb.in_weight[slots]])  # host values alone
+    scale = layer.source_scale(torch.from_numpy(both)).numpy()
+    return scale[0], scale[1]
 
 
 def outbox(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.ndarray,
-           at: np.ndarray, v1: np.ndarray, w1: np.ndarray, region: np.ndarray) -> Outbox:
+           at: np.ndarray, v1: np.ndarray, w1: np.ndarray, region: np.ndarray,
+           region_at: Tensor) -> Outbox:
     """Messages that stop and start arriving in the region, for aggregations that are
     not linear: one per edge, in both directions, as rows of the sources' t and edge
     weights (and, for destination-dependent ones, each region vertex's
     `Layer.destination_part`; a destination whose input changed is pulled anyway, so
-    none is sent to it)."""
+    none is sent to it). ``region_at``: the region as an index on the tables' device."""
     m = message_sources(tb, b, hop, layer, sources, at)
     changed, edges = b.changed, b.edges
 
@@ -144,9 +148,9 @@ def outbox(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.ndarray,
     part = None
     if layer.aggr.destination_dependent:
         kept = tb.t[hop - 1]  # kept: the region's parts alone, not their whole rows
-        part = (layer.destination_part(kept)[tb.index(region)]
+        part = (layer.destination_part(kept)[region_at]
                 if kept is not None else
-                layer.destination_part(tb.t_rows(hop, layer, tb.index(region))))
+                layer.destination_part(tb.t_rows_at(hop, layer, region)))
     return Outbox(m.t, region, messages(
         m.new[np.concatenate([m.at1, m.at2[m.has]])],
         np.concatenate([w1, edges.after[m.has]]),

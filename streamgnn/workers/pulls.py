@@ -30,25 +30,38 @@ def pull(tb: Tables, hop: int, layer: Layer, slots: np.ndarray) -> tuple[Tensor,
     transforms the sums (its transform is linear without bias, so it commutes with
     them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbor:
     where h is a stored table, summed in place (`_sums`), else from rows gathered
-    (`_gathered`)."""
-    state, count, remote = _sums(tb, hop, layer, slots) or _gathered(tb, hop, layer, slots)
+    (`_gathered`, which uploads what is stored here with its own indices)."""
+    state, remote, stored = _sums(tb, hop, layer, slots) or _gathered(tb, hop, layer, slots)
+    if tb.state[hop - 1] is None:  # (RC)
+        return state, remote
+    at, *up = stored
     if tb.z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
-        agg = layer.aggr.finalize(state, tb.index(count))
-        state = layer.preactivation(tb.h_rows(hop - 1, tb.index(slots)), tb.ours(agg))
-    if tb.state[hop - 1] is not None:
-        tb.state[hop - 1][tb.index(slots)] = state.to(tb.state[hop - 1].dtype)
-        if tb.drift[hop - 1] is not None:
-            tb.drift[hop - 1][tb.index(slots)] = layer.aggr.fresh_drift(state)
+        count_at, *features = up
+        agg = layer.aggr.finalize(state, count_at)
+        state = layer.preactivation(tb.h_rows(hop - 1, at, *features), tb.ours(agg))
+    tb.state[hop - 1][at] = state.to(tb.state[hop - 1].dtype)
+    if tb.drift[hop - 1] is not None:
+        tb.drift[hop - 1][at] = layer.aggr.fresh_drift(state)
     return state, remote
 
 
+def _stored(tb: Tables, hop: int, slots: np.ndarray, count: np.ndarray
+            ) -> list[np.ndarray]:
+    """What `pull` uploads to store the states of ``slots`` (``count``: their in-degrees):
+    nothing (RC), the slots, and where the shard keeps the pre-activation their
+    in-degrees and what `Tables.h_rows` reads of them on the host."""
+    if tb.state[hop - 1] is None:
+        return []
+    return [slots, *([count, *tb.features_of(hop - 1, slots)] if tb.z[hop - 1] else [])]
+
+
 def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
-          ) -> tuple[Tensor, np.ndarray, int] | None:
+          ) -> tuple[Tensor, int, list[Tensor]] | None:
     """`pull`'s aggregation where it is a sum of rows of a table h^(hop-1) is read from
     (`Tables.h_table_of`), weighted by the edges' weights alone (a linear aggregation,
     not degree-normalised, whose t is not kept): summed where the rows and in-edges are
-    stored (`in_row_sums`), then transformed. Returns the states, the in-degrees and the
-    distinct ghosts read; None where the pull must gather rows."""
+    stored (`in_row_sums`), then transformed. Returns the states, the distinct ghosts
+    read and `_stored`'s arrays uploaded; None where the pull must gather rows."""
     if not layer.aggr.linear or layer.degree_normalised or tb.t[hop - 1] is not None:
         return None
     source = tb.h_table_of(hop - 1)
@@ -58,44 +71,50 @@ def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
     table, relu = source
     state = in_row_sums(table, relu, begin, end, src, w if layer.edge_weighted else None,
                         tb.dtype, tb.device)
-    return (layer.transform(state) if layer.transforms else state), end - begin, remote
+    stored = _stored(tb, hop, slots, end - begin)
+    return ((layer.transform(state) if layer.transforms else state), remote,
+            tb.upload(*stored) if stored else [])
 
 
 def _gathered(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
-              ) -> tuple[Tensor, np.ndarray, int]:
+              ) -> tuple[Tensor, int, list[Tensor]]:
     """`pull`'s aggregation from the rows of t its in-neighbors read, gathered (and
-    transformed unless the sums will be), or read in place where t is kept."""
+    transformed unless the sums will be), or read in place where t is kept; with the
+    distinct ghosts read and `_stored`'s arrays, uploaded with the indices it reads."""
     g = tb.graph
     ptr, src, w = g.in_edges(slots)
     remote = _ghosts_read(tb, src)
-    raw = False  # the rows aggregated are h, to be transformed after
-    if tb.t[hop - 1] is not None:  # kept: read in place, by slot
-        rows, t = slice(None), tb.t[hop - 1]  # rows: all slots
+    t = tb.t[hop - 1]
+    raw = t is None and layer.aggr.linear and layer.transforms  # h summed, then transformed
+    if t is not None:  # kept: read in place, by slot
+        rows, read = slice(None), []  # rows: all slots
         src_at, pull_at = src, slots
     else:  # the rows the pull reads, transformed unless the sums will be
         rows = tb.sets.union(src, slots)
-        raw = layer.aggr.linear and layer.transforms
-        index = tb.index(rows)
-        t = tb.h_rows(hop - 1, index) if raw else tb.t_rows(hop, layer, index)
+        read = [rows, *tb.features_of(hop - 1, rows)]
         src_at, pull_at = tb.sets.positions(rows, src), tb.sets.positions(rows, slots)
-    scale = (layer.source_scale(tb.weight(g.in_weight, rows))
-             if layer.degree_normalised else None)
-    state = aggregate(layer, t, ptr, tb.index(src_at), tb.tensor(w).to(t.dtype), scale,
-                      tb.index(pull_at))
-    return (layer.transform(state) if raw else state), np.diff(ptr), remote
+    weights = [g.in_weight[rows]] if layer.degree_normalised else []
+    stored = _stored(tb, hop, slots, np.diff(ptr))
+    up = tb.upload(*stored, src_at, w, pull_at, *weights, *read)  # in one copy
+    stored, (src_at, w, pull_at, *up) = up[:len(stored)], up[len(stored):]
+    scale = layer.source_scale(tb.ours(up.pop(0))) if weights else None
+    if t is None:
+        h = tb.h_rows(hop - 1, *up)
+        t = h if raw else layer.transform(h)
+    state = aggregate(layer, t, ptr, src_at, w.to(t.dtype), scale, pull_at)
+    return (layer.transform(state) if raw else state), remote, stored
 
 
-def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull) -> int:
-    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` from all their in-neighbors
-    (`Aggregation.pull_columns`), reading their rows of t in place where t is h as stored
-    (and, without ghosts to count, the in-edges where the graph keeps them); returns how
-    many distinct ghosts they read."""
-    slots = lost.dst.cpu().numpy()
+def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull, slots: np.ndarray) -> int:
+    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` (``slots`` on the host) from
+    all their in-neighbors (`Aggregation.pull_columns`), reading their rows of t in place
+    where t is h as stored (and, without ghosts to count, the in-edges where the graph
+    keeps them); returns how many distinct ghosts they read."""
     table = None if layer.transforms else tb.h_table(hop - 1)
     begin, end, src, w, remote = _in_edges(tb, slots, listed=table is None)
     if table is None:  # t of the rows read
         rows = tb.sets.union(src)
-        table = tb.t_rows(hop, layer, tb.index(rows))
+        table = tb.t_rows_at(hop, layer, rows)
         src = tb.sets.positions(rows, src)
     layer.aggr.pull_columns(tb.state[hop - 1], tb.ties[hop - 1], lost, table, begin, end,
                             src, w if layer.edge_weighted else None)
@@ -120,7 +139,7 @@ def _count_ties(tb: Tables, hop: int, max_edges: int = 1 << 20) -> None:
     width = tb.state[hop - 1].shape[1]
     for a, b in pairwise(chunk_bounds(tb.graph.in_degree[owned], max_edges).tolist()):
         cols = torch.ones((b - a, width), dtype=torch.bool, device=tb.device)
-        pull_columns(tb, hop, tb.layers[hop - 1], Pull(tb.index(owned[a:b]), cols))
+        pull_columns(tb, hop, tb.layers[hop - 1], Pull(tb.index(owned[a:b]), cols), owned[a:b])
 
 
 def _in_edges(tb: Tables, slots: np.ndarray, listed: bool = False

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import activated_rows, compare_rows, store_rows_, take_rows
+from streamgnn.models.transfer import download
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Step
 from streamgnn.workers.fold import fold
 from streamgnn.workers.messages import outbox
@@ -46,36 +47,50 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
     if not len(region):
         return _reached_nothing(tb, layer, result, hop, region)
 
-    columns = None  # a pull of some columns only
+    columns = columns_of = None  # a pull of some columns only, its destinations on the host
     z_old = None  # the region's z before the batch, where z is kept (not at the last)
-    if tb.state[hop - 1] is None:  # RC: every destination pulled, no states kept
+    root = tb.root[hop - 1]
+    rc, linear = tb.state[hop - 1] is None, layer.aggr.linear
+    stored = not (rc or linear)  # finalized from the stored states
+    own = None if keeps_z or root is None else changed.slots  # their root terms again
+    features = [] if keeps_z else tb.features_of(hop - 1, region if own is None else own)
+    # the indices (and host rows) known now that the steps taken read, in one copy
+    up = tb.uploaded(region=region if stored or not keeps_z else None,
+                     count=count if rc or stored else None,
+                     empty=edges.empty_before if stored else None, own=own,
+                     weight=g.in_weight[region] if not keeps_z and own is None else None,
+                     features=features[0] if features else None)
+    region_at = up["region"]
+    if rc:  # RC: every destination pulled, no states kept
         pulled_slots = region
         pulled, remote = pull(tb, hop, layer, pulled_slots)
-        agg = layer.aggr.finalize(pulled, tb.index(count)).to(tb.dtype)
-    elif layer.aggr.linear:  # messages fold into the states, read back in one pass
+        agg = layer.aggr.finalize(pulled, up["count"]).to(tb.dtype)
+    elif linear:  # messages fold into the states, read back in one pass
         agg, wear, z_old = fold(tb, b, hop, layer, sources, at, v1, w1, region, count,
                                 keep=keeps_z and not last)
         anchored = layer.aggr.re_anchored(wear)
         pulled_slots, remote = region[anchored], 0
         if len(pulled_slots):  # re-anchored: summed again from all in-neighbors
             pulled, remote = pull(tb, hop, layer, pulled_slots)
-            agg[tb.index(anchored)] = (pulled if keeps_z else
-                layer.aggr.finalize(pulled, tb.index(count[anchored]))).to(agg.dtype)
+            anchored_at, anchored_count = tb.upload(anchored, count[anchored])
+            agg[anchored_at] = (pulled if keeps_z else
+                                layer.aggr.finalize(pulled, anchored_count)).to(agg.dtype)
         agg = tb.ours(agg)  # (in t's dtype)
     else:
-        out = outbox(tb, b, hop, layer, sources, at, v1, w1, region)
+        out = outbox(tb, b, hop, layer, sources, at, v1, w1, region, region_at)
         lost = layer.aggr.apply_delta(tb.state[hop - 1], tb.ties[hop - 1], out.t, out.region,
-                                      out.new, out.old, tb.index(edges.empty_before),
-                                      out.part)
-        pulled_slots, columns = ((lost.dst.cpu().numpy(), None) if lost.cols is None
-                                 else (region[:0], lost))
+                                      out.new, out.old, up["empty"], out.part)
+        if lost.cols is None:
+            pulled_slots = download(lost.dst)[0]
+        else:  # its destinations and columns read back together
+            pulled_slots, columns = region[:0], lost
+            columns_of, cols = download(lost.dst, lost.cols)
         if layer.aggr.destination_dependent:
             pulled_slots = tb.sets.union(pulled_slots, changed.slots, alive=owned)
         remote = pull(tb, hop, layer, pulled_slots)[1] if len(pulled_slots) else 0
-        if columns is not None and len(columns.dst):
-            remote += pull_columns(tb, hop, layer, columns)
-        agg = layer.aggr.finalize_stored(tb.state[hop - 1], tb.index(region),
-                                         tb.index(count))
+        if columns is not None and len(columns_of):
+            remote += pull_columns(tb, hop, layer, columns, columns_of)
+        agg = layer.aggr.finalize_stored(tb.state[hop - 1], region_at, up["count"])
         agg = agg.to(tb.dtype)  # (a tensor, or packed attention states)
     activated = None
     if keeps_z:  # agg is z, stored already; h activated here, with rows read next
@@ -83,21 +98,20 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
         after, moved, old_rows, finite = _compared(layer, z_old, agg, tb.state[hop - 1],
                                                    ahead, fresh)
     else:
-        root, index = tb.root[hop - 1], tb.index(region)
-        if root is None:
-            rows = tb.h_rows(hop - 1, index)
-            t = tb.t_rows(hop, layer, index) if layer.self_transform else None
-            new = layer.update(rows, agg, t, tb.weight(g.in_weight, region))
+        if own is None:
+            rows = tb.h_rows(hop - 1, region_at, up["features"])
+            t = tb.t_rows(hop, layer, region_at, rows) if layer.self_transform else None
+            new = layer.update(rows, agg, t, tb.ours(up["weight"]))
         else:  # only vertices whose own input changed need their root term again
-            own = tb.index(changed.slots)
-            root[own] = layer.root(tb.h_rows(hop - 1, own))
-            new = layer.finish(layer.combine_root(agg, root.index_select(0, index)))
+            own_at = up["own"]
+            root[own_at] = layer.root(tb.h_rows(hop - 1, own_at, up["features"]))
+            new = layer.finish(layer.combine_root(agg, root.index_select(0, region_at)))
         moved, old_rows, finite = store_rows_(tb.h[hop], region, new, fresh,
                                               keep_old=not last)
         after = new
     result.recomputed.append(len(region))
-    result.pulled.append(len(pulled_slots) + (0 if columns is None else len(columns.dst)))
-    result.pulled_columns.append(0 if columns is None else _count(columns.cols))
+    result.pulled.append(len(pulled_slots) + (0 if columns is None else len(columns_of)))
+    result.pulled_columns.append(0 if columns is None else int(np.count_nonzero(cols)))
     result.remote_reads.append(remote)
     result.combined_messages.append(_combined_messages(tb, sources, at, v1, edges))
     result.rewritten.append((region, after[:len(region)]))  # read back at the batch's end
@@ -150,11 +164,3 @@ def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
 
 _NOT_ANY = np.zeros(0, bool)  # no vertex marked (read only)
 _NO_SLOTS = np.zeros(0, np.int64)  # no vertex (read only)
-
-
-# A row reduction: numpy is quicker than torch on the small CPU tensors of a batch.
-def _count(flags: Tensor) -> int:
-    """How many of the bools are set."""
-    if flags.device.type == "cpu":
-        return int(np.count_nonzero(flags.numpy()))
-    return int(flags.sum())

@@ -173,7 +173,7 @@ class Tables:
         the slots, activated here (`h_rows`)."""
         source = self.h_table_of(layer)
         if source is None:
-            return self.h_rows(layer, self.index(slots)), np.arange(len(slots)), False
+            return self.h_rows_at(layer, slots), np.arange(len(slots)), False
         return source[0], slots, source[1]
 
     def h_table_of(self, layer: int) -> tuple[Tensor, bool] | None:
@@ -195,17 +195,29 @@ class Tables:
         x = torch.from_numpy(self.graph.x)
         return x if x.dtype == self.dtype and self.device.type == "cpu" else None
 
-    def t_rows(self, hop: int, layer: Layer, index: Tensor) -> Tensor:
+    def t_rows(self, hop: int, layer: Layer, index: Tensor, h: Tensor | None = None
+               ) -> Tensor:
         """t of the vertices ``index`` at superstep ``hop``: kept, or transformed from
-        their h^(hop-1)."""
+        their h^(hop-1) (``h``, where the caller read it already)."""
         kept = self.t[hop - 1]
         if kept is None:
-            return layer.transform(self.h_rows(hop - 1, index))
+            return layer.transform(self.h_rows(hop - 1, index) if h is None else h)
         return kept.index_select(0, index)
 
-    def h_rows(self, layer: int, index: Tensor) -> Tensor:
-        """h^layer of the slots ``index``."""
+    def t_rows_at(self, hop: int, layer: Layer, slots: np.ndarray) -> Tensor:
+        """t of the host ``slots`` at superstep ``hop`` (`t_rows`), in one copy: the slots
+        as an index, with their features where t is transformed from them."""
+        features = self.features_of(hop - 1, slots) if self.t[hop - 1] is None else []
+        index, *features = self.upload(slots, *features)
+        h = self.h_rows(hop - 1, index, *features) if features else None
+        return self.t_rows(hop, layer, index, h)
+
+    def h_rows(self, layer: int, index: Tensor, features: Tensor | None = None) -> Tensor:
+        """h^layer of the slots ``index``; ``features``: at layer 0, their rows uploaded
+        already (`features_of`; without them ``index`` is read back to take the rows)."""
         if layer == 0:
+            if features is not None:
+                return self.ours(features)
             rows = self.graph.x.take(index.cpu().numpy(), axis=0)
             return self.ours(torch.from_numpy(rows))
         if self.z[layer - 1]:
@@ -233,14 +245,38 @@ class Tables:
         rest = activate(z.index_select(0, index[self.index(missing)]))
         return merge_rows(after, at, rest)
 
+    def features_of(self, layer: int, slots: np.ndarray) -> list[np.ndarray]:
+        """What `h_rows` reads of ``slots`` at ``layer`` on the host, for the caller to
+        upload with its indices: the features' rows at layer 0, nothing above."""
+        return [self.graph.x[slots]] if layer == 0 else []
+
+    def h_rows_at(self, layer: int, slots: np.ndarray) -> Tensor:
+        """h^layer of the host ``slots`` (`h_rows`), in one copy: their features' rows
+        at layer 0, the slots as an index above."""
+        if layer == 0:
+            return self.as_rows(self.graph.x[slots])
+        return self.h_rows(layer, self.index(slots))
+
     def index(self, slots: np.ndarray) -> Tensor:
         """``slots`` as an index into the tables."""
-        return upload(self.device, slots if slots.dtype == np.int64 else
-                      slots.astype(np.int64))[0]
+        return self.upload(slots)[0]
+
+    def upload(self, *arrays: np.ndarray) -> list[Tensor]:
+        """``arrays`` on the tables' device in one copy (`transfer.upload`): integer ones as
+        indices (int64), others as they are."""
+        return upload(self.device, *(a.astype(np.int64) if a.dtype.kind in "iu"
+                                     and a.dtype != np.int64 else a for a in arrays))
 
     def tensor(self, array: np.ndarray) -> Tensor:
         """``array`` on the tables' device."""
         return upload(self.device, array)[0]
+
+    def uploaded(self, **arrays: np.ndarray | None) -> dict[str, Tensor | None]:
+        """`upload` of the ``arrays`` given (not None), by name: None for the others, and
+        no copy where all are."""
+        names = [name for name, a in arrays.items() if a is not None]
+        tensors = self.upload(*(arrays[name] for name in names)) if names else []
+        return dict.fromkeys(arrays) | dict(zip(names, tensors, strict=True))
 
     def ours(self, t: Tensor) -> Tensor:
         """``t`` in the engine's dtype and on its device: itself where it is already (a
@@ -260,10 +296,6 @@ class Tables:
         """No rows of ``width`` columns in the engine's dtype, on its device and on the
         host: shared (a shard that a batch does not touch makes no tensor)."""
         return _no_rows(width, self.dtype, self.device)
-
-    def weight(self, in_weight: np.ndarray, slots: np.ndarray) -> Tensor:
-        """``in_weight`` of ``slots``, in the engine's dtype and on its device."""
-        return self.ours(torch.from_numpy(in_weight[slots]))
 
 
 def keeps_z(layer: Layer, state: Tensor | None) -> bool:
