@@ -10,44 +10,66 @@ Owns the packing; must not import the engine.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import Tensor
 
 _ALIGN = 8  # bytes: every part starts where any dtype's view may
-_NUMPY = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
-          torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32),
-          torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8)}
-_TORCH = {v: k for k, v in _NUMPY.items()}
 
 
 def upload(device: torch.device, *arrays: np.ndarray) -> list[Tensor]:
     """``arrays`` as tensors on ``device`` (each its own dtype and shape), copied in one."""
-    parts = [np.ascontiguousarray(a) for a in arrays]
+    parts = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
     if device.type == "cpu":  # the arrays themselves
         return [torch.from_numpy(a) for a in parts]
-    offsets, total = _layout([a.nbytes for a in parts])
-    buffer = np.empty(total, np.uint8)
-    for a, at in zip(parts, offsets, strict=True):
-        buffer[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
-    host = torch.from_numpy(buffer)
-    moved = host.pin_memory().to(device, non_blocking=True)
-    return [moved[at:at + a.nbytes].view(_TORCH[a.dtype]).view(a.shape)
-            for a, at in zip(parts, offsets, strict=True)]
+    buffer, offsets = packed_arrays(parts)
+    moved = torch.from_numpy(buffer).pin_memory().to(device, non_blocking=True)
+    return tensor_views(moved, parts, offsets)
 
 
 def download(*tensors: Tensor) -> list[np.ndarray]:
     """``tensors`` (on one device) as host arrays, read back in one copy."""
     if all(t.device.type == "cpu" for t in tensors):  # the tensors' own memory
         return [t.numpy() for t in tensors]
+    packed, offsets = packed_tensors(tensors)
+    return array_views(packed.cpu().numpy(), tensors, offsets)
+
+
+def packed_arrays(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """The C-contiguous ``parts``' bytes in one buffer, and where each starts."""
+    offsets, total = _layout([a.nbytes for a in parts])
+    buffer = np.zeros(total, np.uint8)
+    for a, at in zip(parts, offsets, strict=True):
+        buffer[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+    return buffer, offsets
+
+
+def tensor_views(buffer: Tensor, parts: list[np.ndarray], offsets: list[int]) -> list[Tensor]:
+    """Tensors viewing ``buffer`` (`packed_arrays`' bytes, wherever they are) as ``parts``."""
+    return [buffer[at:at + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
+            for a, at in zip(parts, offsets, strict=True)]
+
+
+def packed_tensors(tensors: tuple[Tensor, ...]) -> tuple[Tensor, list[int]]:
+    """The ``tensors``' bytes in one tensor where they are, and where each starts."""
     flat = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]
     offsets, total = _layout([f.shape[0] for f in flat])
     packed = flat[0].new_zeros(total)
     for f, at in zip(flat, offsets, strict=True):
         packed[at:at + f.shape[0]] = f
-    host = packed.cpu().numpy()
-    return [host[at:at + f.shape[0]].view(_NUMPY[t.dtype]).reshape(t.shape)
-            for t, f, at in zip(tensors, flat, offsets, strict=True)]
+    return packed, offsets
+
+
+def array_views(buffer: np.ndarray, tensors: tuple[Tensor, ...], offsets: list[int]
+                ) -> list[np.ndarray]:
+    """Arrays viewing ``buffer`` (`packed_tensors`' bytes, on the host) as ``tensors``."""
+    out = []
+    for t, at in zip(tensors, offsets, strict=True):
+        dtype = _numpy_dtype(t.dtype)
+        out.append(buffer[at:at + t.numel() * dtype.itemsize].view(dtype).reshape(t.shape))
+    return out
 
 
 def _layout(sizes: list[int]) -> tuple[list[int], int]:
@@ -57,3 +79,13 @@ def _layout(sizes: list[int]) -> tuple[list[int], int]:
         offsets.append(at)
         at += -(-size // _ALIGN) * _ALIGN
     return offsets, max(at, _ALIGN)
+
+
+@functools.cache
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.zeros(0, dtype=dtype).numpy().dtype
