@@ -53,13 +53,20 @@ GOAL_US = 1.0  # per update
 
 class Idle:
     """Workers that take a batch and do nothing: the coordinator's side of `submit`
-    alone. Keeps the last shares it was given."""
+    alone. Keeps the last shares it was given; names the high in-degree set as the
+    partitions would, from the graph it was placed from."""
 
     max_in_flight = 1
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, graph: DynamicGraph) -> None:
         self.size = size
         self.given: list[Routed] = []
+        n = graph.num_slots
+        self._ids, self._in_degree = graph.ext[:n][graph.alive[:n]], graph.in_degree[:n][
+            graph.alive[:n]]
+
+    def high_in_degree(self, threshold: float) -> np.ndarray:
+        return self._ids[self._in_degree > threshold]
 
     def bootstrap(self, cut, recompute: bool) -> None:
         pass
@@ -72,9 +79,9 @@ class Idle:
 def coordinator(model, snapshot, partitions: int) -> tuple[Engine, Idle]:
     """An engine over ``snapshot`` in ``partitions`` (placed as `Engine.from_pyg` places
     them) whose workers are `Idle`."""
-    idle = Idle(partitions)
-    engine = Engine(model, DynamicGraph.from_data(snapshot), partitions=partitions,
-                    workers=idle)
+    graph = DynamicGraph.from_data(snapshot)
+    idle = Idle(partitions, graph)
+    engine = Engine(model, graph, partitions=partitions, workers=idle)
     return engine, idle
 
 

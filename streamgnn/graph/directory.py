@@ -239,7 +239,7 @@ class Directory(Slotted):
                                   & (d._status[:d._decided] == OK)]
         np.subtract.at(self.load, self.owner[gone], 1)
         if len(gone) and self.high is not None:
-            self.high = np.setdiff1d(self.high, gone)
+            self.high = self.high[~_members(self.high, np.sort(gone))]
         top = int(self._counts[0])
         if top + len(gone) > len(self._free):
             self._free = np.concatenate([self._free[:top], gone, np.zeros(
@@ -302,7 +302,7 @@ class Directory(Slotted):
             return None
         edge = op == ADD_EDGE
         src, dst = us[edge], vs[edge]
-        into = np.isin(dst, self.high)
+        into = _members(dst, self.high)
         src, dst = src[into], dst[into]
         if not len(src):
             return None
@@ -321,3 +321,12 @@ class Directory(Slotted):
                 new = np.full(size, fill, old.dtype)
                 new[:len(old)] = old
                 setattr(self, name, new)
+
+
+def _members(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Which of ``values`` are in ``sorted_set`` (ascending): a binary search each, so
+    a batch's cost does not grow with the set (the high in-degree set is thousands)."""
+    if not len(sorted_set):
+        return np.zeros(len(values), bool)
+    at = np.searchsorted(sorted_set, values).clip(max=len(sorted_set) - 1)
+    return sorted_set[at] == values
