@@ -440,3 +440,18 @@ def _forged(message, old: bytes, new: bytes):
     head = message[8:8 + n].tobytes().replace(old, new)
     return np.concatenate([np.frombuffer(len(head).to_bytes(8, "little"), np.uint8),
                            np.frombuffer(head, np.uint8), message[8 + n:]])
+
+
+def test_workers_on_a_host_with_several_gpus_take_one_each():
+    """`worker_device`: ``cuda`` on a host with several GPUs becomes the worker's place
+    among the workers on its host, modulo the GPUs (two faked: there is no GPU here);
+    ``cpu`` and a device with an index stay as given."""
+    program = ("import torch; from mpi4py import MPI; "
+               "from streamgnn.workers.mpi import worker_device; "
+               "torch.cuda.device_count = lambda: 2; w = MPI.COMM_WORLD; "
+               "print(w.Get_rank(), *(worker_device(d, w) for d in ('cuda', 'cpu', "
+               "'cuda:1')), flush=True)")
+    done = mpiexec(3, "-c", program)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(done.stdout.strip().splitlines()) == [
+        "0 cuda:0 cpu cuda:1", "1 cuda:1 cpu cuda:1", "2 cuda:0 cpu cuda:1"]

@@ -295,13 +295,27 @@ def spmd(model: torch.nn.Module, main: Callable[[MpiWorkers], T],
         workers.stop()
 
 
+def worker_device(device: str, workers: MPI.Comm) -> str:
+    """The device a worker computes on. ``cuda`` without an index, on a host with several
+    GPUs, is ``cuda:k`` for the worker's place k among the ``workers`` on its host (modulo
+    the GPUs it sees), so P workers on a host with P GPUs use one each; where a launcher
+    gives each rank a GPU of its own (``CUDA_VISIBLE_DEVICES``), the one it sees. Collective
+    over ``workers``."""
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    local = workers.Split_type(MPI.COMM_TYPE_SHARED)
+    place = local.Get_rank()
+    local.Free()
+    return f"cuda:{place % gpus}" if gpus > 1 else device
+
+
 @torch.inference_mode()
 def _serve(model: torch.nn.Module, comm: MPI.Comm, device: str,
            copies: Checkpoints | None) -> None:
+    peers = comm.Split(1, comm.Get_rank())
+    device = worker_device(device, peers)
     model = model.to(device)
     layers = decompose(model)
     dtype = next(model.parameters()).dtype
-    peers = comm.Split(1, comm.Get_rank())
     replies = comm.Dup()
     shard: Shard | None = None
     header = np.zeros(2, np.int64)
