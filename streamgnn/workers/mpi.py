@@ -1,5 +1,5 @@
-"""MPI workers: rank 0 runs the `Engine` (the coordinator: the whole graph, validation,
-placement) with `MpiWorkers`; ranks 1..N each run one `Shard` (`run_worker`). Every rank
+"""MPI workers: rank 0 runs the `Engine` (the coordinator: the vertex directory, the
+vertex questions of a batch, placement and routing) with `MpiWorkers`; ranks 1..N each run one `Shard` (`run_worker`). Every rank
 builds the same model itself (SPMD: from the same model file), so nothing but arrays
 crosses the wire.
 
