@@ -1,7 +1,7 @@
 """MPI workers: rank 0 runs the `Engine` (the coordinator: the vertex directory, the
-vertex questions of a batch, placement and routing) with `MpiWorkers`; ranks 1..N each run one `Shard` (`run_worker`). Every rank
-builds the same model itself (SPMD: from the same model file), so nothing but arrays
-crosses the wire.
+vertex questions of a batch, placement and routing) with `MpiWorkers`; ranks 1..N each
+run one `Shard` (`run_worker`). Every rank builds the same model itself (SPMD: from the
+same model file), so nothing but arrays crosses the wire.
 
 Rank 0 drives the workers with commands: a header scattered (the command and the size of
 the worker's payload, two int64s), then each payload that is not empty sent to its worker,
