@@ -16,8 +16,10 @@ streamed (the kernels compiled first, `sg.warm_up`); from partition files, where
 holds the whole graph to draw them from, batches of random edges between the vertices
 and random features (half each; duplicate edges left out). Prints and writes
 (benchmarks/results/scale-<preset>-<model>-<workers>w.json, 0 workers: one process;
-``-files`` from partition files): bootstrap seconds, engine state, updates/s, the slowest
-batch (one that grows the tables), and the peak resident memory of every rank (rank 0's also
+``-files`` from partition files): bootstrap seconds, engine state, updates/s one batch at
+a time and, under mpiexec, streamed as `serve` streams them (rank 0 routes the next batch
+while the workers compute one: ``pipelined_updates_per_s``), the slowest batch (one that
+grows the tables), and the peak resident memory of every rank (rank 0's also
 as it stood after the bootstrap). Under mpiexec rank 0 keeps the graph after the
 bootstrap only to draw the batches from (its engine keeps the directory alone).
 """
@@ -107,6 +109,9 @@ def main() -> None:
             engine.apply(batch, skip_invalid=True)
             times.append(time.perf_counter() - t)
             busy.append([s["busy_s"] for s in engine.stats()])  # untimed: a round trip
+        pipelined = None if workers is None else args.batch * args.batches / _pipelined(
+            engine, [sg.UpdateBatch.from_updates(draw(args.batch), engine.num_features)
+                     for _ in range(args.batches)])
         stats = engine.stats()
         return {"dataset": name, "model": args.model,
                 "source": "dataset" if folder is None else "partition files",
@@ -116,6 +121,7 @@ def main() -> None:
                 "batch": args.batch,
                 "median_batch_s": float(np.median(times)),
                 "updates_per_s": args.batch / float(np.median(times)),
+                "pipelined_updates_per_s": pipelined,
                 "max_batch_s": max(times), "busy_s": _median_busy(busy),
                 "halo": [s["halo"] for s in stats], "vertices": [s["vertices"] for s in stats],
                 "peak_rss_mb_rank0_bootstrapped": peak_bootstrapped,
@@ -132,10 +138,31 @@ def main() -> None:
             for part, steps in enumerate(busy.tolist())) + "; slowest / mean "
               "per step " + " / ".join(f"{r:.2f}" for r in busy.max(0) / busy.mean(0)),
               flush=True)
+        print(f"updates/s: {result['updates_per_s']:,.0f} a batch at a time" + (
+            "" if result["pipelined_updates_per_s"] is None else
+            f", {result['pipelined_updates_per_s']:,.0f} streamed as serve streams"),
+              flush=True)
         out = Path(f"benchmarks/results/scale-{name}-{args.model}-{result['workers']}w"
                    f"{'' if folder is None else '-files'}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
+
+
+def _pipelined(engine: Engine, batches: list[sg.UpdateBatch]) -> float:
+    """Seconds to stream ``batches`` as `serve` does: each submitted while the workers may
+    still compute the one before (up to the workers' `max_in_flight`: rank 0 decides and
+    routes batch i + 1 while they compute batch i), collected oldest first."""
+    in_flight = engine.workers.max_in_flight
+    pending, start = 0, time.perf_counter()
+    for batch in batches:
+        if pending == in_flight:
+            engine.collect()
+            pending -= 1
+        engine.submit(batch, skip_invalid=True)
+        pending += 1
+    for _ in range(pending):
+        engine.collect()
+    return time.perf_counter() - start
 
 
 def _median_busy(busy: list[list[list[float]]]) -> list[list[float]]:
