@@ -286,12 +286,8 @@ class Directory(Slotted):
             self.owner[slots] = owner
             np.add.at(self.load, owner, 1)
             return
-        toward = np.full(len(slots), -1) if toward is None else toward
-        for s, t in zip(slots.tolist(), toward.tolist(), strict=True):
-            q = int(self.owner[t]) if t >= 0 and self.owner[t] >= 0 else int(
-                np.argmin(self.load))
-            self.owner[s] = q
-            self.load[q] += 1
+        toward = np.full(len(slots), -1, np.int64) if toward is None else toward
+        _place_kernel(slots.astype(np.int64), toward.astype(np.int64), self.owner, self.load)
 
     def _toward_high(self, added: np.ndarray, op: np.ndarray, us: np.ndarray,
                      vs: np.ndarray) -> np.ndarray | None:
@@ -321,6 +317,18 @@ class Directory(Slotted):
                 new = np.full(size, fill, old.dtype)
                 new[:len(old)] = old
                 setattr(self, name, new)
+
+
+@njit(cache=True)
+def _place_kernel(slots, toward, owner, load):
+    """`Directory.place`'s Algorithm 1, vertex by vertex in batch order: the owner of the
+    high in-degree vertex ``toward`` it first sends to, else the least-loaded partition
+    (the lowest-numbered of the least loaded), each placement counted before the next."""
+    for k in range(len(slots)):
+        t = toward[k]
+        q = owner[t] if t >= 0 and owner[t] >= 0 else np.argmin(load)
+        owner[slots[k]] = q
+        load[q] += 1
 
 
 def _members(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
