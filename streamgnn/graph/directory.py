@@ -239,7 +239,8 @@ class Directory(Slotted):
                                   & (d._status[:d._decided] == OK)]
         np.subtract.at(self.load, self.owner[gone], 1)
         if len(gone) and self.high is not None:
-            self.high = self.high[~_members(self.high, np.sort(gone))]
+            hit = _members(gone, self.high)
+            self.high = np.delete(self.high, np.searchsorted(self.high, gone[hit]))
         top = int(self._counts[0])
         if top + len(gone) > len(self._free):
             self._free = np.concatenate([self._free[:top], gone, np.zeros(
@@ -336,5 +337,5 @@ def _members(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     a batch's cost does not grow with the set (the high in-degree set is thousands)."""
     if not len(sorted_set):
         return np.zeros(len(values), bool)
-    at = np.searchsorted(sorted_set, values).clip(max=len(sorted_set) - 1)
+    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
     return sorted_set[at] == values
