@@ -21,6 +21,12 @@ scaling from 4 to 16 workers).
 
 Writes benchmarks/results/scaling.json (``--out``; one file per ``--batch``).
 
+    python benchmarks/scaling.py --work 100 1000 10000 [--batches 15]
+
+Step 2 alone at each batch size, printed: per P = 1, 2, 4, 8 the slowest and the mean
+shard's compute a batch, and all shards' compute against one shard's (what the P > 1 path
+adds: ghost rows, sources replicated on every partition holding them, per-step costs).
+
     python benchmarks/scaling.py --check benchmarks/results/scaling-16core.json [--models
         benchmarks/results/scaling.json benchmarks/results/scaling-bs10000.json]
 
@@ -121,7 +127,7 @@ def per_shard_work(split, parts: list[int], size: int, batches: int) -> dict[int
         trace = Trace(snapshot, events, weighted=False)
         for _ in range(5):
             engine.apply(trace.batch(size))
-        router, slowest, sent, walls = [], [], [], []
+        router, slowest, mean, sent, walls = [], [], [], [], []
         for _ in range(batches):
             batch = trace.batch(size)
             t = time.perf_counter()
@@ -132,10 +138,12 @@ def per_shard_work(split, parts: list[int], size: int, batches: int) -> dict[int
             bytes_ = np.array([s["sent_bytes"] for s in stats]) if p > 1 else np.zeros((1, 0))
             router.append(wall - busy.sum())
             slowest.append(busy.max(axis=0))
+            mean.append(busy.mean(axis=0))
             sent.append(bytes_.max(axis=0) if bytes_.size else np.zeros(0))
             walls.append(wall)
         out[p] = {"router_s": float(np.median(router)),
                   "slowest_s": np.median(slowest, axis=0).tolist(),
+                  "mean_s": np.median(mean, axis=0).tolist(),
                   "max_sent_bytes": np.median(sent, axis=0).tolist(),
                   "one_process_s": float(np.median(walls)),
                   "state_bytes": engine_bytes(engine),
@@ -159,6 +167,26 @@ def exchange_s(work: dict, latency: float, bandwidth: float) -> float:
 def modelled(work: dict, latency: float, bandwidth: float) -> float:
     """The model's wall seconds a batch."""
     return compute_s(work) + exchange_s(work, latency, bandwidth)
+
+
+def work_table(preset: str, sizes: list[int], batches: int) -> None:
+    """Step 2 alone, at each batch size: per P the slowest and the mean shard's compute a
+    batch, and all shards' compute against one shard's (P=1): what grows with P."""
+    split = stream_split(preset, weighted=False)
+    table = Table(title=f"{preset}, GraphConv-sum 2 layers: each shard's compute a batch "
+                        "(ms), shards timed alone in one process, median over batches")
+    for col in ("batch", "P", "slowest shard", "mean shard", "all shards / P=1",
+                "router ms"):
+        table.add_column(col, justify="right")
+    for size in sizes:
+        work = per_shard_work(split, [1, 2, 4, 8], size, batches)
+        one = sum(work[1]["mean_s"])
+        for p, w in work.items():
+            mean = sum(w["mean_s"])
+            table.add_row(f"{size:,}", str(p), f"{sum(w['slowest_s']) * 1e3:.2f}",
+                          f"{mean * 1e3:.2f}", f"{mean * p / one:.2f}x",
+                          f"{w['router_s'] * 1e3:.2f}")
+    console.print(table)
 
 
 # ---------------------------------------------------------------- against real runs
@@ -266,6 +294,9 @@ def main() -> None:
         Path("benchmarks/results/scaling.json"),
         Path("benchmarks/results/scaling-bs10000.json")],
                         help="this script's results, one per batch size (with --check)")
+    parser.add_argument("--work", type=int, nargs="+", metavar="BATCH",
+                        help="measure step 2 alone at these batch sizes: each shard's "
+                             "compute per P, and all shards' against one shard's")
     args = parser.parse_args()
     if args.rank_job:
         rank_job(args)
@@ -274,6 +305,9 @@ def main() -> None:
         check(args.check, args.models)
         return
     torch.set_num_threads(1)
+    if args.work:
+        work_table(args.preset, args.work, args.batches)
+        return
     common = ["--preset", args.preset, "--batch", str(args.batch),
               "--batches", str(args.batches)]
     points = mpiexec(2, "--fit")
