@@ -13,7 +13,8 @@ the engine split into P partitions, each against its baseline in the same run.
 - placement: METIS vs hash initial owners (edge cut, halo, bytes, updates/s), and RIPPLE++
   Alg. 1 vs hash for new vertices (cut edges the stream creates per 10K updates).
 - ghosts: the bytes a shard keeps per ghost in each of its tables after bootstrap
-  (GraphConv-sum, GAT and GraphConv-max, 2 layers, P = 4), beside the ghost's features.
+  (GraphConv-sum, GAT and GraphConv-max, 2 layers, P = 4), beside the ghost's features,
+  and the state in all (tables, graphs, directory) against one partition's.
 - throughput: P = 1, 2, 4, GraphConv-sum 2 layers, bs = 100 and 1000: updates/s, the
   slowest over the mean partition's compute per superstep, memory.
 
@@ -183,7 +184,8 @@ def placement(split, p: int, size: int, updates: int) -> list[dict]:
 def ghost_bytes(split, p: int) -> list[dict]:
     """Per model and table, what the shards keep for their ghosts after bootstrap, per
     ghost: a table's rows past its shard's owned vertices (a table of every slot has one
-    per ghost), and the features' rows of the ghosts in the shards' graphs."""
+    per ghost), and the features' rows of the ghosts in the shards' graphs; then per
+    model the state in all (`engine_bytes`) split and in one partition."""
     snapshot, _ = split
     rows = []
     for name in ("graphconv-sum", "gat", "graphconv-max"):
@@ -202,9 +204,15 @@ def ghost_bytes(split, p: int) -> list[dict]:
         for table, n in kept.items():
             rows.append({"model": name, "partitions": p, "table": table,
                          "bytes_per_ghost": n / ghosts})
-        tables = [r for r in rows if r["model"] == name and r["table"] != "features"]
+        one = Engine.from_pyg(model_for(name, snapshot), snapshot)
+        rows.append({"model": name, "partitions": p, "ghosts": ghosts,
+                     "engine_mb": engine_bytes(engine) / 2**20,
+                     "one_partition_mb": engine_bytes(one) / 2**20})
+        tables = [r for r in rows if r["model"] == name and r.get("table", "features")
+                  != "features"]
         console.print(name, {r["table"]: round(r["bytes_per_ghost"], 1) for r in tables},
-                      "tables:", round(sum(r["bytes_per_ghost"] for r in tables), 1))
+                      "tables:", round(sum(r["bytes_per_ghost"] for r in tables), 1),
+                      rows[-1])
     return rows
 
 
