@@ -12,6 +12,9 @@ the engine split into P partitions, each against its baseline in the same run.
   its pulls. GraphConv-sum and SAGE-max, 2 layers; P = 2, 4, 8; bs = 10, 100, 1000.
 - placement: METIS vs hash initial owners (edge cut, halo, bytes, updates/s), and RIPPLE++
   Alg. 1 vs hash for new vertices (cut edges the stream creates per 10K updates).
+- ghosts: the bytes a shard keeps per ghost in each of its tables after bootstrap
+  (GraphConv-sum, GAT and GraphConv-max, 2 layers, P = 4), beside the ghost's features,
+  and the state in all (tables, graphs, directory) against one partition's.
 - throughput: P = 1, 2, 4, GraphConv-sum 2 layers, bs = 100 and 1000: updates/s, the
   slowest over the mean partition's compute per superstep, memory.
 
@@ -178,6 +181,50 @@ def placement(split, p: int, size: int, updates: int) -> list[dict]:
     return rows
 
 
+def ghost_bytes(split, p: int) -> list[dict]:
+    """Per model and table, what the shards keep for their ghosts after bootstrap, per
+    ghost: a table's rows past its shard's owned vertices (a table of every slot has one
+    per ghost), and the features' rows of the ghosts in the shards' graphs; then per
+    model the state in all (`engine_bytes`) split and in one partition."""
+    snapshot, _ = split
+    rows = []
+    for name in ("graphconv-sum", "gat", "graphconv-max"):
+        engine = Engine.from_pyg(model_for(name, snapshot), snapshot, partitions=p)
+        kept: dict[str, int] = {}
+        ghosts = 0
+        for shard in engine.shards:
+            tb, g = shard.tables, shard.graph
+            owned = int(tb.owned[:g.num_slots].sum())
+            ghosts += g.num_vertices - owned
+            for table, rows_of in _per_vertex(tb):
+                per_row = rows_of.nbytes // max(len(rows_of), 1)
+                kept[table] = kept.get(table, 0) + per_row * max(len(rows_of) - owned, 0)
+            kept["features"] = kept.get("features", 0) + (
+                g.x[0].nbytes * (g.num_vertices - owned))
+        for table, n in kept.items():
+            rows.append({"model": name, "partitions": p, "table": table,
+                         "bytes_per_ghost": n / ghosts})
+        one = Engine.from_pyg(model_for(name, snapshot), snapshot)
+        rows.append({"model": name, "partitions": p, "ghosts": ghosts,
+                     "engine_mb": engine_bytes(engine) / 2**20,
+                     "one_partition_mb": engine_bytes(one) / 2**20})
+        tables = [r for r in rows if r["model"] == name and r.get("table", "features")
+                  != "features"]
+        console.print(name, {r["table"]: round(r["bytes_per_ghost"], 1) for r in tables},
+                      "tables:", round(sum(r["bytes_per_ghost"] for r in tables), 1),
+                      rows[-1])
+    return rows
+
+
+def _per_vertex(tb) -> list[tuple[str, np.ndarray | torch.Tensor]]:
+    """A shard's tables with a row per vertex (or per slot), by name."""
+    out = [(f"{name}/{k}", t) for name in ("h", "state", "drift", "ties", "root", "t")
+           for k, t in enumerate(getattr(tb, name)) if t is not None]
+    return out + [(name, a) for name in ("labels", "in_weight", "ghost", "holders",
+                                         "ghost_owner", "row")
+                  if (a := getattr(tb, name, None)) is not None]
+
+
 def cut_edges(engine: Engine) -> int:
     src, dst, _ = engine.edges()
     return int((engine.partition_of(src) != engine.partition_of(dst)).sum())
@@ -215,6 +262,8 @@ def main() -> None:
         out["communication"] = communication(split, [10, 100, 1000], [2, 4, 8])
     if "placement" in args.parts:
         out["placement"] = placement(split, 4, 100, 10_000)
+    if "ghosts" in args.parts:
+        out["ghosts"] = ghost_bytes(split, 4)
     if "throughput" in args.parts:
         out["throughput"] = throughput(split, [100, 1000], [1, 2, 4], args.seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -218,6 +218,49 @@ def test_partition_of_and_restore(placement):
     assert np.array_equal(engine.lookup(ids), restored.lookup(ids))
 
 
+@pytest.mark.parametrize("arch", ["graphconv-add", "pyg-gat", "sage-max", "pyg-gcn",
+                                  "graphconv-mean"])
+def test_ghosts_have_rows_only_where_read_and_a_state_restores_bit_for_bit(arch):
+    """A shard's tables that only its own vertices' rows are read from (states, rounding
+    bounds, ties and root terms unless ghosts read the states; the last layer's h; the
+    labels) have no ghost rows. A state restores and goes on exactly as the original,
+    also one written when those tables had a row per slot (rows numbered anew)."""
+    data = random_graph(np.random.default_rng(0), n=300, m=1500, d=F_IN, hubs=3)
+    model = randomise(ARCHS[arch](2), 2).double()
+    engine = Engine.from_pyg(model, data, partitions=3)
+    workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=0)
+    batches = [sg.UpdateBatch.from_updates(workload.applied(100), F_IN) for _ in range(6)]
+    for batch in batches[:3]:
+        engine.apply(batch)
+    snapshot = engine.snapshot()
+    old = dict(snapshot)  # every table a row per slot, as written before
+    for p, shard in enumerate(engine.shards):
+        tb = shard.tables
+        row = old.pop(f"shard{p}/row")
+        held = np.flatnonzero(row >= 0)
+        assert len(held) == tb.owned.sum() < len(row)
+        for name in ("h", "state", "drift", "ties", "root"):
+            for i, rows in enumerate(getattr(tb, name)):
+                if rows is not None and tb.by_row(name, i if name == "h" else i + 1):
+                    assert len(rows) < tb.graph.num_slots
+                    full = np.zeros((len(row), *rows.shape[1:]), rows.numpy().dtype)
+                    full[held] = rows.numpy()[row[held]]
+                    old[f"shard{p}/{name}/{i}"] = full
+    restored = [Engine.restore(model, s) for s in (snapshot, old)]
+    for batch in batches[3:]:
+        results = [e.apply(batch) for e in (engine, *restored)]
+        assert results[0].changed_labels == results[1].changed_labels
+        assert results[0].changed_labels == results[2].changed_labels
+    ids = engine.vertex_ids()
+    for other in restored:
+        assert np.array_equal(engine.lookup(ids), other.lookup(ids))
+    ours, theirs = engine.snapshot(), restored[0].snapshot()
+    tables = [k for k in ours if k.startswith("shard") and k.split("/")[1] in (
+        "h", "state", "drift", "ties", "root", "t", "row", "in_weight")]
+    assert tables and all(np.array_equal(ours[k], theirs[k], equal_nan=True) for k in tables)
+    assert_exact(restored[1], model, torch.float64, 1e-9)
+
+
 def test_the_coordinator_keeps_no_graph_and_refuses_a_state_from_when_it_did():
     """With partitions the coordinator lets go of the graph once they have it, and its
     state holds the directory instead; a state written when it kept the whole graph

@@ -73,7 +73,8 @@ def fold(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.ndarray,
             (rows, coef, local), (roots, 1.0 - a, at_region), strict=True))
         bias = layer.empty_preactivation().double().cpu().numpy()
     return layer.aggr.fold(tb.state[hop - 1], tb.drift[hop - 1], t, rows, coef, local,
-                           region, None if keeps_z else count, scale, bias, keep)
+                           tb.rows_at(hop, region), None if keeps_z else count, scale, bias,
+                           keep)
 
 
 def _rescaled(tb: Tables, b: Batch, region: np.ndarray, count: np.ndarray

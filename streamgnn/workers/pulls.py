@@ -36,9 +36,9 @@ def pull(tb: Tables, hop: int, layer: Layer, slots: np.ndarray) -> tuple[Tensor,
         return state, remote
     at, *up = stored
     if tb.z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
-        count_at, *features = up
+        count_at, slots_at, *features = up
         agg = layer.aggr.finalize(state, count_at)
-        state = layer.preactivation(tb.h_rows(hop - 1, at, *features), tb.ours(agg))
+        state = layer.preactivation(tb.h_rows(hop - 1, slots_at, *features), tb.ours(agg))
     tb.state[hop - 1][at] = state.to(tb.state[hop - 1].dtype)
     if tb.drift[hop - 1] is not None:
         tb.drift[hop - 1][at] = layer.aggr.fresh_drift(state)
@@ -48,11 +48,13 @@ def pull(tb: Tables, hop: int, layer: Layer, slots: np.ndarray) -> tuple[Tensor,
 def _stored(tb: Tables, hop: int, slots: np.ndarray, count: np.ndarray
             ) -> list[np.ndarray]:
     """What `pull` uploads to store the states of ``slots`` (``count``: their in-degrees):
-    nothing (RC), the slots, and where the shard keeps the pre-activation their
-    in-degrees and what `Tables.h_rows` reads of them on the host."""
+    nothing (RC), where the states are (`Tables.rows_at`), and where the shard keeps the
+    pre-activation their in-degrees, the slots and what `Tables.h_rows` reads of them on
+    the host."""
     if tb.state[hop - 1] is None:
         return []
-    return [slots, *([count, *tb.features_of(hop - 1, slots)] if tb.z[hop - 1] else [])]
+    z = [count, slots, *tb.features_of(hop - 1, slots)] if tb.z[hop - 1] else []
+    return [tb.rows_at(hop, slots), *z]
 
 
 def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
@@ -106,10 +108,11 @@ def _gathered(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
 
 
 def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull, slots: np.ndarray) -> int:
-    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` (``slots`` on the host) from
-    all their in-neighbors (`Aggregation.pull_columns`), reading their rows of t in place
-    where t is h as stored (and, without ghosts to count, the in-edges where the graph
-    keeps them); returns how many distinct ghosts they read."""
+    """Re-aggregate the columns ``lost.cols`` of ``lost.dst`` (their rows of the states,
+    `Tables.rows_at`, of ``slots`` on the host) from all their in-neighbors
+    (`Aggregation.pull_columns`), reading their rows of t in place where t is h as stored
+    (and, without ghosts to count, the in-edges where the graph keeps them); returns how
+    many distinct ghosts they read."""
     table = None if layer.transforms else tb.h_table(hop - 1)
     begin, end, src, w, remote = _in_edges(tb, slots, listed=table is None)
     if table is None:  # t of the rows read
@@ -139,7 +142,8 @@ def _count_ties(tb: Tables, hop: int, max_edges: int = 1 << 20) -> None:
     width = tb.state[hop - 1].shape[1]
     for a, b in pairwise(chunk_bounds(tb.graph.in_degree[owned], max_edges).tolist()):
         cols = torch.ones((b - a, width), dtype=torch.bool, device=tb.device)
-        pull_columns(tb, hop, tb.layers[hop - 1], Pull(tb.index(owned[a:b]), cols), owned[a:b])
+        pull_columns(tb, hop, tb.layers[hop - 1],
+                     Pull(tb.index(tb.rows_at(hop, owned[a:b])), cols), owned[a:b])
 
 
 def _in_edges(tb: Tables, slots: np.ndarray, listed: bool = False

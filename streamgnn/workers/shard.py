@@ -21,8 +21,9 @@ its root term and bias where the in-degree changed), and h = `Layer.activate` of
 wherever a row is read.
 
 Partitions: a shard's graph holds the vertices it owns, every edge into them, and *ghosts*:
-copies of remote in-neighbors (their features, in-degree and every layer's row as the
-owner stores it, h or z, never computed here). Between supersteps (`ghost_rows`) each
+copies of remote in-neighbors (their features, in-degree and every layer's row but the
+last's as the owner stores it, h or z, never computed here; no states, no labels:
+`Tables`). Between supersteps (`ghost_rows`) each
 owner sends the rows of its vertices that changed to the shards holding them as ghosts,
 so messages and pulls read every in-neighbor locally. Without ghosts (one partition)
 nothing is sent.
@@ -152,8 +153,7 @@ class Shard:
     @torch.inference_mode()
     def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
         """h^layer of ``slots`` (activated where the shard keeps the pre-activation)."""
-        tb = self.tables
-        return tb.h_rows(layer, tb.index(slots)).cpu().numpy()
+        return self.tables.h_rows_at(layer, slots).cpu().numpy()
 
     def neighbors(self, ids: np.ndarray, out: bool, edges: bool) -> dict[str, np.ndarray]:
         """The in-edges (``out``: the out-edges) this partition keeps of vertices ``ids``:
@@ -296,14 +296,16 @@ class Shard:
         if routed is not None:
             subscribed, subscribers, self.ghost_feature_bytes = begin_routed(
                 tb, diff, routed, removed, added)
-        if len(added):  # reused slots: start empty
-            tables, rows = [], []
-            for layer, state, z in zip(self.layers, tb.state, tb.z, strict=True):
+        tb.place(removed, added)
+        if len(added):  # reused slots and rows: start empty
+            for hop, layer in enumerate(self.layers, start=1):
+                state, z = tb.state[hop - 1], tb.z[hop - 1]
                 if state is not None:
-                    tables.append(state)
-                    rows.append(layer.empty_preactivation() if z else None)
-            tables += [t for t in (*tb.drift, *tb.ties) if t is not None]
-            fill_rows_(tables, added, rows + [None] * (len(tables) - len(rows)))
+                    tables = [t for t in (state, tb.drift[hop - 1], tb.ties[hop - 1])
+                              if t is not None]
+                    fill_rows_(tables, tb.added_rows(hop, added),
+                               [layer.empty_preactivation() if z else None]
+                               + [None] * (len(tables) - 1))
         changed = Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
                           diff.changed.astype(np.int64), [tb.as_rows(diff.changed_x_before)])
         features = np.sort(changed.slots)  # rewritten at layer 0: the features
@@ -340,7 +342,7 @@ class Shard:
                                                                    strict=True)]
         if n:  # (else the batch changed no label here)
             new = argmax_rows(last.after[:n]) if on_cpu else host[-1]
-            at, old = relabel_(tb.labels, last.region, new, last.fresh)
+            at, old = relabel_(tb.labels, tb.own_rows(last.region), new, last.fresh)
             result.changed_labels = ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
         for touched in (b.edges.degree_changed, b.added):
             if len(touched):

@@ -52,15 +52,21 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
     root = tb.root[hop - 1]
     rc, linear = tb.state[hop - 1] is None, layer.aggr.linear
     stored = not (rc or linear)  # finalized from the stored states
-    own = None if keeps_z or root is None else changed.slots  # their root terms again
+    own = (None if keeps_z or root is None  # the owned ones' root terms again
+           else changed.slots[owned[changed.slots]])
     features = [] if keeps_z else tb.features_of(hop - 1, region if own is None else own)
+    by_row = tb.by_row("state", hop)  # the region's states at its rows, not its slots
     # the indices (and host rows) known now that the steps taken read, in one copy
     up = tb.uploaded(region=region if stored or not keeps_z else None,
+                     rows=tb.rows_at(hop, region) if by_row and (stored or own is not None)
+                     else None,
                      count=count if rc or stored else None,
-                     empty=edges.empty_before if stored else None, own=own,
+                     empty=tb.rows_at(hop, edges.empty_before) if stored else None, own=own,
+                     own_rows=tb.rows_at(hop, own) if by_row and own is not None else None,
                      weight=g.in_weight[region] if not keeps_z and own is None else None,
                      features=features[0] if features else None)
     region_at = up["region"]
+    rows_at = region_at if up["rows"] is None else up["rows"]
     if rc:  # RC: every destination pulled, no states kept
         pulled_slots = region
         pulled, remote = pull(tb, hop, layer, pulled_slots)
@@ -78,19 +84,21 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
         agg = tb.ours(agg)  # (in t's dtype)
     else:
         out = outbox(tb, b, hop, layer, sources, at, v1, w1, region, region_at)
-        lost = layer.aggr.apply_delta(tb.state[hop - 1], tb.ties[hop - 1], out.t, out.region,
-                                      out.new, out.old, up["empty"], out.part)
-        if lost.cols is None:
-            pulled_slots = download(lost.dst)[0]
+        lost = layer.aggr.apply_delta(tb.state[hop - 1], tb.ties[hop - 1], out.t,
+                                      tb.rows_at(hop, out.region), out.new, out.old,
+                                      up["empty"], out.part)
+        if lost.cols is None:  # (rows of the states: sorted as slots again)
+            pulled_slots = np.sort(tb.slots_at(hop, download(lost.dst)[0]))
         else:  # its destinations and columns read back together
             pulled_slots, columns = region[:0], lost
             columns_of, cols = download(lost.dst, lost.cols)
+            columns_of = tb.slots_at(hop, columns_of)
         if layer.aggr.destination_dependent:
             pulled_slots = tb.sets.union(pulled_slots, changed.slots, alive=owned)
         remote = pull(tb, hop, layer, pulled_slots)[1] if len(pulled_slots) else 0
         if columns is not None and len(columns_of):
             remote += pull_columns(tb, hop, layer, columns, columns_of)
-        agg = layer.aggr.finalize_stored(tb.state[hop - 1], region_at, up["count"])
+        agg = layer.aggr.finalize_stored(tb.state[hop - 1], rows_at, up["count"])
         agg = agg.to(tb.dtype)  # (a tensor, or packed attention states)
     activated = None
     if keeps_z:  # agg is z, stored already; h activated here, with rows read next
@@ -104,9 +112,10 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
             new = layer.update(rows, agg, t, tb.ours(up["weight"]))
         else:  # only vertices whose own input changed need their root term again
             own_at = up["own"]
-            root[own_at] = layer.root(tb.h_rows(hop - 1, own_at, up["features"]))
-            new = layer.finish(layer.combine_root(agg, root.index_select(0, region_at)))
-        moved, old_rows, finite = store_rows_(tb.h[hop], region, new, fresh,
+            own_rows_at = own_at if up["own_rows"] is None else up["own_rows"]
+            root[own_rows_at] = layer.root(tb.h_rows(hop - 1, own_at, up["features"]))
+            new = layer.finish(layer.combine_root(agg, root.index_select(0, rows_at)))
+        moved, old_rows, finite = store_rows_(tb.h[hop], tb.h_at(hop, region), new, fresh,
                                               keep_old=not last)
         after = new
     result.recomputed.append(len(region))

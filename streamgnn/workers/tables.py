@@ -1,10 +1,19 @@
-"""`Tables`: what a shard keeps per slot, and reading rows of it. Per layer: the
+"""`Tables`: what a shard keeps per vertex, and reading rows of it. Per layer: the
 embeddings h (or the pre-activation z alone, where the layer `Layer.keeps_preactivation`:
 h is then activated wherever a row is read), aggregation states with sums' rounding
 bounds (drift) and max/min's ties, kept root terms and transforms t; per slot: the
-in-degrees the states were built with, the predicted labels, which slots are ghosts and
-who holds the owned ones. Also the tables' capacity (grown with the graph), their place
-in memory (2 MB pages on the CPU) and their arrays (what a checkpoint holds).
+in-degrees the states were built with, which slots are ghosts and who holds the owned
+ones; per owned vertex, the predicted labels. Also the tables' capacity (grown with the
+graph), their place in memory (2 MB pages on the CPU) and their arrays (what a checkpoint
+holds).
+
+Ghosts have rows only in the tables their out-edges read: h (or z) of every layer but the
+last, t, the in-degrees. The other tables (a layer's states, rounding bounds, ties and
+root terms unless that state is a z that ghosts read; the last layer's h; the labels)
+have a row per owned vertex alone, at the vertex's *row* (`Tables.row`, kept here as
+vertices come and go): `rows_at` and `own_rows` turn slots into the indices of those
+tables, once where a superstep part builds its destinations. Without ghosts a row is its
+slot.
 
 Every superstep part reads rows through here (`h_rows`, `t_rows`, `h_table_of`, ...), so
 where the tables live is decided here once; the parts keep one structure on the CPU and
@@ -33,30 +42,44 @@ from streamgnn.workers.slotsets import SlotSets
 
 _PER_LAYER = ("h", "state", "drift", "ties", "root", "t")  # h: layers 0..L, others 1..L
 _PER_SLOT = ("ghost", "holders", "ghost_owner")  # None without partitions
+_NO_ROW = -1  # `Tables.row` of a slot no owned vertex holds
 
 
 class Tables:
-    """One shard's per-slot tables (all slots of its graph, ghosts' rows included) and
-    the reads of their rows. ``recent``: the open batch's last superstep, whose rows of h
-    `h_rows` takes as they are (None between batches)."""
+    """One shard's per-vertex tables and the reads of their rows: those ghosts' out-edges
+    read by slot, the others by owned row (`row`; the module's docstring says which).
+    ``recent``: the open batch's last superstep, whose rows of h `h_rows` takes as they
+    are (None between batches)."""
 
     def __init__(self, layers: list[Layer], graph: DynamicGraph, hs: list[Tensor],
                  states: list[Tensor | None], device: torch.device, dtype: torch.dtype,
                  ghost: np.ndarray | None = None, holders: np.ndarray | None = None,
                  ghost_owner: np.ndarray | None = None) -> None:
         """``hs``: [h0, ..., hL] of every slot (ghosts' rows included); ``states`` per
-        layer, or None (RC) (the tables take both lists over); ``ghost``: which slots
-        are ghosts (None: there are none); ``holders``: per slot, a bit per partition
-        holding it as a ghost; ``ghost_owner``: per ghost slot, the partition owning it.
-        Max/min's ties start as None (`pulls.keep_ties` counts them)."""
+        layer, or None (RC) (the tables take both lists over and drop the rows ghosts do
+        not need); ``ghost``: which slots are ghosts (None: there are none); ``holders``:
+        per slot, a bit per partition holding it as a ghost; ``ghost_owner``: per ghost
+        slot, the partition owning it. Max/min's ties start as None (`pulls.keep_ties`
+        counts them)."""
         self.layers, self.graph, self.device, self.dtype = layers, graph, device, dtype
         self.sets = SlotSets(len(graph.alive))
+        self.ghost = ghost
+        self.z = [keeps_z(layer, s) for layer, s in zip(layers, states, strict=True)]
+        owned = (None if ghost is None else
+                 np.flatnonzero(graph.alive[:graph.num_slots] & ~ghost[:graph.num_slots]))
+        self._number_rows(owned)
+        keep = None if owned is None else torch.from_numpy(owned).to(hs[-1].device)
+        for k, s in enumerate(states, start=1):  # (each original goes once taken)
+            if s is not None and keep is not None and self.by_row("state", k):
+                states[k - 1] = s.index_select(0, keep)
         self.state = states
         self.drift = [_fresh_drift(layer, s) for layer, s in zip(layers, states, strict=True)]
-        self.labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per slot
-        self.z = [keeps_z(layer, s) for layer, s in zip(layers, states, strict=True)]
+        if keep is not None and self.by_row("h", len(layers)):
+            hs[-1] = hs[-1].index_select(0, keep)
+        self.labels = hs[-1].argmax(dim=-1).cpu().numpy()  # predicted class per row
         with torch.inference_mode():
-            self.root = [layer.root(h) if layer.caches_root and s is not None else None
+            self.root = [layer.root(h if keep is None else h.index_select(0, keep))
+                         if layer.caches_root and s is not None else None
                          for layer, h, s in zip(layers, hs, states, strict=False)]
             self.t = [layer.transform(h) if layer.caches_t and s is not None else None
                       for layer, h, s in zip(layers, hs, states, strict=False)]
@@ -68,7 +91,6 @@ class Tables:
             if z:  # its rows are the pre-activation's, activated
                 hs[k] = None
         self.in_weight = graph.in_weight.copy()  # in-degrees the states were built with
-        self.ghost = ghost
         self.holders = holders
         self.ghost_owner = ghost_owner
         self._owned: np.ndarray | None = None  # alive & ~ghost, kept up to date
@@ -81,7 +103,8 @@ class Tables:
                     graph: DynamicGraph | None = None) -> Tables:
         """The tables `arrays` came from; on ``graph`` if given (arrays without one). They
         adopt the arrays, which nothing else may hold. Arrays written before max/min kept
-        ties have none (`pulls.keep_ties` counts them)."""
+        ties have none (`pulls.keep_ties` counts them); those written before ghosts' rows
+        were dropped from the tables by row have them dropped here."""
         tables = cls.__new__(cls)
         tables.layers, tables.device, tables.dtype = layers, device, dtype
         tables.graph = (graph if graph is not None
@@ -98,11 +121,16 @@ class Tables:
             raise ValueError(f"these arrays hold layer {stale[0]}'s embeddings beside its "
                              "state: written before sum and mean layers kept their "
                              "pre-activation alone; bootstrap the engine again")
+        tables.ghost, tables.holders, tables.ghost_owner = (arrays.get(n) for n in _PER_SLOT)
+        tables._owned = None
+        if tables.ghost is not None and "row" not in arrays:  # a row per slot in every table
+            tables._number_rows(np.flatnonzero(tables.owned[:tables.graph.num_slots]))
+            tables._drop_ghost_rows()
+        else:
+            tables._numbered(arrays.get("row"))
         out = tables.stored(len(layers))
         out = layers[-1].activate(out) if tables.z[-1] else out
         tables.labels = out.argmax(dim=-1).cpu().numpy()
-        tables.ghost, tables.holders, tables.ghost_owner = (arrays.get(n) for n in _PER_SLOT)
-        tables._owned = None
         tables.recent = None
         return tables
 
@@ -111,14 +139,14 @@ class Tables:
         tables repeat these bit for bit; left out without ``with_graph``), and per layer k
         its embeddings ``h/k``, aggregation states ``state/k`` with sums' rounding bounds
         ``drift/k`` and max/min's ``ties/k``, kept root terms ``root/k`` and transforms
-        ``t/k`` where it keeps them."""
+        ``t/k`` where it keeps them; with ghosts, each slot's row ``row``."""
         out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
         for name in _PER_LAYER:
             for k, rows in enumerate(getattr(self, name)):
                 if rows is not None:
                     out[f"{name}/{k}"] = rows.cpu().numpy()
         out["in_weight"] = self.in_weight
-        for name in _PER_SLOT:
+        for name in (*_PER_SLOT, "row"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
@@ -136,21 +164,123 @@ class Tables:
                                                             room=len(rows)))
 
     def fit_capacity(self) -> None:
-        """Grow the per-vertex tables with the graph."""
+        """Grow the tables by slot with the graph, and those by row with the rows in use."""
         self.sets.fit(len(self.graph.alive))
         for name in ("in_weight", *_PER_SLOT):
             old = getattr(self, name)
             if old is not None and len(old) < len(self.graph.in_weight):
                 setattr(self, name, lengthened(old, len(self.graph.in_weight)))
-        need = self.graph.num_slots
-        have = len(self.labels)
-        if need <= have:
-            return
-        size = max(need, have * 5 // 4)
+        if self.row is not None and len(self.row) < len(self.graph.alive):
+            self.row = _extended(self.row, len(self.graph.alive))
         for name in _PER_LAYER:
-            setattr(self, name, [None if t is None else _grown(t, size)
-                                 for t in getattr(self, name)])
-        self.labels = lengthened(self.labels, size)
+            tables = getattr(self, name)
+            for i, t in enumerate(tables):
+                need = self._length(name, i if name == "h" else i + 1)
+                if t is not None and len(t) < need:
+                    tables[i] = _grown(t, max(need, len(t) * 5 // 4))
+        need = self._length("h", len(self.layers))
+        if len(self.labels) < need:
+            self.labels = lengthened(self.labels, max(need, len(self.labels) * 5 // 4))
+
+    def place(self, removed: np.ndarray, added: np.ndarray) -> None:
+        """Rows for the vertices this shard owns among the slots a batch ``added`` (the
+        smallest free rows first), those of the slots it ``removed`` freed first; the
+        tables by row grown to fit. (Without ghosts a row is its slot: nothing to do.)"""
+        if self.row is None:
+            return
+        gone = self.row[removed]
+        gone = gone[gone != _NO_ROW]
+        self.row[removed] = _NO_ROW
+        if len(gone):
+            self.slot_of[gone] = _NO_ROW
+            self.free = np.union1d(self.free, gone)
+        new = added[self.owned[added]]
+        if not len(new):
+            return
+        reused, self.free = self.free[:len(new)], self.free[len(new):]
+        rows = np.concatenate([reused, np.arange(self.rows_used, self.rows_used + len(new)
+                                                 - len(reused))])
+        self.rows_used += len(new) - len(reused)
+        if len(self.slot_of) < self.rows_used:
+            self.slot_of = _extended(self.slot_of, max(self.rows_used,
+                                                       len(self.slot_of) * 5 // 4))
+        self.row[new], self.slot_of[rows] = rows, new
+        self.fit_capacity()
+
+    def _number_rows(self, owned: np.ndarray | None) -> None:
+        """Rows 0, 1, ... for the ``owned`` slots, in order (None: no ghosts, no rows)."""
+        if owned is None:
+            self.row = self.slot_of = self.free = None
+            self.rows_used = 0
+            return
+        self.row = np.full(len(self.graph.alive), _NO_ROW, np.int64)
+        self.row[owned] = np.arange(len(owned))
+        self.slot_of = owned.astype(np.int64)  # per row, its slot (`_NO_ROW`: free)
+        self.free = self.slot_of[:0]  # the rows below ``rows_used`` no vertex holds, sorted
+        self.rows_used = len(owned)
+
+    def _numbered(self, row: np.ndarray | None) -> None:
+        """The rows of a checkpoint's slots ``row`` taken over (None: no ghosts)."""
+        self.row = row
+        self.slot_of = self.free = None
+        self.rows_used = 0
+        if row is None:
+            return
+        held = np.flatnonzero(row != _NO_ROW)
+        self.rows_used = int(row[held].max()) + 1 if len(held) else 0
+        self.slot_of = np.full(self.rows_used, _NO_ROW, np.int64)
+        self.slot_of[row[held]] = held
+        self.free = np.flatnonzero(self.slot_of == _NO_ROW)
+
+    def _drop_ghost_rows(self) -> None:
+        """Each table by row cut to the rows of the owned slots, from a row per slot."""
+        keep = self.slot_of[:self.rows_used]
+        for name in _PER_LAYER:
+            tables = getattr(self, name)
+            for i, t in enumerate(tables):
+                if t is not None and self.by_row(name, i if name == "h" else i + 1):
+                    tables[i] = t.index_select(0, torch.from_numpy(keep).to(t.device))
+
+    def by_row(self, name: str, layer: int) -> bool:
+        """Whether table ``name`` (`_PER_LAYER`) of layer ``layer`` has rows for owned
+        vertices alone, by row: with ghosts, the last layer's h, and a layer's states,
+        rounding bounds, ties and root terms unless the states are a z ghosts' out-edges
+        read (a layer's but the last's)."""
+        if self.ghost is None or name == "t":
+            return False
+        if name == "h":
+            return layer == len(self.layers)
+        return not (self.z[layer - 1] and layer < len(self.layers))
+
+    def _length(self, name: str, layer: int) -> int:
+        """The rows table ``name`` of layer ``layer`` needs now."""
+        return self.rows_used if self.by_row(name, layer) else self.graph.num_slots
+
+    def rows_at(self, layer: int, slots: np.ndarray) -> np.ndarray:
+        """Where the owned ``slots`` are in layer ``layer``'s states (and its rounding
+        bounds, ties and root terms): their rows where those tables are by row, else the
+        slots themselves."""
+        return self.own_rows(slots) if self.by_row("state", layer) else slots
+
+    def added_rows(self, layer: int, added: np.ndarray) -> np.ndarray:
+        """Where layer ``layer``'s states (`rows_at`) have rows of the slots a batch
+        ``added``: all of them by slot, the owned ones' by row."""
+        if not self.by_row("state", layer):
+            return added
+        return self.row[added[self.owned[added]]]
+
+    def slots_at(self, layer: int, rows: np.ndarray) -> np.ndarray:
+        """The slots at ``rows`` of layer ``layer``'s states (`rows_at`'s inverse)."""
+        return self.slot_of[rows] if self.by_row("state", layer) else rows
+
+    def h_at(self, layer: int, slots: np.ndarray) -> np.ndarray:
+        """Where the owned ``slots`` are in h^layer as stored (`own_rows` at the last)."""
+        return self.own_rows(slots) if self.by_row("h", layer) else slots
+
+    def own_rows(self, slots: np.ndarray) -> np.ndarray:
+        """The rows of the owned ``slots`` (in the labels, the last layer's h and the
+        states by row): the slots themselves without ghosts."""
+        return slots if self.row is None else self.row[slots]
 
     @property
     def owned(self) -> np.ndarray:
@@ -251,10 +381,12 @@ class Tables:
         return [self.graph.x[slots]] if layer == 0 else []
 
     def h_rows_at(self, layer: int, slots: np.ndarray) -> Tensor:
-        """h^layer of the host ``slots`` (`h_rows`), in one copy: their features' rows
-        at layer 0, the slots as an index above."""
+        """h^layer of the host ``slots`` (`h_rows`; owned ones at the last layer, read at
+        their rows), in one copy: their features' rows at layer 0, an index above."""
         if layer == 0:
             return self.as_rows(self.graph.x[slots])
+        if layer == len(self.layers):  # (z there is by row too)
+            slots = self.own_rows(slots)
         return self.h_rows(layer, self.index(slots))
 
     def index(self, slots: np.ndarray) -> Tensor:
@@ -316,6 +448,13 @@ def _fresh_drift(layer: Layer, state: Tensor | None) -> Tensor | None:
 def _no_rows(width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, np.ndarray]:
     rows = torch.empty((0, width), dtype=dtype, device=device)
     return rows, rows.cpu().numpy()
+
+
+def _extended(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` with ``size`` entries, the new ones `_NO_ROW`."""
+    out = np.full(size, _NO_ROW, a.dtype)
+    out[:len(a)] = a
+    return out
 
 
 def _grown(t: Tensor, size: int) -> Tensor:
