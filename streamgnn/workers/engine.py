@@ -237,7 +237,8 @@ class Engine:
                        DynamicGraph.from_arrays(under(head, "graph/")), device)
         if directory:
             engine.directory = engine.index = Directory.from_arrays(directory)
-            engine._released = _NONE_RELEASED
+            engine._released = (tuple(head["released"]) if "released" in head
+                                else _NONE_RELEASED)  # (written before it was kept)
             engine._num_edges = int(head["edges"])
         if engine.directory is None:  # one partition: the shard works on this graph
             engine._workers = LocalWorkers([Shard.from_arrays(
@@ -258,11 +259,12 @@ class Engine:
 
     def _head(self) -> dict[str, np.ndarray]:
         """The arrays of a `snapshot` beside the shards' state: the graph (one partition)
-        or the directory and the edge count."""
+        or the directory, the edge count and the ghosts the partitions let go of that
+        their owners are still to be told of (with the next batch)."""
         if self.directory is None:
             return prefixed("graph/", self.graph.to_arrays())
         return {**prefixed("directory/", self.directory.to_arrays()),
-                "edges": np.array(self._num_edges)}
+                "edges": np.array(self._num_edges), "released": np.stack(self._released)}
 
     # ---------------------------------------------------------------- reads
     @property
