@@ -47,15 +47,17 @@ from streamgnn.updates import (
 )
 
 EVERY = -1  # the target of a vertex deletion: every partition
+FREE = -2  # the owner of a slot no vertex has (-1: a vertex the batch adds, to be placed)
 STRATEGIES = ("metis", "hash", "stream")  # placements (a checkpoint stores the index)
 
 
 @njit(cache=True)
-def decide_kernel(enc, ids, owner, alive, free, counts, limits, skip, status, us, vs):
+def decide_kernel(enc, ids, owner, free, counts, limits, skip, status, us, vs):
     """Decide updates in order. ``enc`` = the `UpdateBatch` columns; ``ids`` the IdMap
     table; ``owner`` per directory slot (-1: to be placed); ``counts`` = [free top,
     slots used]. Writes ``status`` per update (OK: passed on) and the directory slots
-    ``us``/``vs`` of its endpoints. Slots a batch deletes are not reused within it.
+    ``us``/``vs`` of its endpoints. Slots a batch deletes keep their owners until
+    `Directory.commit` and are not reused within it.
     Returns the number of updates decided: all of them, or (without ``skip``) up to and
     including the first rejected one."""
     op, a, b, w, xrow, xnew = enc
@@ -80,7 +82,6 @@ def decide_kernel(enc, ids, owner, alive, free, counts, limits, skip, status, us
                 status[i] = UNKNOWN_A
             else:
                 del1(ids, a[i])
-                alive[u] = False
         else:
             r = xrow[i]
             u = get1(ids, a[i])
@@ -95,7 +96,6 @@ def decide_kernel(enc, ids, owner, alive, free, counts, limits, skip, status, us
                 else:
                     u = take_slot(free, counts, 1)
                     put1(ids, a[i], u)
-                    alive[u] = True
                     owner[u] = -1
                     us[i] = u
             elif u < 0:
@@ -134,9 +134,25 @@ class Decided:
         return self._enc.src[:n][deleted][before]
 
 
+class _Alive:
+    """A directory's live flags as its owners give them (`FREE`: none), indexed as an
+    array is: no byte a slot of their own."""
+
+    def __init__(self, directory: Directory) -> None:
+        self._directory = directory
+
+    def __len__(self) -> int:
+        return len(self._directory.owner)
+
+    def __getitem__(self, at: int | slice | np.ndarray) -> np.ndarray:
+        return self._directory.owner[at] != FREE
+
+
 class Directory(Slotted):
     """Which vertex ids exist and the partition owning each (``owner`` by directory
-    slot), with the partitions' loads; new vertices are placed by ``place``."""
+    slot, `FREE` where none), with the partitions' loads; new vertices are placed by
+    ``place``. A vertex takes its id (8 bytes), its owner (1) and 5.7-6.7 bytes of id map
+    cells."""
 
     def __init__(self, ids: np.ndarray, owner: np.ndarray, num_partitions: int,
                  num_features: int, limits: ValueLimits | None = None,
@@ -148,10 +164,9 @@ class Directory(Slotted):
         self.limits = limits or ValueLimits()
         self._ids = IdMap(capacity)
         self._ids.insert(np.asarray(ids, np.int64), np.arange(n, dtype=np.int32))
-        self.owner = np.full(capacity, -1, np.int8)  # partitions number 64 at most
+        self.owner = np.full(capacity, FREE, np.int8)  # partitions number 64 at most
         self.owner[:n] = owner
-        self.alive = np.zeros(capacity, bool)
-        self.alive[:n] = True
+        self.alive = _Alive(self)
         self._free = np.zeros(16, np.int32)  # a stack of slots to reuse (grows with it)
         self._counts = np.array([0, n], np.int64)  # free top, slots used
         self.load = np.bincount(owner, minlength=num_partitions).astype(np.int64)
@@ -179,7 +194,7 @@ class Directory(Slotted):
         slots = np.flatnonzero(alive).astype(np.int32)
         d._ids.grow_slots(len(d.owner))
         d._ids.insert(arrays["ids"][alive], slots)
-        d.owner[:n], d.alive[:n] = arrays["owner"], alive
+        d.owner[:n] = np.where(alive, arrays["owner"], FREE)
         free = arrays["free"]
         d._free = np.concatenate([free, np.zeros(16, np.int32)]).astype(np.int32)
         d._counts[:] = (len(free), n)
@@ -189,8 +204,8 @@ class Directory(Slotted):
 
     @property
     def nbytes(self) -> int:
-        return (self._ids.nbytes + self.owner.nbytes + self.alive.nbytes
-                + self._free.nbytes + (0 if self.high is None else self.high.nbytes))
+        return (self._ids.nbytes + self.owner.nbytes + self._free.nbytes
+                + (0 if self.high is None else self.high.nbytes))
 
     @property
     def num_slots(self) -> int:
@@ -216,7 +231,7 @@ class Directory(Slotted):
         counts = self._counts.copy()
         limits = np.array([self.limits.features, self.limits.weights], np.float64)
         done = decide_kernel((enc.op, enc.src, enc.dst, enc.w, enc.xrow, enc.x),
-                             self._ids.table, self.owner, self.alive, self._free,
+                             self._ids.table, self.owner, self._free,
                              self._counts, limits, skip_invalid, status, us, vs)
         bad = np.flatnonzero(status[:done] != OK)
         passed = np.flatnonzero(status[:done] == OK)
@@ -233,11 +248,12 @@ class Directory(Slotted):
                                   self.limits) for i in bad], enc, done, status, us, counts)
 
     def commit(self, decided: Decided) -> None:
-        """The batch stands: the slots it deleted become reusable."""
+        """The batch stands: the slots it deleted become free, to be reused."""
         d = decided
         gone = d._us[:d._decided][(d._enc.op[:d._decided] == DELETE_VERTEX)
                                   & (d._status[:d._decided] == OK)]
         np.subtract.at(self.load, self.owner[gone], 1)
+        self.owner[gone] = FREE
         if len(gone) and self.high is not None:
             self.high = np.setdiff1d(self.high, gone)
         top = int(self._counts[0])
@@ -256,11 +272,10 @@ class Directory(Slotted):
         for i in reversed(changed.tolist()):
             if enc.op[i] == ADD_VERTEX:
                 self._ids.delete(enc.src[i:i + 1])
-                self.alive[d._us[i]] = False
                 self.load[self.owner[d._us[i]]] -= 1
+                self.owner[d._us[i]] = FREE
             else:
                 self._ids.insert(enc.src[i:i + 1], d._us[i:i + 1].astype(np.int32))
-                self.alive[d._us[i]] = True
         self._counts[:] = d._counts
 
     @property
@@ -274,7 +289,7 @@ class Directory(Slotted):
         """The high in-degree set: these ids (the partitions name them:
         `Workers.high_in_degree`)."""
         slots = self._ids.get(ids)
-        self.high = np.sort(slots[slots >= 0]).astype(np.int64)
+        self.high = np.sort(slots[slots >= 0])
 
     def place(self, slots: np.ndarray, toward: np.ndarray | None = None) -> None:
         """Owners for the vertices the batch added (directory ``slots``, in batch order):
@@ -316,8 +331,6 @@ class Directory(Slotted):
         if need > len(self.owner):
             size = max(need, len(self.owner) * 5 // 4)
             self._ids.grow_slots(size)
-            for name, fill in (("owner", -1), ("alive", False)):
-                old = getattr(self, name)
-                new = np.full(size, fill, old.dtype)
-                new[:len(old)] = old
-                setattr(self, name, new)
+            owner = np.full(size, FREE, np.int8)
+            owner[:len(self.owner)] = self.owner
+            self.owner = owner
