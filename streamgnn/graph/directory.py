@@ -49,6 +49,8 @@ from streamgnn.updates import (
 EVERY = -1  # the target of a vertex deletion: every partition
 FREE = -2  # the owner of a slot no vertex has (-1: a vertex the batch adds, to be placed)
 STRATEGIES = ("metis", "hash", "stream")  # placements (a checkpoint stores the index)
+HIGH_FACTOR = 2.0  # the high in-degree set: more in-edges than this times the mean
+HIGH_EVERY = 500_000  # updates between the set's refreshes (RIPPLE++'s; 0: never)
 
 
 @njit(cache=True)
@@ -156,7 +158,9 @@ class Directory(Slotted):
 
     def __init__(self, ids: np.ndarray, owner: np.ndarray, num_partitions: int,
                  num_features: int, limits: ValueLimits | None = None,
-                 strategy: str = "metis") -> None:
+                 strategy: str = "metis", high_every: int | None = None) -> None:
+        """``high_every``: updates between refreshes of the high in-degree set (default
+        `HIGH_EVERY`)."""
         n = len(ids)
         capacity = max(n, 16)
         self.num_partitions, self.num_features = num_partitions, num_features
@@ -171,6 +175,13 @@ class Directory(Slotted):
         self._counts = np.array([0, n], np.int64)  # free top, slots used
         self.load = np.bincount(owner, minlength=num_partitions).astype(np.int64)
         self.high: np.ndarray | None = None  # high in-degree slots, ascending (None: unnamed)
+        self.high_every = HIGH_EVERY if high_every is None else high_every
+        # batches and updates committed, the updates when the set was last asked for,
+        # and the set asked for (ids; None until the partitions answer) with the batch it
+        # places from (None: none asked)
+        self._batches = self._updates = self._asked_at = 0
+        self._asked: np.ndarray | None = None
+        self._asked_from: int | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         n = int(self._counts[1])
@@ -179,7 +190,11 @@ class Directory(Slotted):
                 "meta": np.array([self.num_partitions, self.num_features,
                                   STRATEGIES.index(self.strategy)]),
                 "limits": np.array([self.limits.features, self.limits.weights]),
-                **({} if self.high is None else {"high": self.ext[self.high]})}
+                "refresh": np.array([self.high_every, self._batches, self._updates,
+                                     self._asked_at, -1 if self._asked_from is None
+                                     else self._asked_from]),
+                **({} if self.high is None else {"high": self.ext[self.high]}),
+                **({} if self._asked is None else {"asked": self._asked})}
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Directory:
@@ -200,6 +215,11 @@ class Directory(Slotted):
         d._counts[:] = (len(free), n)
         if "high" in arrays:  # (a directory written before it named one names it anew)
             d.mark_high(arrays["high"])
+        if "refresh" in arrays:
+            d.high_every, d._batches, d._updates, d._asked_at, asked_from = (
+                int(v) for v in arrays["refresh"])
+            d._asked_from = None if asked_from < 0 else asked_from
+            d._asked = arrays.get("asked")
         return d
 
     @property
@@ -256,6 +276,8 @@ class Directory(Slotted):
         self.owner[gone] = FREE
         if len(gone) and self.high is not None:
             self.high = np.setdiff1d(self.high, gone)
+        self._batches += 1
+        self._updates += len(d._enc)
         top = int(self._counts[0])
         if top + len(gone) > len(self._free):
             self._free = np.concatenate([self._free[:top], gone, np.zeros(
@@ -281,9 +303,38 @@ class Directory(Slotted):
     @property
     def high_due(self) -> bool:
         """Whether the high in-degree set is still to be named (`mark_high`), for a
-        strategy that places by locality. It is named once, before the first batch, and
-        kept in checkpoints, so a replay places every vertex as the first run did."""
+        strategy that places by locality: before the first batch. Checkpoints keep it."""
         return self.strategy != "hash" and self.high is None
+
+    def asking(self) -> bool:
+        """After a batch committed: whether to ask the partitions for the high in-degree
+        set now, as that batch left them (RIPPLE++'s refresh: at the first batch boundary
+        ``high_every`` updates after the last time; 0: never). The set asked for after
+        batch i places from batch i + 2 (`answered` takes it, `use_asked` puts it in
+        place): batch i is collected by then, whatever was in flight (two batches at
+        most), so every run of the same batches, a replay from a checkpoint included,
+        places every vertex alike. Checkpoints keep the schedule and a set asked for and
+        not yet in place."""
+        if (self.high is None or self.high_every <= 0 or self._asked_from is not None
+                or self._updates - self._asked_at < self.high_every):
+            return False
+        self._asked_at = self._updates
+        self._asked_from = self._batches + 1  # the batch after next (batches count from 0)
+        return True
+
+    def answered(self, ids: np.ndarray) -> None:
+        """The partitions' answer to the last `asking` (the ids of the set)."""
+        self._asked = ids
+
+    def use_asked(self) -> None:
+        """Before a batch: the set asked for after the batch before the last, from now on."""
+        if self._asked_from != self._batches:
+            return
+        if self._asked is None:
+            raise RuntimeError("the high in-degree set asked for two batches ago has no "
+                               "answer: the batch it was asked after was not collected")
+        self.mark_high(self._asked)
+        self._asked = self._asked_from = None
 
     def mark_high(self, ids: np.ndarray) -> None:
         """The high in-degree set: these ids (the partitions name them:
