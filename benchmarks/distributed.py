@@ -2,6 +2,8 @@
 the engine split into P partitions, each against its baseline in the same run.
 
     python benchmarks/distributed.py [--preset arxiv-like] [--parts communication ...]
+    python benchmarks/distributed.py --parts placement --updates 200000 --batch 1000 \
+        --high-every 50000
 
 - communication: bytes exchanged per batch by the engine (ghost rows of the sources that
   changed, sent once per holding partition before each superstep but the first, and the
@@ -11,7 +13,9 @@ the engine split into P partitions, each against its baseline in the same run.
   batches: the engine with messages combined at the sender plus remote rows fetched for
   its pulls. GraphConv-sum and SAGE-max, 2 layers; P = 2, 4, 8; bs = 10, 100, 1000.
 - placement: METIS vs hash initial owners (edge cut, halo, bytes, updates/s), and RIPPLE++
-  Alg. 1 vs hash for new vertices (cut edges the stream creates per 10K updates).
+  Alg. 1 vs hash for new vertices (cut edges the stream creates per 10K updates), METIS
+  with the high in-degree set named once and refreshed every ``--high-every`` updates;
+  ``--updates`` and ``--batch`` set the stream's length (10,000) and batch size (100).
 - ghosts: the bytes a shard keeps per ghost in each of its tables after bootstrap
   (GraphConv-sum, GAT and GraphConv-max, 2 layers, P = 4), beside the ghost's features,
   and the state in all (tables, graphs, directory) against one partition's.
@@ -36,6 +40,7 @@ from rich.table import Table
 
 import streamgnn as sg
 from streamgnn.allocator import keep_freed_memory
+from streamgnn.graph.directory import HIGH_EVERY
 from streamgnn.updates import ADD_EDGE
 from streamgnn.workers import Engine
 
@@ -144,12 +149,15 @@ def throughput(split, sizes: list[int], parts: list[int], seconds: float) -> lis
     return rows
 
 
-def placement(split, p: int, size: int, updates: int) -> list[dict]:
+def placement(split, p: int, size: int, updates: int, high_every: int) -> list[dict]:
+    """Per placement (METIS with the high in-degree set named once, then refreshed every
+    ``high_every`` updates; hash) the cut and what the stream costs."""
     snapshot, events = split
     model = model_for("graphconv-sum", snapshot)
     rows = []
-    for strategy in ("metis", "hash"):
+    for strategy, every in (("metis", 0), ("metis", high_every), ("hash", 0)):
         engine = Engine.from_pyg(model, snapshot, partitions=p, placement=strategy)
+        engine.directory.high_every = every
         cut0 = cut_edges(engine)
         halo = sum(s["halo"] for s in engine.stats())
         trace = Trace(snapshot, events, weighted=False)
@@ -162,7 +170,7 @@ def placement(split, p: int, size: int, updates: int) -> list[dict]:
             sent.append(exchanged_bytes(engine))
             created += cut_adds(engine, batch)
         edges = len(engine.edges()[0])
-        rows.append({"placement": strategy, "partitions": p,
+        rows.append({"placement": strategy, "partitions": p, "high_every": every,
                      "edge_cut": cut0 / len(snapshot.src), "halo": halo,
                      "bytes_per_batch": float(np.mean(sent)), "updates_per_s": updates / seconds,
                      "cut_edges_created_per_10k": created / updates * 1e4,
@@ -170,11 +178,13 @@ def placement(split, p: int, size: int, updates: int) -> list[dict]:
         console.print(rows[-1])
     table = Table(title=f"Placement, P={p}, GraphConv-sum 2 layers, bs={size}, {updates:,} "
                         "LinkBench updates")
-    for col in ("placement", "edge cut", "halo vertices", "bytes/batch", "updates/s",
-                "cut edges created / 10K updates"):
+    for col in ("placement", "high set refreshed", "edge cut", "halo vertices", "bytes/batch",
+                "updates/s", "cut edges created / 10K updates"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["placement"], f"{r['edge_cut']:.1%}", f"{r['halo']:,}",
+        refreshed = (f"every {r['high_every']:,}" if r["high_every"] else
+                     "never" if r["placement"] != "hash" else "-")
+        table.add_row(r["placement"], refreshed, f"{r['edge_cut']:.1%}", f"{r['halo']:,}",
                       _kb(r["bytes_per_batch"]), f"{r['updates_per_s']:,.0f}",
                       f"{r['cut_edges_created_per_10k']:,.0f}")
     console.print(table)
@@ -252,6 +262,10 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["communication", "placement",
                                                        "throughput"])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--updates", type=int, default=10_000, help="placement's stream")
+    parser.add_argument("--batch", type=int, default=100, help="placement's batch size")
+    parser.add_argument("--high-every", type=int, default=HIGH_EVERY,
+                        help="placement: updates between refreshes of the high in-degree set")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/distributed.json"))
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -261,7 +275,7 @@ def main() -> None:
     if "communication" in args.parts:
         out["communication"] = communication(split, [10, 100, 1000], [2, 4, 8])
     if "placement" in args.parts:
-        out["placement"] = placement(split, 4, 100, 10_000)
+        out["placement"] = placement(split, 4, args.batch, args.updates, args.high_every)
     if "ghosts" in args.parts:
         out["ghosts"] = ghost_bytes(split, 4)
     if "throughput" in args.parts:

@@ -65,8 +65,9 @@ class Idle:
         self._ids, self._in_degree = graph.ext[:n][graph.alive[:n]], graph.in_degree[:n][
             graph.alive[:n]]
 
-    def high_in_degree(self, threshold: float) -> np.ndarray:
-        return self._ids[self._in_degree > threshold]
+    def high_in_degree(self, factor: float) -> Callable[[], np.ndarray]:
+        high = self._ids[self._in_degree > factor * self._in_degree.mean()]
+        return lambda: high
 
     def bootstrap(self, cut, recompute: bool) -> None:
         pass

@@ -5,7 +5,9 @@ process, one batch at a time. The JSON file named by argv[1] gets how many batch
 started before the one before was finished (`Stats.started_early`) and whether the label
 changes (every message; event times are the production times), the dead letters (as a
 set: the arrivals gate gives up on waiting updates in the order their deadlines pass) and
-every layer's embeddings were the same."""
+every layer's embeddings were the same, and whether every vertex had the same owner (the
+high in-degree set refreshed every 200 updates: asked of the workers behind the batches
+in flight)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from mpi4py import MPI
 
 import streamgnn as sg
+from streamgnn.graph import directory
 from streamgnn.router import Service, ServiceConfig
 from streamgnn.stream import encode
 from streamgnn.stream.memory import MemoryBroker, MemoryTransport
@@ -41,6 +44,7 @@ def served(snapshot, updates, checkpoint, workers=None) -> tuple[dict, Engine, i
 
 def main() -> None:
     torch.set_num_threads(1)
+    directory.HIGH_EVERY = 200
     _, snapshot, held_out, checkpoint = tiny_setup()
     updates = linkbench_stream(snapshot, held_out, 30)
     updates[::97] = [sg.AddEdge(src=10**9 + i, dst=0) for i in range(len(updates[::97]))]
@@ -51,6 +55,8 @@ def main() -> None:
         ids = twin.vertex_ids()
         return {"early": early, "early_alone": early_alone, "letters": len(ranks["letters"]),
                 "same_outputs": ranks == alone,
+                "same_owners": bool(np.array_equal(engine.partition_of(ids),
+                                                   twin.partition_of(ids))),
                 "rows": max(float(np.abs(engine.lookup(ids, layer)
                                          - twin.lookup(ids, layer)).max())
                             for layer in range(engine.num_layers + 1))}

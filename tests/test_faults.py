@@ -25,6 +25,7 @@ from streamgnn.updates import UpdateBatch
 from streamgnn.workers import Engine
 from streamgnn.workers.local import LocalWorkers
 from tests.conftest import pyg_layers
+from tests.test_partitions import growing_stream
 
 TOPICS = Topics()
 
@@ -623,3 +624,61 @@ def test_a_failed_background_checkpoint_is_counted_and_a_restart_replays_past_it
     service.run(idle_exit_s=0.5)
     assert_whole(service.engine, data, model)
     assert_repeats_identical(broker)
+
+
+def test_a_replay_from_a_checkpoint_between_refreshes_places_every_vertex_alike(
+        tmp_path, monkeypatch):
+    """The high in-degree set refreshed every 40 updates (RIPPLE++ places a new vertex with
+    the owner of the high in-degree vertex its first edge goes into): killed 20 batches
+    after a checkpoint taken while a set asked for was not yet in place, the service
+    replays those batches one at a time and gives every vertex the owner it had with two
+    batches in flight."""
+    from streamgnn.graph import directory as directory_module
+
+    monkeypatch.setattr(directory_module, "HIGH_EVERY", 40)
+    data, model = setup()
+    broker = MemoryBroker()
+    for batch in growing_stream(0, data, 30):  # new vertices into a rising high set
+        for u in batch:
+            broker.produce(TOPICS.updates, encode(u))
+    config = ServiceConfig(batch_size=10, checkpoint_batches=10**6, checkpoint_s=1e6,
+                           topics=TOPICS)
+    open_service = opener(broker, data, model, config, tmp_path, partitions=2)
+
+    class Crash(BaseException):
+        pass
+
+    taken: dict = {}
+
+    def owners(service: Service) -> dict[int, int]:
+        ids = service.engine.vertex_ids()
+        return dict(zip(ids.tolist(), service.engine.partition_of(ids).tolist()))
+
+    def dying(report) -> None:
+        directory = first.engine.directory
+        if not taken and directory._asked is not None:
+            first.checkpoint()  # between the set's asking and its use (the batch in
+            taken.update(seq=first.batch_seq, high=directory.ext[directory.high])  # flight
+        elif taken and report.seq == taken["seq"] + 20:  # done too)
+            taken.update(owners=owners(first), high_then=directory.ext[directory.high])
+            raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalWorkers, "max_in_flight", 2)
+        first = open_service()
+        with pytest.raises(Crash):
+            first.run(idle_exit_s=0.5, on_batch=dying)
+        first.close()
+    assert not np.array_equal(taken["high"], taken["high_then"])  # refreshed meanwhile
+    service = open_service()
+    assert service.batch_seq == taken["seq"] and service.engine.directory._asked is not None
+
+    def replayed(report) -> None:
+        if report.seq == taken["seq"] + 20:  # (the first run had the next batch in flight)
+            got = owners(service)
+            assert len(got) > len(data.ids) + 50
+            assert got == {v: taken["owners"][v] for v in got}
+            raise Crash
+
+    with pytest.raises(Crash):
+        service.run(idle_exit_s=0.5, on_batch=replayed)

@@ -45,14 +45,14 @@ def test_mpi_workers_and_their_queries_match_pyg_and_one_process_bit_for_bit(tmp
 def test_a_service_with_workers_starts_batches_early_and_publishes_as_one_process(tmp_path):
     """A service on rank 0 with two worker ranks drains a backlog, starting each full batch
     before the one in flight is finished (counted: `Stats.started_early`, never in one
-    process); its label changes, dead letters and embeddings equal the same backlog
-    served in one process."""
+    process); its label changes, dead letters, embeddings and owners (the high in-degree
+    set refreshed as it goes) equal the same backlog served in one process."""
     out = tmp_path / "result.json"
     run = mpiexec(3, "-m", "tests.mpi_service", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["early"] > 0 and r["early_alone"] == 0 and r["letters"] > 0
-    assert r["same_outputs"] and r["rows"] == 0.0
+    assert r["same_outputs"] and r["same_owners"] and r["rows"] == 0.0
 
 
 def test_a_failing_worker_stops_the_job_and_names_its_rank(tmp_path):

@@ -353,3 +353,72 @@ def test_neighbors_asked_of_the_owners_are_the_whole_graphs(partitions):
         assert edges(got.ins) == edges(want.ins) and edges(got.outs) == edges(want.outs)
     with pytest.raises(sg.UnknownVertexError):
         engine_neighbors(split, 7, 10**9)
+
+
+def growing_stream(seed: int, data: sg.GraphData, batches: int) -> list[list]:
+    """Batches that add vertices, each with its first edge into a few vertices that
+    edges from old ones keep raising into the high in-degree set, or into any vertex."""
+    rng = np.random.default_rng(seed)
+    old = data.ids.tolist()
+    rising = old[:4]
+    edges = set(zip(data.src.tolist(), data.dst.tolist()))
+    out, new = [], 10**6
+    for _ in range(batches):
+        batch = []
+        for _ in range(8):
+            batch.append(sg.AddVertex(id=new, x=rng.standard_normal(
+                data.num_features).tolist()))
+            into = rising if rng.random() < 0.6 else old
+            batch.append(sg.AddEdge(src=new, dst=int(into[rng.integers(len(into))])))
+            new += 1
+        for _ in range(20):
+            pair = (int(old[rng.integers(len(old))]), int(rising[rng.integers(4)]))
+            if pair[0] != pair[1] and pair not in edges:
+                edges.add(pair)
+                batch.append(sg.AddEdge(src=pair[0], dst=pair[1]))
+        out.append(batch)
+    return out
+
+
+def test_a_refreshed_high_set_places_alike_in_flight_or_not_and_from_a_checkpoint(
+        monkeypatch):
+    """RIPPLE++'s refresh of the high in-degree set (every ``high_every`` updates): the
+    set asked for after batch i places from batch i + 2, so new vertices get the same
+    owners with each batch collected before the next, with two in flight, and from a
+    checkpoint taken between a set's asking and its use."""
+    from streamgnn.graph import directory as directory_module
+    from streamgnn.workers.local import LocalWorkers
+
+    monkeypatch.setattr(directory_module, "HIGH_EVERY", 70)
+    data = random_graph(np.random.default_rng(3), n=120, m=300, d=F_IN, hubs=3)
+    model = randomise(ARCHS["graphconv-add"](2), 3).double()
+    stream = growing_stream(3, data, 12)
+    ids = np.arange(10**6, 10**6 + 8 * len(stream))
+
+    def in_flight(engine: Engine, batches: list[list]) -> np.ndarray:
+        """``batches`` each submitted before the one before is collected; the owners."""
+        with monkeypatch.context() as patch:
+            patch.setattr(LocalWorkers, "max_in_flight", 2)
+            for i, batch in enumerate(batches):
+                engine.submit(batch)
+                if i:
+                    engine.collect()
+            engine.collect()
+        return engine.partition_of(ids)
+
+    engine = Engine.from_pyg(model, data, partitions=3)
+    pending, sets = None, []
+    for i, batch in enumerate(stream):
+        engine.apply(batch)
+        sets.append(engine.directory.ext[engine.directory.high].tolist())
+        if pending is None and engine.directory._asked is not None:
+            pending = i + 1  # asked, not yet in place: a checkpoint (a copy) now
+            snapshot = {k: a.copy() for k, a in engine.snapshot().items()}
+    owners = engine.partition_of(ids)
+    assert pending is not None and len({tuple(s) for s in sets}) > 1  # refreshed: changed
+    assert np.array_equal(in_flight(Engine.from_pyg(model, data, partitions=3), stream),
+                          owners)
+    restored = Engine.restore(model, snapshot)
+    assert restored.directory._asked is not None
+    assert np.array_equal(in_flight(restored, stream[pending:]), owners)
+    assert_exact(restored, model, torch.float64, 1e-9)

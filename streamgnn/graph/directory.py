@@ -47,15 +47,19 @@ from streamgnn.updates import (
 )
 
 EVERY = -1  # the target of a vertex deletion: every partition
+FREE = -2  # the owner of a slot no vertex has (-1: a vertex the batch adds, to be placed)
 STRATEGIES = ("metis", "hash", "stream")  # placements (a checkpoint stores the index)
+HIGH_FACTOR = 2.0  # the high in-degree set: more in-edges than this times the mean
+HIGH_EVERY = 500_000  # updates between the set's refreshes (RIPPLE++'s; 0: never)
 
 
 @njit(cache=True)
-def decide_kernel(enc, ids, owner, alive, free, counts, limits, skip, status, us, vs):
+def decide_kernel(enc, ids, owner, free, counts, limits, skip, status, us, vs):
     """Decide updates in order. ``enc`` = the `UpdateBatch` columns; ``ids`` the IdMap
     table; ``owner`` per directory slot (-1: to be placed); ``counts`` = [free top,
     slots used]. Writes ``status`` per update (OK: passed on) and the directory slots
-    ``us``/``vs`` of its endpoints. Slots a batch deletes are not reused within it.
+    ``us``/``vs`` of its endpoints. Slots a batch deletes keep their owners until
+    `Directory.commit` and are not reused within it.
     Returns the number of updates decided: all of them, or (without ``skip``) up to and
     including the first rejected one."""
     op, a, b, w, xrow, xnew = enc
@@ -80,7 +84,6 @@ def decide_kernel(enc, ids, owner, alive, free, counts, limits, skip, status, us
                 status[i] = UNKNOWN_A
             else:
                 del1(ids, a[i])
-                alive[u] = False
         else:
             r = xrow[i]
             u = get1(ids, a[i])
@@ -95,7 +98,6 @@ def decide_kernel(enc, ids, owner, alive, free, counts, limits, skip, status, us
                 else:
                     u = take_slot(free, counts, 1)
                     put1(ids, a[i], u)
-                    alive[u] = True
                     owner[u] = -1
                     us[i] = u
             elif u < 0:
@@ -134,13 +136,31 @@ class Decided:
         return self._enc.src[:n][deleted][before]
 
 
+class _Alive:
+    """A directory's live flags as its owners give them (`FREE`: none), indexed as an
+    array is: no byte a slot of their own."""
+
+    def __init__(self, directory: Directory) -> None:
+        self._directory = directory
+
+    def __len__(self) -> int:
+        return len(self._directory.owner)
+
+    def __getitem__(self, at: int | slice | np.ndarray) -> np.ndarray:
+        return self._directory.owner[at] != FREE
+
+
 class Directory(Slotted):
     """Which vertex ids exist and the partition owning each (``owner`` by directory
-    slot), with the partitions' loads; new vertices are placed by ``place``."""
+    slot, `FREE` where none), with the partitions' loads; new vertices are placed by
+    ``place``. A vertex takes its id (8 bytes), its owner (1) and 5.7-6.7 bytes of id map
+    cells."""
 
     def __init__(self, ids: np.ndarray, owner: np.ndarray, num_partitions: int,
                  num_features: int, limits: ValueLimits | None = None,
-                 strategy: str = "metis") -> None:
+                 strategy: str = "metis", high_every: int | None = None) -> None:
+        """``high_every``: updates between refreshes of the high in-degree set (default
+        `HIGH_EVERY`)."""
         n = len(ids)
         capacity = max(n, 16)
         self.num_partitions, self.num_features = num_partitions, num_features
@@ -148,14 +168,20 @@ class Directory(Slotted):
         self.limits = limits or ValueLimits()
         self._ids = IdMap(capacity)
         self._ids.insert(np.asarray(ids, np.int64), np.arange(n, dtype=np.int32))
-        self.owner = np.full(capacity, -1, np.int8)  # partitions number 64 at most
+        self.owner = np.full(capacity, FREE, np.int8)  # partitions number 64 at most
         self.owner[:n] = owner
-        self.alive = np.zeros(capacity, bool)
-        self.alive[:n] = True
+        self.alive = _Alive(self)
         self._free = np.zeros(16, np.int32)  # a stack of slots to reuse (grows with it)
         self._counts = np.array([0, n], np.int64)  # free top, slots used
         self.load = np.bincount(owner, minlength=num_partitions).astype(np.int64)
         self.high: np.ndarray | None = None  # high in-degree slots, ascending (None: unnamed)
+        self.high_every = HIGH_EVERY if high_every is None else high_every
+        # batches and updates committed, the updates when the set was last asked for,
+        # and the set asked for (ids; None until the partitions answer) with the batch it
+        # places from (None: none asked)
+        self._batches = self._updates = self._asked_at = 0
+        self._asked: np.ndarray | None = None
+        self._asked_from: int | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         n = int(self._counts[1])
@@ -164,7 +190,11 @@ class Directory(Slotted):
                 "meta": np.array([self.num_partitions, self.num_features,
                                   STRATEGIES.index(self.strategy)]),
                 "limits": np.array([self.limits.features, self.limits.weights]),
-                **({} if self.high is None else {"high": self.ext[self.high]})}
+                "refresh": np.array([self.high_every, self._batches, self._updates,
+                                     self._asked_at, -1 if self._asked_from is None
+                                     else self._asked_from]),
+                **({} if self.high is None else {"high": self.ext[self.high]}),
+                **({} if self._asked is None else {"asked": self._asked})}
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> Directory:
@@ -179,18 +209,23 @@ class Directory(Slotted):
         slots = np.flatnonzero(alive).astype(np.int32)
         d._ids.grow_slots(len(d.owner))
         d._ids.insert(arrays["ids"][alive], slots)
-        d.owner[:n], d.alive[:n] = arrays["owner"], alive
+        d.owner[:n] = np.where(alive, arrays["owner"], FREE)
         free = arrays["free"]
         d._free = np.concatenate([free, np.zeros(16, np.int32)]).astype(np.int32)
         d._counts[:] = (len(free), n)
         if "high" in arrays:  # (a directory written before it named one names it anew)
             d.mark_high(arrays["high"])
+        if "refresh" in arrays:
+            d.high_every, d._batches, d._updates, d._asked_at, asked_from = (
+                int(v) for v in arrays["refresh"])
+            d._asked_from = None if asked_from < 0 else asked_from
+            d._asked = arrays.get("asked")
         return d
 
     @property
     def nbytes(self) -> int:
-        return (self._ids.nbytes + self.owner.nbytes + self.alive.nbytes
-                + self._free.nbytes + (0 if self.high is None else self.high.nbytes))
+        return (self._ids.nbytes + self.owner.nbytes + self._free.nbytes
+                + (0 if self.high is None else self.high.nbytes))
 
     @property
     def num_slots(self) -> int:
@@ -216,7 +251,7 @@ class Directory(Slotted):
         counts = self._counts.copy()
         limits = np.array([self.limits.features, self.limits.weights], np.float64)
         done = decide_kernel((enc.op, enc.src, enc.dst, enc.w, enc.xrow, enc.x),
-                             self._ids.table, self.owner, self.alive, self._free,
+                             self._ids.table, self.owner, self._free,
                              self._counts, limits, skip_invalid, status, us, vs)
         bad = np.flatnonzero(status[:done] != OK)
         passed = np.flatnonzero(status[:done] == OK)
@@ -233,14 +268,17 @@ class Directory(Slotted):
                                   self.limits) for i in bad], enc, done, status, us, counts)
 
     def commit(self, decided: Decided) -> None:
-        """The batch stands: the slots it deleted become reusable."""
+        """The batch stands: the slots it deleted become free, to be reused."""
         d = decided
         gone = d._us[:d._decided][(d._enc.op[:d._decided] == DELETE_VERTEX)
                                   & (d._status[:d._decided] == OK)]
         np.subtract.at(self.load, self.owner[gone], 1)
+        self.owner[gone] = FREE
         if len(gone) and self.high is not None:
             hit = _members(gone, self.high)
             self.high = np.delete(self.high, np.searchsorted(self.high, gone[hit]))
+        self._batches += 1
+        self._updates += len(d._enc)
         top = int(self._counts[0])
         if top + len(gone) > len(self._free):
             self._free = np.concatenate([self._free[:top], gone, np.zeros(
@@ -257,25 +295,53 @@ class Directory(Slotted):
         for i in reversed(changed.tolist()):
             if enc.op[i] == ADD_VERTEX:
                 self._ids.delete(enc.src[i:i + 1])
-                self.alive[d._us[i]] = False
                 self.load[self.owner[d._us[i]]] -= 1
+                self.owner[d._us[i]] = FREE
             else:
                 self._ids.insert(enc.src[i:i + 1], d._us[i:i + 1].astype(np.int32))
-                self.alive[d._us[i]] = True
         self._counts[:] = d._counts
 
     @property
     def high_due(self) -> bool:
         """Whether the high in-degree set is still to be named (`mark_high`), for a
-        strategy that places by locality. It is named once, before the first batch, and
-        kept in checkpoints, so a replay places every vertex as the first run did."""
+        strategy that places by locality: before the first batch. Checkpoints keep it."""
         return self.strategy != "hash" and self.high is None
+
+    def asking(self) -> bool:
+        """After a batch committed: whether to ask the partitions for the high in-degree
+        set now, as that batch left them (RIPPLE++'s refresh: at the first batch boundary
+        ``high_every`` updates after the last time; 0: never). The set asked for after
+        batch i places from batch i + 2 (`answered` takes it, `use_asked` puts it in
+        place): batch i is collected by then, whatever was in flight (two batches at
+        most), so every run of the same batches, a replay from a checkpoint included,
+        places every vertex alike. Checkpoints keep the schedule and a set asked for and
+        not yet in place."""
+        if (self.high is None or self.high_every <= 0 or self._asked_from is not None
+                or self._updates - self._asked_at < self.high_every):
+            return False
+        self._asked_at = self._updates
+        self._asked_from = self._batches + 1  # the batch after next (batches count from 0)
+        return True
+
+    def answered(self, ids: np.ndarray) -> None:
+        """The partitions' answer to the last `asking` (the ids of the set)."""
+        self._asked = ids
+
+    def use_asked(self) -> None:
+        """Before a batch: the set asked for after the batch before the last, from now on."""
+        if self._asked_from != self._batches:
+            return
+        if self._asked is None:
+            raise RuntimeError("the high in-degree set asked for two batches ago has no "
+                               "answer: the batch it was asked after was not collected")
+        self.mark_high(self._asked)
+        self._asked = self._asked_from = None
 
     def mark_high(self, ids: np.ndarray) -> None:
         """The high in-degree set: these ids (the partitions name them:
         `Workers.high_in_degree`)."""
         slots = self._ids.get(ids)
-        self.high = np.sort(slots[slots >= 0]).astype(np.int64)
+        self.high = np.sort(slots[slots >= 0])
 
     def place(self, slots: np.ndarray, toward: np.ndarray | None = None) -> None:
         """Owners for the vertices the batch added (directory ``slots``, in batch order):
@@ -313,11 +379,9 @@ class Directory(Slotted):
         if need > len(self.owner):
             size = max(need, len(self.owner) * 5 // 4)
             self._ids.grow_slots(size)
-            for name, fill in (("owner", -1), ("alive", False)):
-                old = getattr(self, name)
-                new = np.full(size, fill, old.dtype)
-                new[:len(old)] = old
-                setattr(self, name, new)
+            owner = np.full(size, FREE, np.int8)
+            owner[:len(self.owner)] = self.owner
+            self.owner = owner
 
 
 @njit(cache=True)

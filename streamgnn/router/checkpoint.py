@@ -50,7 +50,7 @@ import numpy as np
 from streamgnn.errors import StreamGNNError, UserError
 from streamgnn.npz import read_arrays, sha256
 
-FORMAT = "streamgnn-state/7"
+FORMAT = "streamgnn-state/8"
 """What a generation holds, named in its manifest: another one cannot be read."""
 MANIFEST = "manifest.json"
 CORRUPT = "corrupt-"

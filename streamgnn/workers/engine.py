@@ -38,7 +38,7 @@ from streamgnn.errors import (
     UnknownVertexError,
 )
 from streamgnn.graph import DynamicGraph, GraphDiff
-from streamgnn.graph.directory import Directory
+from streamgnn.graph.directory import HIGH_FACTOR, Directory
 from streamgnn.graph.idmap import Slotted
 from streamgnn.graph.slotmap import SlotMap
 from streamgnn.models import decompose
@@ -472,9 +472,9 @@ class Engine:
             return
         enc = (batch.with_width(self.num_features) if isinstance(batch, UpdateBatch)
                else UpdateBatch.from_updates(batch, self.num_features))
-        if self.directory.high_due:  # before the first batch: RIPPLE++'s > twice the mean
-            self.directory.mark_high(self._workers.high_in_degree(
-                2 * self.num_edges / max(self.num_vertices, 1)))
+        if self.directory.high_due:  # before the first batch
+            self.directory.mark_high(workers.high_in_degree(HIGH_FACTOR)())
+        self.directory.use_asked()
         decided = self.directory.decide(enc, skip_invalid)
         routed = shares(decided, enc, self.num_partitions, self._released)
         self._released = _NONE_RELEASED
@@ -487,9 +487,11 @@ class Engine:
         self.directory.commit(decided)
         subscribed = (np.concatenate([r.subscribed for r in routed]),
                       np.concatenate([r.subscribers for r in routed]))
-        self._in_flight.append(_InFlight(workers.submit(routed), len(batch), decided.rejected,
+        results = workers.submit(routed)
+        asked = workers.high_in_degree(HIGH_FACTOR) if self.directory.asking() else None
+        self._in_flight.append(_InFlight(results, len(batch), decided.rejected,
                                          decided.removed, subscribed,
-                                         [r.positions for r in routed]))
+                                         [r.positions for r in routed], asked))
 
     def collect(self) -> ApplyResult:
         """The result of the oldest batch `submit` started and nothing collected yet,
@@ -497,12 +499,12 @@ class Engine:
         if not self._in_flight:
             raise RuntimeError("no batch in flight: collect() follows submit()")
         flight = self._in_flight.popleft()
-        results = self._collected = flight.results()
+        results = self._collected = self._results(flight)
         if bad := [r.non_finite for r in results if r.non_finite]:
             self._poisoned = (f"a batch of {flight.size} updates drove layer {min(bad)} "
                               "embeddings to NaN or inf; restore the engine from a snapshot")
             while self._in_flight:  # the workers' replies to a batch after it, let go
-                self._in_flight.popleft().results()
+                self._results(self._in_flight.popleft())
             raise NonFiniteEmbeddingError(self._poisoned)
         rejected = flight.rejected
         if self.directory is not None:
@@ -518,6 +520,14 @@ class Engine:
                                                     strict=True)]
                         for name in names})  # per layer, summed over the shards
         return ApplyResult(labels, rejected, removed=flight.removed, **counts)
+
+    def _results(self, flight: _InFlight) -> list[ApplyResult]:
+        """A batch's results, then the high in-degree set asked for after it (the workers'
+        next answer)."""
+        results = flight.results()
+        if flight.asked is not None:
+            self.directory.answered(flight.asked())
+        return results
 
     def _let_go(self, results: list[ApplyResult]) -> None:
         """Add the ghosts the partitions let go of in a batch to what the next batch tells
@@ -660,6 +670,7 @@ class _InFlight:
     removed: np.ndarray  # ids of the vertices it deleted
     subscribed: tuple[np.ndarray, np.ndarray] = _NO_PAIRS  # (ids, holders) told owners
     positions: list[np.ndarray] = field(default_factory=list)  # of each share in the batch
+    asked: Callable[[], np.ndarray] | None = None  # the high in-degree set asked for after it
 
 
 def _cutter(graph: DynamicGraph, part: np.ndarray) -> Callable[[int], dict[str, np.ndarray]]:

@@ -66,9 +66,12 @@ class Workers(Protocol):
         """Each partition's `Shard.neighbors` of the ids ``asked[p]`` of it."""
         ...
 
-    def high_in_degree(self, threshold: float) -> np.ndarray:
-        """The ids of the vertices with more in-edges than ``threshold``, from every
-        partition (`Shard.high_in_degree`)."""
+    def high_in_degree(self, factor: float) -> Callable[[], np.ndarray]:
+        """Ask every partition for the ids of its vertices with more in-edges than
+        ``factor`` times the mean over all partitions (`above_mean`), as the batches
+        submitted so far leave them; returns what gives the answer. It may be asked with
+        batches in flight: the answer then comes after the last one's results, and must
+        be taken right after them (before the next batch's)."""
         ...
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
@@ -133,8 +136,10 @@ class LocalWorkers:
         return [shard.neighbors(ids, out, edges)
                 for shard, ids in zip(self.shards, asked, strict=True)]
 
-    def high_in_degree(self, threshold: float) -> np.ndarray:
-        return np.concatenate([shard.high_in_degree(threshold) for shard in self.shards])
+    def high_in_degree(self, factor: float) -> Callable[[], np.ndarray]:
+        totals = sum(owned_and_in_edges(shard) for shard in self.shards)
+        ids = np.concatenate([above_mean(shard, factor, totals) for shard in self.shards])
+        return lambda: ids
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         out = None
@@ -159,6 +164,20 @@ class LocalWorkers:
 
     def summaries(self) -> list[dict]:
         return [shard.summary() for shard in self.shards]
+
+
+def owned_and_in_edges(shard: Shard) -> np.ndarray:
+    """[vertices, in-edges] that ``shard`` owns (it keeps every edge into its vertices):
+    summed over the partitions, what their mean in-degree is taken from."""
+    owned = np.count_nonzero(shard.tables.owned[:shard.graph.num_slots])
+    return np.array([owned, shard.graph.num_edges], np.int64)
+
+
+def above_mean(shard: Shard, factor: float, totals: np.ndarray) -> np.ndarray:
+    """The ids of the vertices ``shard`` owns with more in-edges than ``factor`` times the
+    mean (``totals``: `owned_and_in_edges` summed over the partitions): RIPPLE++'s high
+    in-degree set, its part of it."""
+    return shard.high_in_degree(factor * int(totals[1]) / max(int(totals[0]), 1))
 
 
 def lockstep(programs: list[Generator[list[np.ndarray], list[np.ndarray], T]],

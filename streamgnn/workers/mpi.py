@@ -14,8 +14,10 @@ alone), and the worker drives its shard through the supersteps on one `Routed` o
 made once (it still takes part in every exchange: its peers' ghost rows may come). A
 batch's replies are gathered when the engine collects it (`Engine.collect`), so rank 0
 reads its next batch while the workers compute; it may even send that batch before it
-gathers the replies to the one before (two commands outstanding at most), so the workers go
-from one to the next without waiting for rank 0. Commands therefore go out nonblocking
+gathers the replies to the one before (two batches outstanding at most), so the workers go
+from one to the next without waiting for rank 0; the high in-degree set asked for after a
+batch (``HIGH_IN_DEGREE``: the mean in-degree summed over the workers) goes behind it, its
+answer gathered with that batch's replies. Commands therefore go out nonblocking
 (``Iscatter``, ``Isend``: rank 0 does not wait for workers still busy with the command
 before) and replies come back on a communicator of their own. The partitions of a bootstrap
 or a load go one worker at a time instead (``Send``, array by array, each received into an
@@ -65,6 +67,7 @@ from streamgnn.updates import UpdateBatch
 from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.bootstrap_files import bootstrap_from_file
 from streamgnn.workers.labels import ChangedLabels
+from streamgnn.workers.local import above_mean, owned_and_in_edges
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.shard import Shard
 
@@ -107,6 +110,7 @@ class MpiWorkers:
         self.shards = None  # not in this process
         self._sending: list[tuple[MPI.Request, object]] = []  # requests, buffers kept alive
         self._outstanding = 0  # commands sent whose replies were not gathered yet
+        self._asked = 0  # of which HIGH_IN_DEGREE, sent behind batches in flight
 
     def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
         self._call(LOAD, (shard(p) for p in range(self.size)))
@@ -137,9 +141,17 @@ class MpiWorkers:
         return self._call(NEIGHBORS, [{"ids": ids, "flags": np.array([out, edges])}
                                       for ids in asked])
 
-    def high_in_degree(self, threshold: float) -> np.ndarray:
-        replies = self._call(HIGH_IN_DEGREE, [{"threshold": np.array(threshold)}] * self.size)
-        return np.concatenate([r["ids"] for r in replies])
+    def high_in_degree(self, factor: float) -> Callable[[], np.ndarray]:
+        """Sent now, behind the batches in flight; its answer is the next reply after
+        theirs."""
+        self._send(HIGH_IN_DEGREE, [{"factor": np.array(factor)}] * self.size)
+        self._asked += 1
+
+        def answer() -> np.ndarray:
+            replies = [from_bytes(message) for message in self._replies()]
+            self._asked -= 1
+            return np.concatenate([r["ids"] for r in replies])
+        return answer
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         replies = self._call(ROWS, [{"ids": ids[owner == p], "layer": np.array(layer)}
@@ -206,7 +218,9 @@ class MpiWorkers:
         they are done with the one before, which may still await its `_replies`."""
         if command in NEW_SHARD or command == VERIFY:  # (a recovery starts with these)
             self._let_go()
-        elif self._outstanding >= (self.max_in_flight if command == APPLY else 1):
+        elif command != HIGH_IN_DEGREE and (  # that one goes behind whatever is in flight
+                self._outstanding - self._asked >= self.max_in_flight if command == APPLY
+                else self._outstanding > 0):
             raise RuntimeError(f"{self._outstanding} commands await their replies: "
                                "gather them first")
         if command in ONE_AT_A_TIME:  # the shards, one worker at a time, built as sent
@@ -250,6 +264,7 @@ class MpiWorkers:
         stop."""
         while self._outstanding:
             self._replies()
+        self._asked = 0
 
 
 ABORT_GRACE_S = 1.0  # seconds a failing rank waits before aborting the job
@@ -392,8 +407,9 @@ def _answer(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: M
     if command == NEIGHBORS:
         out, edges = payload["flags"].tolist()
         return shard.neighbors(payload["ids"], out, edges)
-    if command == HIGH_IN_DEGREE:
-        return {"ids": shard.high_in_degree(float(payload["threshold"]))}
+    if command == HIGH_IN_DEGREE:  # the mean over every worker's partition
+        totals = peers.allreduce(owned_and_in_edges(shard))
+        return {"ids": above_mean(shard, float(payload["factor"]), totals)}
     if command == ROWS:
         ids, layer = payload["ids"], int(payload["layer"])
         return {"rows": shard.rows(shard.graph.slots(ids), layer)}
