@@ -34,6 +34,7 @@ from streamgnn.models.aggr import (
 )
 from streamgnn.models.small_product import is_small, paired_product
 from streamgnn.models.softmax_ops import attend_with_self_loop, reduce_attention_csr
+from streamgnn.models.transfer import upload
 
 if TYPE_CHECKING:
     from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv, SAGEConv
@@ -108,10 +109,10 @@ class Layer:
             return self.transform(state.to(t.dtype)) if raw else state.to(t.dtype)
         if raw and self.transforms:
             raise ValueError(f"{self}: partial over untransformed rows")
-        src_t, dst_t = (torch.from_numpy(a).to(t.device) for a in (src, dst))
+        src_t, dst_t, w_t = upload(t.device, src, dst, w)
         logits = None if dst_part is None else self.edge_logits(
             t, src_t, dst_part.index_select(0, dst_t))
-        msg = self.messages(t, src_t, torch.from_numpy(w).to(t.device, t.dtype), None)
+        msg = self.messages(t, src_t, w_t.to(t.dtype), None)
         return self.aggr.pack(self.aggr.reduce(msg, dst_t, num, logits))
 
     def destination_part(self, t: Tensor) -> Tensor:

@@ -70,10 +70,10 @@ def combine_rows_numba(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.nd
 
 def combine_rows_torch(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
                        num: int) -> Tensor:
-    msg = t[torch.from_numpy(rows).to(t.device)].double()
-    msg *= torch.from_numpy(coef).to(t.device).unsqueeze(-1)
-    return msg.new_zeros((num, t.shape[1])).index_add_(0, torch.from_numpy(dst).to(t.device),
-                                                        msg)
+    rows_t, coef_t, dst_t = upload(t.device, rows, coef, dst)
+    msg = t[rows_t].double()
+    msg *= coef_t.unsqueeze(-1)
+    return msg.new_zeros((num, t.shape[1])).index_add_(0, dst_t, msg)
 
 
 def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,

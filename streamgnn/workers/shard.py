@@ -150,10 +150,16 @@ class Shard:
         return self.tables.arrays(with_graph)
 
     @torch.inference_mode()
-    def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
-        """h^layer of ``slots`` (activated where the shard keeps the pre-activation)."""
+    def rows(self, slots: np.ndarray, layer: int, host: bool = True) -> np.ndarray | Tensor:
+        """h^layer of ``slots`` (activated where the shard keeps the pre-activation), as
+        host arrays in the engine's dtype; without ``host``, where the shard holds them,
+        for a caller in this process: the features' rows as stored (host) at layer 0, a
+        tensor on the tables' device above."""
         tb = self.tables
-        return tb.h_rows(layer, tb.index(slots)).cpu().numpy()
+        if not host and layer == 0:
+            return tb.features_of(0, slots)[0]
+        rows = tb.h_rows_at(layer, slots)
+        return download(rows)[0] if host else rows
 
     def neighbors(self, ids: np.ndarray, out: bool, edges: bool) -> dict[str, np.ndarray]:
         """The in-edges (``out``: the out-edges) this partition keeps of vertices ``ids``:
@@ -182,13 +188,14 @@ class Shard:
 
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
-                 num: int, dst_part: np.ndarray | None, slots: np.ndarray | None = None
-                 ) -> np.ndarray:
+                 num: int, dst_part: np.ndarray | Tensor | None,
+                 slots: np.ndarray | None = None, host: bool = True) -> np.ndarray | Tensor:
         """A query's partial aggregates at layer ``hop`` over edges from vertices this
         shard owns (external ids ``src``, or their ``slots`` in this shard's graph where
         the caller has them) to destinations ``dst`` in ``0..num`` (message factors ``w``;
-        attention: the destinations' parts ``dst_part``), from the stored rows of
-        h^(hop-1): `Layer.partial`."""
+        attention: the destinations' parts ``dst_part``, host rows or a tensor), from the
+        stored rows of h^(hop-1): `Layer.partial`. As a host array; without ``host``, a
+        tensor on the tables' device, for a caller in this process."""
         tb, layer = self.tables, self.layers[hop - 1]
         slots = (self.graph.slots(src) if slots is None else slots).astype(np.int64)
         table, raw = tb.t[hop - 1], False
@@ -196,11 +203,14 @@ class Shard:
             table, raw = tb.h_table(hop - 1), True
         if table is None or (raw and layer.transforms and not layer.aggr.linear):
             rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
-            table, raw = tb.t_rows(hop, layer, tb.index(rows)), False
-        part = None if dst_part is None else tb.tensor(dst_part).to(table.dtype)
+            table, raw = tb.t_rows_at(hop, layer, rows), False
+        part = None
+        if dst_part is not None:
+            part = (tb.tensor(dst_part) if isinstance(dst_part, np.ndarray) else dst_part
+                    ).to(table.device, table.dtype)
         state = layer.partial(table, slots, dst.astype(np.int64), w.astype(np.float64), num,
                               part, raw)
-        return state.cpu().numpy()
+        return download(state)[0] if host else state
 
     def summary(self) -> dict:
         """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and
