@@ -442,6 +442,7 @@ def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
                         else engine.workers.rows(*ask))
         fetched = up["stored"].nbytes + 8 * len(old)
     mine = pos >= 0
+    up["pos"], up["at"], up["w"] = pos[mine], at[mine], w[mine]  # edges from rows here
     got = np.bincount(at[mine], minlength=len(targets))
     stored = np.flatnonzero(~mine)
     owner = engine.owners(src[stored])
@@ -494,9 +495,8 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
         hop.up = {}
         hop.ask(engine)
         up = {**up, **_send(here.device, [hop.up])[0]}
-    mine = hop.mine
-    ours = here if mine.any() else here[:0]  # no edge from here: placeholders only
-    state = layer.partial(layer.transform(ours), hop.pos[mine], hop.at[mine], hop.w[mine],
+    ours = here if hop.mine.any() else here[:0]  # no edge from here: placeholders only
+    state = layer.partial(layer.transform(ours), up["pos"], up["at"], up["w"],
                           len(hop.targets), dst_part)
     for p, join in hop.joins:
         reply, index = up[f"reply{p}"].to(state.dtype), up[f"local{p}"]

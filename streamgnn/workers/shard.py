@@ -197,7 +197,7 @@ class Shard:
         stored rows of h^(hop-1): `Layer.partial`. As a host array; without ``host``, a
         tensor on the tables' device, for a caller in this process."""
         tb, layer = self.tables, self.layers[hop - 1]
-        slots = (self.graph.slots(src) if slots is None else slots).astype(np.int64)
+        slots = self.graph.slots(src) if slots is None else slots
         table, raw = tb.t[hop - 1], False
         if table is None:
             table, raw = tb.h_table(hop - 1), True
@@ -208,8 +208,8 @@ class Shard:
         if dst_part is not None:
             part = (tb.tensor(dst_part) if isinstance(dst_part, np.ndarray) else dst_part
                     ).to(table.device, table.dtype)
-        state = layer.partial(table, slots, dst.astype(np.int64), w.astype(np.float64), num,
-                              part, raw)
+        edges = tb.upload(slots, dst, w.astype(np.float64, copy=False))
+        state = layer.partial(table, *edges, num, part, raw)
         return download(state)[0] if host else state
 
     def summary(self) -> dict:
