@@ -434,12 +434,12 @@ def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
     if not kept.all():
         stored_at = np.flatnonzero(~kept)
         owners = engine.owners(targets[stored_at])
-        stored_at = stored_at[np.argsort(owners, kind="stable")]  # by owner (`LocalWorkers`)
+        order = np.argsort(owners, kind="stable")  # `LocalWorkers` hold them so, owner by owner
+        stored_at, owners = stored_at[order], owners[order]
         old = targets[stored_at]
         up["kept_at"], up["stored_at"] = np.flatnonzero(kept), stored_at
-        ask = (engine.owners(old), qg.index.ext[old], hop - 1)
-        up["stored"] = (engine.workers.rows(*ask, host=False) if _held(engine)
-                        else engine.workers.rows(*ask))
+        held = {"host": False} if _held(engine) else {}
+        up["stored"] = engine.workers.rows(owners, qg.index.ext[old], hop - 1, **held)
         fetched = up["stored"].nbytes + 8 * len(old)
     mine = pos >= 0
     up["pos"], up["at"], up["w"] = pos[mine], at[mine], w[mine]  # edges from rows here

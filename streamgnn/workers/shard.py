@@ -204,11 +204,11 @@ class Shard:
         if table is None or (raw and layer.transforms and not layer.aggr.linear):
             rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
             table, raw = tb.t_rows_at(hop, layer, rows), False
-        part = None
-        if dst_part is not None:
-            part = (tb.tensor(dst_part) if isinstance(dst_part, np.ndarray) else dst_part
-                    ).to(table.device, table.dtype)
-        edges = tb.upload(slots, dst, w.astype(np.float64, copy=False))
+        edges = tb.upload(slots, dst, w.astype(np.float64, copy=False),
+                          *([dst_part] if isinstance(dst_part, np.ndarray) else []))
+        part = edges.pop() if len(edges) > 3 else dst_part  # host parts: with the edges
+        if part is not None:
+            part = part.to(table.device, table.dtype)
         state = layer.partial(table, *edges, num, part, raw)
         return download(state)[0] if host else state
 
