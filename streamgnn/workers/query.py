@@ -19,7 +19,8 @@ merge by the aggregation's own rule (`Aggregation.merge`) and the update runs he
 query vertices live with the coordinator, so the all-to-all of partials is a gather to it.
 The host lays out every layer of a batch before the dense work (edges, stored rows and,
 but for attention, the partitions' partials) and hands it to the executor's device in one
-upload; the answer comes back in one download.
+upload, but for what shards in this process hold there already (their rows above the
+features, their partials); the answer comes back in one download.
 
 Owns query planning and execution; must not import kafka or mpi4py.
 """
@@ -440,7 +441,7 @@ def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
         up["kept_at"], up["stored_at"] = np.flatnonzero(kept), stored_at
         held = {"host": False} if _held(engine) else {}
         up["stored"] = engine.workers.rows(owners, qg.index.ext[old], hop - 1, **held)
-        fetched = up["stored"].nbytes + 8 * len(old)
+        fetched = len(old) * (up["stored"].shape[1] * engine.dtype.itemsize + 8)  # as on the wire
     mine = pos >= 0
     up["pos"], up["at"], up["w"] = pos[mine], at[mine], w[mine]  # edges from rows here
     got = np.bincount(at[mine], minlength=len(targets))
