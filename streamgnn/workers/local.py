@@ -142,8 +142,8 @@ class LocalWorkers:
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int, host: bool = True
              ) -> np.ndarray | Tensor:
         """`Workers.rows`; without ``host``, where the shards hold them (`Shard.rows`): the
-        features' rows at layer 0, a tensor on the shards' device above, which needs
-        ``owner`` sorted (the shards' rows one after the other, as they come)."""
+        features' rows at layer 0, above a tensor on the shards' device, each shard's rows
+        after the last's (``owner`` must be sorted)."""
         parts = [(self.shards[p], owner == p) for p in np.unique(owner).tolist()]
         if not parts:
             return self.shards[0].rows(np.zeros(0, np.int64), layer, host)
