@@ -45,7 +45,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.inference import layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, fill_rows_
-from streamgnn.models.transfer import download
+from streamgnn.models.transfer import download, numpy_dtype
 from streamgnn.npz import prefixed, under
 from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed
@@ -154,10 +154,11 @@ class Shard:
         """h^layer of ``slots`` (activated where the shard keeps the pre-activation), as
         host arrays in the engine's dtype; without ``host``, where the shard holds them,
         for a caller in this process: the features' rows as stored (host) at layer 0, a
-        tensor on the tables' device above."""
+        tensor on the tables' device above. The features never cross to the device."""
         tb = self.tables
-        if not host and layer == 0:
-            return tb.features_of(0, slots)[0]
+        if layer == 0:
+            rows = tb.features_of(0, slots)[0]
+            return rows.astype(numpy_dtype(tb.dtype), copy=False) if host else rows
         rows = tb.h_rows_at(layer, slots)
         return download(rows)[0] if host else rows
 
