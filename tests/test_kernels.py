@@ -105,7 +105,7 @@ def test_combine_rows_numba_and_torch_equal_the_reference(seed, dtype, messages,
     expected = np.zeros((num, 5))
     np.add.at(expected, dst, coef[:, None] * t.double().numpy()[rows])
     for kernel in (combine_rows_numba, combine_rows_torch):
-        got = kernel(t, rows, coef, dst, num)
+        got = kernel(t, *(torch.from_numpy(a) for a in (rows, coef, dst)), num)
         assert got.dtype == torch.float64
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
 

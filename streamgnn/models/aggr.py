@@ -152,10 +152,9 @@ class SumAggregation(Aggregation):
         return msg.new_zeros((num, *msg.shape[1:])).index_add_(0, index, msg)
 
     @staticmethod
-    def combine(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
-                num: int) -> Tensor:
+    def combine(t: Tensor, rows: Tensor, coef: Tensor, dst: Tensor, num: int) -> Tensor:
         """Messages ``coef[k] * t[rows[k]]`` (t 2-D) summed per destination ``dst[k]`` in
-        ``0..num``, in float64: one gather-scale-scatter."""
+        ``0..num``, in float64: one gather-scale-scatter (`combine_rows`)."""
         return combine_rows(t, rows, coef, dst, num)
 
     def fold(self, state: Tensor, drift: Tensor, t: Tensor, rows: np.ndarray,

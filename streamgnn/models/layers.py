@@ -91,28 +91,28 @@ class Layer:
         m = t.index_select(0, src)  # quicker than t[src] on CPU
         return m if factor is None else m.mul_(factor.view(-1, *([1] * (m.dim() - 1))))
 
-    def partial(self, t: Tensor, src: np.ndarray, dst: np.ndarray, w: np.ndarray, num: int,
+    def partial(self, t: Tensor, src: Tensor, dst: Tensor, w: Tensor, num: int,
                 dst_part: Tensor | None, raw: bool = False) -> Tensor:
         """Packed aggregation states (``t``'s dtype) of destinations ``0..num`` over the
         edges ``src[k] -> dst[k]`` (rows of ``t``; ``w``: each edge's message factor, a
-        degree-normalised layer's source scale included), attention logits against
-        ``dst_part`` (the destinations' `destination_part`). A destination with no edge
-        here gets a placeholder row that `Aggregation.merge` ignores. Sums and means of
-        rows run as one gather-scale-scatter kernel; with ``raw`` their rows are h, not
-        t, and the sums are transformed (for linear aggregations ``transform`` is linear
-        without bias, so it commutes with them; for others ``raw`` needs an identity
-        ``transform``)."""
+        degree-normalised layer's source scale included; int64, int64 and float64
+        tensors on ``t``'s device, which the caller copies there with what else it
+        copies), attention logits against ``dst_part`` (the destinations'
+        `destination_part`). A destination with no edge here gets a placeholder row
+        that `Aggregation.merge` ignores. Sums and means of rows run as one
+        gather-scale-scatter kernel; with ``raw`` their rows are h, not t, and the sums
+        are transformed (for linear aggregations ``transform`` is linear without bias,
+        so it commutes with them; for others ``raw`` needs an identity ``transform``)."""
         if self.aggr.linear and t.dim() == 2:
-            coef = w if self.edge_weighted else np.ones(len(src))
-            state = SumAggregation.combine(t, src, coef.astype(np.float64), dst, num)
+            coef = w if self.edge_weighted else torch.ones_like(w)
+            state = SumAggregation.combine(t, src, coef, dst, num)
             return self.transform(state.to(t.dtype)) if raw else state.to(t.dtype)
         if raw and self.transforms:
             raise ValueError(f"{self}: partial over untransformed rows")
-        src_t, dst_t = (torch.from_numpy(a).to(t.device) for a in (src, dst))
         logits = None if dst_part is None else self.edge_logits(
-            t, src_t, dst_part.index_select(0, dst_t))
-        msg = self.messages(t, src_t, torch.from_numpy(w).to(t.device, t.dtype), None)
-        return self.aggr.pack(self.aggr.reduce(msg, dst_t, num, logits))
+            t, src, dst_part.index_select(0, dst))
+        msg = self.messages(t, src, w.to(t.dtype), None)
+        return self.aggr.pack(self.aggr.reduce(msg, dst, num, logits))
 
     def destination_part(self, t: Tensor) -> Tensor:
         """What a message needs of its destination's t (destination-dependent

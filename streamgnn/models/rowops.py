@@ -63,23 +63,22 @@ def _combine_loop(t, rows, coef, dst, num):
     return out
 
 
-def combine_rows_numba(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
-                       num: int) -> Tensor:
-    return torch.from_numpy(_combine_loop(t.numpy(), rows, coef, dst, num))
+def combine_rows_numba(t: Tensor, rows: Tensor, coef: Tensor, dst: Tensor, num: int
+                       ) -> Tensor:
+    return torch.from_numpy(_combine_loop(t.numpy(), rows.numpy(), coef.numpy(), dst.numpy(),
+                                          num))
 
 
-def combine_rows_torch(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
-                       num: int) -> Tensor:
-    msg = t[torch.from_numpy(rows).to(t.device)].double()
-    msg *= torch.from_numpy(coef).to(t.device).unsqueeze(-1)
-    return msg.new_zeros((num, t.shape[1])).index_add_(0, torch.from_numpy(dst).to(t.device),
-                                                        msg)
+def combine_rows_torch(t: Tensor, rows: Tensor, coef: Tensor, dst: Tensor, num: int
+                       ) -> Tensor:
+    msg = t[rows].double()
+    msg *= coef.unsqueeze(-1)
+    return msg.new_zeros((num, t.shape[1])).index_add_(0, dst, msg)
 
 
-def combine_rows(t: Tensor, rows: np.ndarray, coef: np.ndarray, dst: np.ndarray,
-                 num: int) -> Tensor:
+def combine_rows(t: Tensor, rows: Tensor, coef: Tensor, dst: Tensor, num: int) -> Tensor:
     """Messages ``coef[k] * t[rows[k]]`` summed per destination ``dst[k]`` in ``0..num``,
-    in float64."""
+    in float64 (``rows`` and ``dst`` int64, ``coef`` float64, on ``t``'s device)."""
     kernel = combine_rows_numba if t.device.type == "cpu" else combine_rows_torch
     return kernel(t, rows, coef, dst, num)
 

@@ -67,7 +67,7 @@ def array_views(buffer: np.ndarray, tensors: tuple[Tensor, ...], offsets: list[i
     """Arrays viewing ``buffer`` (`packed_tensors`' bytes, on the host) as ``tensors``."""
     out = []
     for t, at in zip(tensors, offsets, strict=True):
-        dtype = _numpy_dtype(t.dtype)
+        dtype = numpy_dtype(t.dtype)
         out.append(buffer[at:at + t.numel() * dtype.itemsize].view(dtype).reshape(t.shape))
     return out
 
@@ -87,5 +87,6 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 @functools.cache
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.zeros(0, dtype=dtype).numpy().dtype
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of torch's ``dtype``, by its name (no tensor made or read)."""
+    return np.dtype(str(dtype).removeprefix("torch."))

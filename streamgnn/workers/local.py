@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import GraphDiff
@@ -78,9 +80,10 @@ class Workers(Protocol):
         """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
         ...
 
-    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | Tensor | None]:
         """Each shard's partial aggregates for a query layer (`Shard.partials` with the
-        request's keywords; None: nothing asked of it)."""
+        request's keywords; None: nothing asked of it): host arrays, or where the shards
+        run in this process tensors on their device."""
         ...
 
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
@@ -141,18 +144,27 @@ class LocalWorkers:
         ids = np.concatenate([above_mean(shard, factor, totals) for shard in self.shards])
         return lambda: ids
 
-    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
-        out = None
-        for p in np.unique(owner).tolist():
-            shard, mine = self.shards[p], owner == p
-            rows = shard.rows(shard.graph.slots(ids[mine]), layer)
-            if out is None:
-                out = np.empty((len(ids), rows.shape[1]), rows.dtype)
-            out[mine] = rows
-        return out if out is not None else self.shards[0].rows(np.zeros(0, np.int64), layer)
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int, host: bool = True
+             ) -> np.ndarray | Tensor:
+        """`Workers.rows`; without ``host``, where the shards hold them (`Shard.rows`): the
+        features' rows at layer 0, above a tensor on the shards' device, each shard's rows
+        after the last's (``owner`` must be sorted)."""
+        parts = [(self.shards[p], owner == p) for p in np.unique(owner).tolist()]
+        if not parts:
+            return self.shards[0].rows(np.zeros(0, np.int64), layer, host)
+        rows = [shard.rows(shard.graph.slots(ids[mine]), layer, host) for shard, mine in parts]
+        if isinstance(rows[0], Tensor):
+            if (np.diff(owner) < 0).any():
+                raise ValueError("rows held on a device come in the order of sorted owners")
+            return torch.cat(rows)
+        out = np.empty((len(ids), rows[0].shape[1]), rows[0].dtype)
+        for (_, mine), part in zip(parts, rows, strict=True):
+            out[mine] = part
+        return out
 
-    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
-        return [None if r is None else shard.partials(**r)
+    def partials(self, requests: list[dict | None]) -> list[Tensor | None]:
+        """`Workers.partials`, as the shards hold them: tensors on their device."""
+        return [None if r is None else shard.partials(**r, host=False)
                 for shard, r in zip(self.shards, requests, strict=True)]
 
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:

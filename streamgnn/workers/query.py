@@ -19,7 +19,8 @@ merge by the aggregation's own rule (`Aggregation.merge`) and the update runs he
 query vertices live with the coordinator, so the all-to-all of partials is a gather to it.
 The host lays out every layer of a batch before the dense work (edges, stored rows and,
 but for attention, the partitions' partials) and hands it to the executor's device in one
-upload; the answer comes back in one download.
+upload, but for what shards in this process hold there already (their rows above the
+features, their partials); the answer comes back in one download.
 
 Owns query planning and execution; must not import kafka or mpi4py.
 """
@@ -42,6 +43,7 @@ from streamgnn.models.layers import Layer
 from streamgnn.models.transfer import download, upload
 from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
 from streamgnn.workers.labels import ChangedLabels
+from streamgnn.workers.local import LocalWorkers
 from streamgnn.workers.slotsets import SlotSets, marked
 
 if TYPE_CHECKING:
@@ -346,8 +348,10 @@ class _Hop:
     owner); whether the targets' rows of the layer below are those rows as they are
     (``same_rows``); per partition, the ``requests`` for its partial aggregates (None:
     nothing asked of it) and how each reply joins the state (``joins``: ``merge``,
-    ``all`` rows or ``some``); ``up``, the host arrays the dense work reads; the bytes
-    ``sent`` and ``received`` and those of the stored rows ``fetched``."""
+    ``all`` rows or ``some``); ``up``, what the dense work reads (host arrays, and the
+    stored rows and partials as the partitions hand them over: tensors where they run in
+    this process); the bytes ``sent`` and ``received`` and those of the stored rows
+    ``fetched``."""
 
     targets: np.ndarray
     src: np.ndarray
@@ -357,7 +361,7 @@ class _Hop:
     same_rows: bool
     requests: list[dict | None]
     joins: list[tuple[int, str]]
-    up: dict[str, np.ndarray]
+    up: dict[str, np.ndarray | Tensor]
     sent: int = 0
     received: int = 0
     fetched: int = 0
@@ -382,9 +386,11 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
     module says, with ``layers`` (on the executor's device: the partitions compute on
     their own); fills ``answer``'s per-layer counts. The host lays out every layer first
     (`_layout`: edges, stored rows, the partitions' partial aggregates) and hands it all
-    to the device in one upload; the dense work then reads nothing back, but for
-    destination-dependent aggregations (attention), whose partitions need each layer's
-    destination parts: one download and one upload for each such layer that asks any."""
+    to the device in one upload (rows and partials of shards in this process on that
+    device stay where they are); the dense work then reads nothing back, but for
+    destination-dependent aggregations (attention) with the shards elsewhere (MPI),
+    whose partitions need each layer's destination parts: one download and one upload
+    for each such layer that asks any."""
     device, dtype = torch.device(answer.device), engine.dtype
     hops = []
     for hop, (layer, targets) in enumerate(zip(layers, recompute, strict=True), start=1):
@@ -427,11 +433,17 @@ def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
         up["kept"] = rows_at[kept]
     fetched = 0
     if not kept.all():
-        old = targets[~kept]
-        up["kept_at"], up["stored_at"] = np.flatnonzero(kept), np.flatnonzero(~kept)
-        up["stored"] = engine.workers.rows(engine.owners(old), qg.index.ext[old], hop - 1)
-        fetched = up["stored"].nbytes + 8 * len(old)
+        stored_at = np.flatnonzero(~kept)
+        owners = engine.owners(targets[stored_at])
+        order = np.argsort(owners, kind="stable")  # `LocalWorkers` hold them so, owner by owner
+        stored_at, owners = stored_at[order], owners[order]
+        old = targets[stored_at]
+        up["kept_at"], up["stored_at"] = np.flatnonzero(kept), stored_at
+        held = {"host": False} if _held(engine) else {}
+        up["stored"] = engine.workers.rows(owners, qg.index.ext[old], hop - 1, **held)
+        fetched = len(old) * (up["stored"].shape[1] * engine.dtype.itemsize + 8)  # as on the wire
     mine = pos >= 0
+    up["pos"], up["at"], up["w"] = pos[mine], at[mine], w[mine]  # edges from rows here
     got = np.bincount(at[mine], minlength=len(targets))
     stored = np.flatnonzero(~mine)
     owner = engine.owners(src[stored])
@@ -475,16 +487,17 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
                 if layer.aggr.destination_dependent else None)
     if dst_part is not None and hop.joins:  # the partitions need the destinations' parts
         asked = [p for p, _ in hop.joins]
-        parts = download(*(dst_part.index_select(0, up[f"local{p}"]) for p in asked))
+        parts = [dst_part.index_select(0, up[f"local{p}"]) for p in asked]
+        if not _held(engine):  # for the wire
+            parts = download(*parts)
         for p, part in zip(asked, parts, strict=True):
             hop.requests[p]["dst_part"] = part
             hop.sent += part.nbytes
         hop.up = {}
         hop.ask(engine)
         up = {**up, **_send(here.device, [hop.up])[0]}
-    mine = hop.mine
-    ours = here if mine.any() else here[:0]  # no edge from here: placeholders only
-    state = layer.partial(layer.transform(ours), hop.pos[mine], hop.at[mine], hop.w[mine],
+    ours = here if hop.mine.any() else here[:0]  # no edge from here: placeholders only
+    state = layer.partial(layer.transform(ours), up["pos"], up["at"], up["w"],
                           len(hop.targets), dst_part)
     for p, join in hop.joins:
         reply, index = up[f"reply{p}"].to(state.dtype), up[f"local{p}"]
@@ -513,14 +526,34 @@ def _rows(hop: _Hop, up: dict[str, Tensor], here: Tensor) -> Tensor:
     return out
 
 
-def _send(device: torch.device, parcels: list[dict[str, np.ndarray]]
+def _held(engine) -> bool:
+    """Whether the engine's shards run in this process (`LocalWorkers`): they then hand
+    over their rows and partials, and take the destinations' parts, where they hold
+    them (tensors on their device), not as host arrays for the wire."""
+    return isinstance(engine.workers, LocalWorkers)
+
+
+def _send(device: torch.device, parcels: list[dict[str, np.ndarray | Tensor]]
           ) -> list[dict[str, Tensor]]:
-    """Every parcel's host arrays as tensors on ``device``, by the same names, in one
-    upload."""
-    names = [(i, name) for i, parcel in enumerate(parcels) for name in parcel]
-    arrays = [parcels[i][name] for i, name in names]
-    sent = upload(device, *arrays)
+    """Every parcel's arrays as tensors on ``device``, by the same names: tensors there
+    already as they are, the others in one upload (tensors elsewhere read back first, in
+    one download)."""
     out: list[dict[str, Tensor]] = [{} for _ in parcels]
-    for (i, name), tensor in zip(names, sent, strict=True):
-        out[i][name] = tensor
+    host: list[tuple[int, str]] = []
+    away: list[tuple[int, str]] = []
+    for i, parcel in enumerate(parcels):
+        for name, a in parcel.items():
+            if isinstance(a, np.ndarray):
+                host.append((i, name))
+            elif a.device.type == device.type and device.index in (None, a.device.index):
+                out[i][name] = a
+            else:
+                away.append((i, name))
+    arrays = [parcels[i][name] for i, name in host]
+    if away:
+        host += away
+        arrays += download(*(parcels[i][name] for i, name in away))
+    if host:
+        for (i, name), tensor in zip(host, upload(device, *arrays), strict=True):
+            out[i][name] = tensor
     return out

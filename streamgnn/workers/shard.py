@@ -46,7 +46,7 @@ from streamgnn.graph import DynamicGraph, GraphDiff
 from streamgnn.models.inference import layer_by_layer
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import argmax_rows, fill_rows_
-from streamgnn.models.transfer import download
+from streamgnn.models.transfer import download, numpy_dtype
 from streamgnn.npz import prefixed, under
 from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed
@@ -151,9 +151,17 @@ class Shard:
         return self.tables.arrays(with_graph)
 
     @torch.inference_mode()
-    def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
-        """h^layer of ``slots`` (activated where the shard keeps the pre-activation)."""
-        return self.tables.h_rows_at(layer, slots).cpu().numpy()
+    def rows(self, slots: np.ndarray, layer: int, host: bool = True) -> np.ndarray | Tensor:
+        """h^layer of ``slots`` (activated where the shard keeps the pre-activation), as
+        host arrays in the engine's dtype; without ``host``, where the shard holds them,
+        for a caller in this process: the features' rows as stored (host) at layer 0, a
+        tensor on the tables' device above. The features never cross to the device."""
+        tb = self.tables
+        if layer == 0:
+            rows = tb.features_of(0, slots)[0]
+            return rows.astype(numpy_dtype(tb.dtype), copy=False) if host else rows
+        rows = tb.h_rows_at(layer, slots)
+        return download(rows)[0] if host else rows
 
     def neighbors(self, ids: np.ndarray, out: bool, edges: bool) -> dict[str, np.ndarray]:
         """The in-edges (``out``: the out-edges) this partition keeps of vertices ``ids``:
@@ -182,25 +190,29 @@ class Shard:
 
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
-                 num: int, dst_part: np.ndarray | None, slots: np.ndarray | None = None
-                 ) -> np.ndarray:
+                 num: int, dst_part: np.ndarray | Tensor | None,
+                 slots: np.ndarray | None = None, host: bool = True) -> np.ndarray | Tensor:
         """A query's partial aggregates at layer ``hop`` over edges from vertices this
         shard owns (external ids ``src``, or their ``slots`` in this shard's graph where
         the caller has them) to destinations ``dst`` in ``0..num`` (message factors ``w``;
-        attention: the destinations' parts ``dst_part``), from the stored rows of
-        h^(hop-1): `Layer.partial`."""
+        attention: the destinations' parts ``dst_part``, host rows or a tensor), from the
+        stored rows of h^(hop-1): `Layer.partial`. As a host array; without ``host``, a
+        tensor on the tables' device, for a caller in this process."""
         tb, layer = self.tables, self.layers[hop - 1]
-        slots = (self.graph.slots(src) if slots is None else slots).astype(np.int64)
+        slots = self.graph.slots(src) if slots is None else slots
         table, raw = tb.t[hop - 1], False
         if table is None:
             table, raw = tb.h_table(hop - 1), True
         if table is None or (raw and layer.transforms and not layer.aggr.linear):
             rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
-            table, raw = tb.t_rows(hop, layer, tb.index(rows)), False
-        part = None if dst_part is None else tb.tensor(dst_part).to(table.dtype)
-        state = layer.partial(table, slots, dst.astype(np.int64), w.astype(np.float64), num,
-                              part, raw)
-        return state.cpu().numpy()
+            table, raw = tb.t_rows_at(hop, layer, rows), False
+        edges = tb.upload(slots, dst, w.astype(np.float64, copy=False),
+                          *([dst_part] if isinstance(dst_part, np.ndarray) else []))
+        part = edges.pop() if len(edges) > 3 else dst_part  # host parts: with the edges
+        if part is not None:
+            part = part.to(table.device, table.dtype)
+        state = layer.partial(table, *edges, num, part, raw)
+        return download(state)[0] if host else state
 
     def summary(self) -> dict:
         """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and
