@@ -132,7 +132,7 @@ class Decided:
         n = self._decided
         ok, op, slots = self._status[:n] == OK, self._enc.op[:n], self._us[:n]
         deleted = ok & (op == DELETE_VERTEX)
-        before = ~np.isin(slots[deleted], slots[ok & (op == ADD_VERTEX)])
+        before = ~_members(slots[deleted], np.sort(slots[ok & (op == ADD_VERTEX)]))
         return self._enc.src[:n][deleted][before]
 
 
