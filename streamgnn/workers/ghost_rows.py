@@ -62,11 +62,21 @@ def _new_ghosts(r: Routed, added_ids: np.ndarray) -> tuple[np.ndarray, np.ndarra
     ids whose last vertex update in the share is an addition; with the owner the
     directory named for the last edge from each."""
     op, ids = r.batch.op, r.batch.src
-    vertex = np.flatnonzero((op == ADD_VERTEX) | (op == DELETE_VERTEX))
-    last = {int(i): int(o) for i, o in zip(ids[vertex], op[vertex])}
-    ghosts = np.array([i for i in added_ids.tolist() if last.get(i) != ADD_VERTEX], np.int64)
-    owner = dict(zip(r.ghosts.tolist(), r.ghost_owners.tolist()))
-    return ghosts, np.array([owner[i] for i in ghosts.tolist()], np.int64)
+    vertex = (op == ADD_VERTEX) | (op == DELETE_VERTEX)
+    keys, last = _last_of(ids[vertex], op[vertex])
+    added_last = np.zeros(len(added_ids), bool)  # its last vertex update: an addition
+    if len(keys):
+        at = np.minimum(np.searchsorted(keys, added_ids), len(keys) - 1)
+        added_last = (keys[at] == added_ids) & (last[at] == ADD_VERTEX)
+    ghosts = added_ids[~added_last].astype(np.int64)
+    keys, owner = _last_of(r.ghosts, r.ghost_owners)
+    return ghosts, owner[np.searchsorted(keys, ghosts)].astype(np.int64)
+
+
+def _last_of(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``keys``, ascending, and each one's value at its last occurrence."""
+    distinct, first_from_end = np.unique(keys[::-1], return_index=True)
+    return distinct, values[len(keys) - 1 - first_from_end]
 
 
 def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[np.ndarray]:
