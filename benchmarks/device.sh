@@ -81,8 +81,9 @@ print(c.Get_rank(), c.Get_size(), MPI.Get_library_version()[:12], mpi4py.__file_
   if grep -q '2 MPICH' "$work/mpi-check.txt"; then
     for run in "1000 1" "1000 4" "1000 8" "10000 1" "10000 4" "10000 8"; do
       read -r bs p <<<"$run"
-      bounded 50 "scale-${bs}-${p}w" mpiexec -n $((p + 1)) python3 benchmarks/scale.py \
-        --dataset arxiv-like --model graphconv-sum --batch "$bs" --batches $((30000 / bs + 5))
+      # one batch at a time, then as many streamed as serve streams them (two in flight)
+      bounded 55 "scale-${bs}-${p}w" mpiexec -n $((p + 1)) python3 benchmarks/scale.py \
+        --dataset arxiv-like --model graphconv-sum --batch "$bs" --batches $((20000 / bs + 4))
       cp "benchmarks/results/scale-arxiv-like-graphconv-sum-${p}w.json" \
         "$work/scale-arxiv-like-${bs}-${p}w.json" 2>/dev/null
     done
