@@ -176,7 +176,7 @@ def work_table(preset: str, sizes: list[int], batches: int) -> None:
     table = Table(title=f"{preset}, GraphConv-sum 2 layers: each shard's compute a batch "
                         "(ms), shards timed alone in one process, median over batches")
     for col in ("batch", "P", "slowest shard", "mean shard", "all shards / P=1",
-                "router ms"):
+                "outside the shards ms"):
         table.add_column(col, justify="right")
     for size in sizes:
         work = per_shard_work(split, [1, 2, 4, 8], size, batches)
