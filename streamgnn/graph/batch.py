@@ -323,6 +323,15 @@ def _firsts(keys):
     return first[:n], last[:n]
 
 
+def find_sorted(sorted_keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Position of each of ``values`` in ``sorted_keys`` (ascending) and whether it is
+    there: a binary search each (`sorted_position` for one inside a kernel)."""
+    if not len(sorted_keys):
+        return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
+    return at, sorted_keys[at] == values
+
+
 @njit(cache=True)
 def sorted_position(sorted_values, x) -> int:
     """Where ``x`` is in ``sorted_values``; -1 where it is not."""

@@ -31,6 +31,7 @@ from streamgnn.graph.batch import (
     UNKNOWN_A,
     UNKNOWN_B,
     _row_within,
+    find_sorted,
     take_slot,
 )
 from streamgnn.graph.idmap import IdMap, Slotted, del1, get1, put1
@@ -132,7 +133,7 @@ class Decided:
         n = self._decided
         ok, op, slots = self._status[:n] == OK, self._enc.op[:n], self._us[:n]
         deleted = ok & (op == DELETE_VERTEX)
-        before = ~_members(slots[deleted], np.sort(slots[ok & (op == ADD_VERTEX)]))
+        before = ~find_sorted(np.sort(slots[ok & (op == ADD_VERTEX)]), slots[deleted])[1]
         return self._enc.src[:n][deleted][before]
 
 
@@ -275,8 +276,8 @@ class Directory(Slotted):
         np.subtract.at(self.load, self.owner[gone], 1)
         self.owner[gone] = FREE
         if len(gone) and self.high is not None:
-            hit = _members(gone, self.high)
-            self.high = np.delete(self.high, np.searchsorted(self.high, gone[hit]))
+            at, hit = find_sorted(self.high, gone)
+            self.high = np.delete(self.high, at[hit])
         self._batches += 1
         self._updates += len(d._enc)
         top = int(self._counts[0])
@@ -365,13 +366,13 @@ class Directory(Slotted):
             return None
         edge = op == ADD_EDGE
         src, dst = us[edge], vs[edge]
-        into = _members(dst, self.high)
+        into = find_sorted(self.high, dst)[1]
         src, dst = src[into], dst[into]
         if not len(src):
             return None
-        firsts, at = np.unique(src, return_index=True)  # each source's first such edge
-        where = np.minimum(np.searchsorted(firsts, added), len(firsts) - 1)
-        return np.where(firsts[where] == added, dst[at[where]], -1)
+        firsts, first = np.unique(src, return_index=True)  # each source's first such edge
+        where, sends = find_sorted(firsts, added)
+        return np.where(sends, dst[first[where]], -1)
 
     def _reserve(self, adds: int) -> None:
         self._ids.reserve(adds)
@@ -395,11 +396,3 @@ def _place_kernel(slots, toward, owner, load):
         owner[slots[k]] = q
         load[q] += 1
 
-
-def _members(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """Which of ``values`` are in ``sorted_set`` (ascending): a binary search each, so
-    a batch's cost does not grow with the set (the high in-degree set is thousands)."""
-    if not len(sorted_set):
-        return np.zeros(len(values), bool)
-    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
-    return sorted_set[at] == values

@@ -39,6 +39,7 @@ import numpy as np
 from streamgnn.allocator import growable_zeros, lengthened
 from streamgnn.errors import InvalidQueryError, UnknownVertexError
 from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph.batch import find_sorted
 from streamgnn.graph.idmap import IdMap
 from streamgnn.workers import ApplyResult, Engine
 
@@ -124,8 +125,8 @@ class ViewState:
 
     def _slots(self, ids: np.ndarray) -> np.ndarray:
         slots = self.ids.get(ids).astype(np.int64)
-        slots[_find(self.removed, ids)[1]] = -1
-        at, hit = _find(self.added, ids)
+        slots[find_sorted(self.removed, ids)[1]] = -1
+        at, hit = find_sorted(self.added, ids)
         slots[hit] = self.added_slots[at[hit]]
         missing = np.flatnonzero(slots < 0)
         if len(missing):
@@ -135,7 +136,7 @@ class ViewState:
 
     def _gather(self, slots: np.ndarray, layer: int) -> np.ndarray:
         out = self.tables[layer][slots]
-        at, hit = _find(self.keys[layer], slots)
+        at, hit = find_sorted(self.keys[layer], slots)
         out[hit] = self.rows[layer][at[hit]]
         return out
 
@@ -284,11 +285,4 @@ def _edges_before(edges: tuple[np.ndarray, np.ndarray, np.ndarray], slot: int,
         w = np.concatenate([w[kept], before[back].astype(w.dtype)])
     return nbr, w
 
-
-def _find(sorted_keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Position of each of ``values`` in ``sorted_keys`` and whether it is there."""
-    if not len(sorted_keys):
-        return np.zeros(len(values), np.int64), np.zeros(len(values), bool)
-    at = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
-    return at, sorted_keys[at] == values
 

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from streamgnn.graph import DynamicGraph, GraphDiff
+from streamgnn.graph.batch import find_sorted
 from streamgnn.models.layers import Layer
 from streamgnn.updates import ADD_VERTEX, DELETE_VERTEX
 from streamgnn.workers.batch import Batch, Changed
@@ -64,13 +65,11 @@ def _new_ghosts(r: Routed, added_ids: np.ndarray) -> tuple[np.ndarray, np.ndarra
     op, ids = r.batch.op, r.batch.src
     vertex = (op == ADD_VERTEX) | (op == DELETE_VERTEX)
     keys, last = _last_of(ids[vertex], op[vertex])
-    added_last = np.zeros(len(added_ids), bool)  # its last vertex update: an addition
-    if len(keys):
-        at = np.minimum(np.searchsorted(keys, added_ids), len(keys) - 1)
-        added_last = (keys[at] == added_ids) & (last[at] == ADD_VERTEX)
+    at, added_last = find_sorted(keys, added_ids)  # its last vertex update: an addition
+    added_last[added_last] = last[at[added_last]] == ADD_VERTEX
     ghosts = added_ids[~added_last].astype(np.int64)
     keys, owner = _last_of(r.ghosts, r.ghost_owners)
-    return ghosts, owner[np.searchsorted(keys, ghosts)].astype(np.int64)
+    return ghosts, owner[find_sorted(keys, ghosts)[0]].astype(np.int64)
 
 
 def _last_of(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
