@@ -449,9 +449,10 @@ def test_workers_on_a_host_with_several_gpus_take_one_each():
     program = ("import torch; from mpi4py import MPI; "
                "from streamgnn.workers.mpi import worker_device; "
                "torch.cuda.device_count = lambda: 2; w = MPI.COMM_WORLD; "
-               "print(w.Get_rank(), *(worker_device(d, w) for d in ('cuda', 'cpu', "
-               "'cuda:1')), flush=True)")
+               "line = ' '.join([str(w.Get_rank())] + [str(worker_device(d, w)) "
+               "for d in ('cuda', 'cpu', 'cuda:1')]); lines = w.gather(line); "
+               "w.Get_rank() or print(*lines, sep='\\n', flush=True)")
     done = mpiexec(3, "-c", program)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(done.stdout.strip().splitlines()) == [
+    assert done.stdout.strip().splitlines() == [
         "0 cuda:0 cpu cuda:1", "1 cuda:1 cpu cuda:1", "2 cuda:0 cpu cuda:1"]
