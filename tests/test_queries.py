@@ -479,3 +479,28 @@ def test_a_query_batch_crosses_to_the_device_a_fixed_number_of_times(device_kern
         with counted() as seen:
             engine.query(req, budget=budget)
         assert seen.total == 2, (n, seen.sites(100))
+
+
+@pytest.mark.parametrize("arch", ["graphconv-add", "pyg-gcn", "pyg-sage-mean", "pyg-gat",
+                                  "graphconv-max"])
+def test_shards_answering_with_host_arrays_give_the_same_bits(monkeypatch, arch):
+    """The shards' two ways of doing their part of a query: as work on the executor's
+    device (in this process, `Workers.held`) and as host arrays (as under MPI, or on
+    another device than the executor's, attention's parts then going as host rows):
+    the same answers bit for bit, and the same bytes counted."""
+    data = random_graph(np.random.default_rng(1), n=600, m=3000, d=F_IN)
+    engine = Engine.from_pyg(randomise(ARCHS[arch](2), 1).double(), data, partitions=2)
+    rng = np.random.default_rng(0)
+    ids = np.asarray(data.ids)
+    new = int(ids.max()) + 1 + np.arange(64)
+    a, b = rng.choice(ids, 64), rng.choice(ids, 64)
+    req = sg.QueryColumns(new, rng.standard_normal((64, F_IN)).astype(np.float32),
+                          np.concatenate([new, a]), np.concatenate([b, new]))
+    for budget in (None, 0.5):
+        held = engine.query(req, budget=budget)
+        with monkeypatch.context() as m:
+            m.setattr(type(engine.workers), "held", False)
+            host = engine.query(req, budget=budget)
+        np.testing.assert_array_equal(held.embeddings, host.embeddings)
+        assert (held.sent_bytes, held.received_bytes, held.pull_bytes) == (
+            host.sent_bytes, host.received_bytes, host.pull_bytes)

@@ -17,10 +17,13 @@ partition owning it, from its stored rows, one partial aggregate per destination
 partition (computation-graph parallelism: rows never travel, partials do); the partials
 merge by the aggregation's own rule (`Aggregation.merge`) and the update runs here. The
 query vertices live with the coordinator, so the all-to-all of partials is a gather to it.
-The host lays out every layer of a batch before the dense work (edges, stored rows and,
-but for attention, the partitions' partials) and hands it to the executor's device in one
-upload, but for what shards in this process hold there already (their rows above the
-features, their partials); the answer comes back in one download.
+The host lays out every layer of a batch before the dense work and hands it to the
+executor's device in one upload; the answer comes back in one download. With the shards
+in this process on that device (`Workers.held`), the layout holds what they need for their
+stored rows and partials (their edges, the rows they transform and those rows' features),
+and they compute those from the uploaded tensors where they are; shards elsewhere (MPI)
+answer with host arrays, which travel in the same upload, but for attention's partials,
+which need the destination parts only the dense work gives.
 
 Owns query planning and execution; must not import kafka or mpi4py.
 """

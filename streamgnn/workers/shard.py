@@ -243,7 +243,7 @@ class Shard:
         if raw and ((table is None and not in_place)
                     or (layer.transforms and not layer.aggr.linear)):
             rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
-            arrays["rows"] = rows
+            arrays["rows"] = rows.astype(np.int64, copy=False)
             if features := tb.features_of(hop - 1, rows):
                 arrays["features"] = features[0]
             raw = in_place = False
