@@ -508,14 +508,12 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
     t = layer.transform(h) if layer.self_transform or layer.caches_t else None
     dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
                 if layer.aggr.destination_dependent else None)
-    parts = {}
-    if dst_part is not None and hop.joins:  # the partitions need the destinations' parts
-        asked = [p for p, _ in hop.joins]
-        parts = dict(zip(asked, [dst_part.index_select(0, up[f"local{p}"]) for p in asked],
-                         strict=True))
+    parts: dict[int, Tensor] = {}  # per partition asked, its destinations' parts
+    if dst_part is not None:
+        parts = {p: dst_part.index_select(0, up[f"local{p}"]) for p, _ in hop.joins}
         hop.sent += sum(part.nbytes for part in parts.values())
     if parts and not hop.local:  # they answer over the wire: the parts go as host rows
-        for p, part in zip(asked, download(*parts.values()), strict=True):
+        for p, part in zip(parts, download(*parts.values()), strict=True):
             hop.requests[p]["dst_part"] = part
         hop.up = {}
         hop.ask(engine)
