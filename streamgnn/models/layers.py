@@ -67,6 +67,11 @@ class Layer:
         """Per-source message factor from the source's weighted in-degree, or None."""
         return None
 
+    def host_source_scale(self, in_weight: np.ndarray) -> np.ndarray | None:
+        """`source_scale` of host values, on the host: bit for bit what torch gives on the
+        CPU."""
+        return None
+
     def edge_logits(self, t: Tensor, src: Tensor, dst_part: Tensor) -> Tensor | None:
         """Per-edge attention logits from the sources' rows of ``t`` and each edge's
         destination part (`destination_part`); None but for attention layers."""
@@ -216,6 +221,12 @@ class GCNLayer(Layer):
         deg = in_weight + self.fill
         s = deg.pow(-0.5)
         return s.masked_fill_(torch.isinf(s), 0.0)
+
+    def host_source_scale(self, in_weight):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = 1.0 / np.sqrt(in_weight + self.fill)  # torch's pow(-0.5) on the CPU
+        s[np.isinf(s)] = 0.0
+        return s
 
     def combine(self, h, agg, t, in_weight):
         s = self.source_scale(in_weight).unsqueeze(-1)

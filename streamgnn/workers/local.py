@@ -17,11 +17,11 @@ from torch import Tensor
 
 from streamgnn.errors import InvalidUpdateError
 from streamgnn.graph import GraphDiff
-from streamgnn.npz import write_arrays
+from streamgnn.npz import prefixed, under, write_arrays
 from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Routed
-from streamgnn.workers.shard import Shard
+from streamgnn.workers.shard import Deferred, Shard
 
 T = TypeVar("T")
 
@@ -29,10 +29,15 @@ T = TypeVar("T")
 class Workers(Protocol):
     """Shards running elsewhere (an MPI job: `streamgnn.workers.mpi.MpiWorkers`). The
     engine builds `LocalWorkers` itself, which need only what it calls on both: `submit`,
-    `rows`, `arrays`, `write`, `summaries`, `max_in_flight`."""
+    `rows`, `partials`, `arrays`, `write`, `summaries`, `max_in_flight`, `held`."""
 
     size: int  # how many partitions they hold
     max_in_flight: int  # batches they take submitted and not yet collected
+    held: bool
+    """Whether the shards run in this process (`LocalWorkers`): a query on their device
+    then uploads what they need with its own arrays and takes their rows and partial
+    aggregates as tensors there (`LocalWorkers.rows_work`, `partials_work`). Else (MPI)
+    they answer `rows` and `partials` with host arrays, over the wire."""
 
     def load(self, shard: Callable[[int], dict[str, np.ndarray]]) -> None:
         """Take the shards' state: ``shard(p)``, partition p's (`Shard.arrays`)."""
@@ -77,13 +82,12 @@ class Workers(Protocol):
         ...
 
     def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
-        """Rows of ``ids`` (owned by ``owner``) at ``layer``."""
+        """Rows of ``ids`` (owned by ``owner``) at ``layer``, as host arrays."""
         ...
 
-    def partials(self, requests: list[dict | None]) -> list[np.ndarray | Tensor | None]:
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
         """Each shard's partial aggregates for a query layer (`Shard.partials` with the
-        request's keywords; None: nothing asked of it): host arrays, or where the shards
-        run in this process tensors on their device."""
+        request's keywords; None: nothing asked of it), as host arrays."""
         ...
 
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:
@@ -109,6 +113,7 @@ class LocalWorkers:
     """The shards in this process, exchanging through ``exchange`` (a transpose)."""
 
     max_in_flight = 1  # `submit` returns with the batch done
+    held = True  # `Workers.held`
 
     def __init__(self, shards: list[Shard], exchange: Exchange | None = None) -> None:
         self.shards = shards
@@ -144,27 +149,39 @@ class LocalWorkers:
         ids = np.concatenate([above_mean(shard, factor, totals) for shard in self.shards])
         return lambda: ids
 
-    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int, host: bool = True
-             ) -> np.ndarray | Tensor:
-        """`Workers.rows`; without ``host``, where the shards hold them (`Shard.rows`): the
-        features' rows at layer 0, above a tensor on the shards' device, each shard's rows
-        after the last's (``owner`` must be sorted)."""
+    def rows(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> np.ndarray:
         parts = [(self.shards[p], owner == p) for p in np.unique(owner).tolist()]
         if not parts:
-            return self.shards[0].rows(np.zeros(0, np.int64), layer, host)
-        rows = [shard.rows(shard.graph.slots(ids[mine]), layer, host) for shard, mine in parts]
-        if isinstance(rows[0], Tensor):
-            if (np.diff(owner) < 0).any():
-                raise ValueError("rows held on a device come in the order of sorted owners")
-            return torch.cat(rows)
+            return self.shards[0].rows(np.zeros(0, np.int64), layer)
+        rows = [shard.rows(shard.graph.slots(ids[mine]), layer) for shard, mine in parts]
         out = np.empty((len(ids), rows[0].shape[1]), rows[0].dtype)
         for (_, mine), part in zip(parts, rows, strict=True):
             out[mine] = part
         return out
 
-    def partials(self, requests: list[dict | None]) -> list[Tensor | None]:
-        """`Workers.partials`, as the shards hold them: tensors on their device."""
-        return [None if r is None else shard.partials(**r, host=False)
+    def rows_work(self, owner: np.ndarray, ids: np.ndarray, layer: int) -> Deferred:
+        """`rows` as work for a caller that uploads its arrays to the shards' device
+        (`Shard.rows_work`: each shard's under ``<i>/``, the i-th owner's): the rows as
+        they are there, each shard's after the last's (``owner`` must be sorted)."""
+        if (np.diff(owner) < 0).any():
+            raise ValueError("rows held on a device come in the order of sorted owners")
+        shards = [(self.shards[p], owner == p) for p in np.unique(owner).tolist()]
+        works = [shard.rows_work(shard.graph.slots(ids[mine]), layer) for shard, mine in shards]
+
+        def finish(up: dict[str, Tensor], _: Tensor | None) -> Tensor:
+            return torch.cat([work.finish(under(up, f"{i}/"), None)
+                              for i, work in enumerate(works)])
+        return Deferred({k: a for i, work in enumerate(works)
+                         for k, a in prefixed(f"{i}/", work.arrays).items()}, finish)
+
+    def partials(self, requests: list[dict | None]) -> list[np.ndarray | None]:
+        return [None if r is None else shard.partials(**r)
+                for shard, r in zip(self.shards, requests, strict=True)]
+
+    def partials_work(self, requests: list[dict | None]) -> list[Deferred | None]:
+        """`partials` as work for a caller that uploads its arrays to the shards' device
+        (`Shard.partials_work`)."""
+        return [None if r is None else shard.partials_work(**r)
                 for shard, r in zip(self.shards, requests, strict=True)]
 
     def arrays(self, with_graph: bool) -> list[dict[str, np.ndarray]]:

@@ -97,6 +97,7 @@ class MpiWorkers:
     """Rank 0's handle on the worker ranks (`Workers`)."""
 
     max_in_flight = 2  # batches rank 0 may send before it gathers the first one's replies
+    held = False  # `Workers.held`: rows and partials come over the wire
 
     def __init__(self, comm: MPI.Comm | None = None) -> None:
         self.comm = comm or MPI.COMM_WORLD

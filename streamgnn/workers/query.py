@@ -17,10 +17,13 @@ partition owning it, from its stored rows, one partial aggregate per destination
 partition (computation-graph parallelism: rows never travel, partials do); the partials
 merge by the aggregation's own rule (`Aggregation.merge`) and the update runs here. The
 query vertices live with the coordinator, so the all-to-all of partials is a gather to it.
-The host lays out every layer of a batch before the dense work (edges, stored rows and,
-but for attention, the partitions' partials) and hands it to the executor's device in one
-upload, but for what shards in this process hold there already (their rows above the
-features, their partials); the answer comes back in one download.
+The host lays out every layer of a batch before the dense work and hands it to the
+executor's device in one upload; the answer comes back in one download. With the shards
+in this process on that device (`Workers.held`), the layout holds what they need for their
+stored rows and partials (their edges, the rows they transform and those rows' features),
+and they compute those from the uploaded tensors where they are; shards elsewhere (MPI)
+answer with host arrays, which travel in the same upload, but for attention's partials,
+which need the destination parts only the dense work gives.
 
 Owns query planning and execution; must not import kafka or mpi4py.
 """
@@ -41,9 +44,10 @@ from streamgnn.graph import DynamicGraph
 from streamgnn.graph.idmap import IdMap, Slotted
 from streamgnn.models.layers import Layer
 from streamgnn.models.transfer import download, upload
+from streamgnn.npz import prefixed, under
 from streamgnn.queries import MAX_QUERY_VERTICES, QueryColumns
 from streamgnn.workers.labels import ChangedLabels
-from streamgnn.workers.local import LocalWorkers
+from streamgnn.workers.shard import Deferred
 from streamgnn.workers.slotsets import SlotSets, marked
 
 if TYPE_CHECKING:
@@ -348,10 +352,12 @@ class _Hop:
     owner); whether the targets' rows of the layer below are those rows as they are
     (``same_rows``); per partition, the ``requests`` for its partial aggregates (None:
     nothing asked of it) and how each reply joins the state (``joins``: ``merge``,
-    ``all`` rows or ``some``); ``up``, what the dense work reads (host arrays, and the
-    stored rows and partials as the partitions hand them over: tensors where they run in
-    this process); the bytes ``sent`` and ``received`` and those of the stored rows
-    ``fetched``."""
+    ``all`` rows or ``some``); ``up``, the host arrays the dense work reads (the stored
+    rows and the partials among them where the partitions answer over the wire); with
+    ``local`` (the shards in this process, on the executor's device) ``works``, their
+    work there instead (`Deferred`: ``stored``, the stored rows; ``reply<p>``, partition
+    p's partials), whose arrays travel in ``up`` under their names; the bytes ``sent``
+    and ``received`` and those of the stored rows ``fetched``."""
 
     targets: np.ndarray
     src: np.ndarray
@@ -361,7 +367,9 @@ class _Hop:
     same_rows: bool
     requests: list[dict | None]
     joins: list[tuple[int, str]]
-    up: dict[str, np.ndarray | Tensor]
+    up: dict[str, np.ndarray]
+    local: bool
+    works: dict[str, Deferred] = field(default_factory=dict)
     sent: int = 0
     received: int = 0
     fetched: int = 0
@@ -372,30 +380,41 @@ class _Hop:
         return self.pos >= 0
 
     def ask(self, engine) -> None:
-        """The partitions' partial aggregates, into ``up`` (``reply<p>``)."""
+        """The partitions' partial aggregates as host arrays, into ``up`` (``reply<p>``)."""
         for p, reply in enumerate(engine.workers.partials(self.requests)):
             if reply is not None:
                 self.up[f"reply{p}"] = reply
                 self.received += reply.nbytes
+
+    def add(self, name: str, work: Deferred) -> None:
+        """``work`` of a shard on the executor's device, its arrays into ``up``."""
+        self.works[name] = work
+        self.up.update(prefixed(f"{name}/", work.arrays))
+
+    def finish(self, name: str, up: dict[str, Tensor], dst_part: Tensor | None = None
+               ) -> Tensor:
+        """What work ``name`` gives, from its arrays in ``up`` (on the device)."""
+        return self.works[name].finish(under(up, f"{name}/"), dst_part)
 
 
 @torch.inference_mode()
 def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer,
         layers: list[Layer]) -> Tensor:
     """The query vertices' output rows [n, d_L] (request order), layer by layer as the
-    module says, with ``layers`` (on the executor's device: the partitions compute on
-    their own); fills ``answer``'s per-layer counts. The host lays out every layer first
-    (`_layout`: edges, stored rows, the partitions' partial aggregates) and hands it all
-    to the device in one upload (rows and partials of shards in this process on that
-    device stay where they are); the dense work then reads nothing back, but for
-    destination-dependent aggregations (attention) with the shards elsewhere (MPI),
-    whose partitions need each layer's destination parts: one download and one upload
-    for each such layer that asks any."""
+    module says, with ``layers`` (on the executor's device); fills ``answer``'s per-layer
+    counts. The host lays out every layer first (`_layout`: edges, stored rows, the
+    partitions' partial aggregates, or where the shards run in this process on the same
+    device, what they need to compute those there: their edges, the rows to transform
+    and their features) and hands it all to the device in one upload; the dense work then
+    reads nothing back, but for destination-dependent aggregations (attention) with the
+    shards answering over the wire, whose partitions need each layer's destination parts:
+    one download and one upload for each such layer that asks any."""
     device, dtype = torch.device(answer.device), engine.dtype
+    local = engine.workers.held and _same(engine.device, device)
     hops = []
     for hop, (layer, targets) in enumerate(zip(layers, recompute, strict=True), start=1):
         hops.append(_layout(engine, qg, layer, hop, targets,
-                            recompute[hop - 2] if hop > 1 else qg.q))
+                            recompute[hop - 2] if hop > 1 else qg.q, local))
     features, *ups = _send(device, [{"x": qg.cols.x}] + [h.up for h in hops])
     here = features["x"].to(dtype)
     for hop, layer, up in zip(hops, layers, ups, strict=True):
@@ -412,66 +431,70 @@ def run(engine, qg: QueryGraph, recompute: list[np.ndarray], answer: QueryAnswer
 
 
 def _layout(engine, qg: QueryGraph, layer: Layer, hop: int, targets: np.ndarray,
-            below: np.ndarray) -> _Hop:
+            below: np.ndarray, local: bool) -> _Hop:
     """Layer ``hop`` of the query batch on the host (`_Hop`): ``targets`` its R_l,
-    ``below`` the vertices whose rows of the layer below are computed here. Asks the
-    partitions for their partial aggregates now unless the aggregation needs the
-    destinations' parts (which only the dense work gives)."""
+    ``below`` the vertices whose rows of the layer below are computed here. With
+    ``local`` (the shards in this process, on the executor's device) the shards' rows and
+    partials are work for the device (`_Hop.works`); else they are asked for now, but
+    partials whose aggregation needs the destinations' parts (which only the dense work
+    gives)."""
     ptr, src, w = qg.in_edges(targets)
     count = np.diff(ptr)
     at = np.repeat(np.arange(len(targets)), count)
     pos = qg.sets.find(below, src)
     if layer.degree_normalised:  # each edge's factor carries its source's scale
         sources, inverse = np.unique(src, return_inverse=True)
-        scale = layer.source_scale(torch.from_numpy(qg.in_weight(sources))).numpy()
-        w = w * scale[inverse]
-    up = {"count": count, "in_weight": qg.in_weight(targets)}
+        w = w * layer.host_source_scale(qg.in_weight(sources))[inverse]
+    out = _Hop(targets, src, w, at, pos, False, [], [],
+               {"count": count, "in_weight": qg.in_weight(targets)}, local)
+    up = out.up
     rows_at = qg.sets.find(below, targets)
     kept = rows_at >= 0
-    same_rows = bool(len(targets) == len(below) and (rows_at == np.arange(len(below))).all())
-    if not same_rows:
+    out.same_rows = bool(len(targets) == len(below)
+                         and (rows_at == np.arange(len(below))).all())
+    if not out.same_rows:
         up["kept"] = rows_at[kept]
-    fetched = 0
     if not kept.all():
         stored_at = np.flatnonzero(~kept)
         owners = engine.owners(targets[stored_at])
         order = np.argsort(owners, kind="stable")  # `LocalWorkers` hold them so, owner by owner
         stored_at, owners = stored_at[order], owners[order]
-        old = targets[stored_at]
+        ids = qg.index.ext[targets[stored_at]]
         up["kept_at"], up["stored_at"] = np.flatnonzero(kept), stored_at
-        held = {"host": False} if _held(engine) else {}
-        up["stored"] = engine.workers.rows(owners, qg.index.ext[old], hop - 1, **held)
-        fetched = len(old) * (up["stored"].shape[1] * engine.dtype.itemsize + 8)  # as on the wire
+        if local:
+            out.add("stored", engine.workers.rows_work(owners, ids, hop - 1))
+        else:
+            up["stored"] = engine.workers.rows(owners, ids, hop - 1)
     mine = pos >= 0
     up["pos"], up["at"], up["w"] = pos[mine], at[mine], w[mine]  # edges from rows here
     got = np.bincount(at[mine], minlength=len(targets))
     stored = np.flatnonzero(~mine)
     owner = engine.owners(src[stored])
-    requests: list[dict | None] = []
-    joins: list[tuple[int, str]] = []
-    sent = 0
     for p in range(engine.num_partitions):
         edges = stored[owner == p]
         if not len(edges):
-            requests.append(None)
+            out.requests.append(None)
             continue
-        local, dst = np.unique(at[edges], return_inverse=True)
+        local_at, dst = np.unique(at[edges], return_inverse=True)
         req = {"hop": hop, "src": qg.index.ext[src[edges]], "dst": dst.astype(np.int32),
-               "w": w[edges], "num": len(local), "dst_part": None}
-        sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
+               "w": w[edges], "num": len(local_at), "dst_part": None}
+        out.sent += sum(a.nbytes for a in req.values() if isinstance(a, np.ndarray))
         if engine.directory is None:  # one shard, on this graph: its slots are ours
             req["slots"] = src[edges]
-        requests.append(req)
-        theirs = np.bincount(dst, minlength=len(local))
-        up[f"local{p}"] = local
-        if got[local].any():
-            joins.append((p, "merge"))
-            up[f"got{p}"], up[f"theirs{p}"] = got[local], theirs
+        out.requests.append(req)
+        theirs = np.bincount(dst, minlength=len(local_at))
+        up[f"local{p}"] = local_at
+        if got[local_at].any():
+            out.joins.append((p, "merge"))
+            up[f"got{p}"], up[f"theirs{p}"] = got[local_at], theirs
         else:  # every row of these a placeholder so far: theirs
-            joins.append((p, "all" if len(local) == len(targets) else "some"))
-        got[local] += theirs
-    out = _Hop(targets, src, w, at, pos, same_rows, requests, joins, up, sent, 0, fetched)
-    if joins and not layer.aggr.destination_dependent:
+            out.joins.append((p, "all" if len(local_at) == len(targets) else "some"))
+        got[local_at] += theirs
+    if local:
+        for p, work in enumerate(engine.workers.partials_work(out.requests)):
+            if work is not None:
+                out.add(f"reply{p}", work)
+    elif out.joins and not layer.aggr.destination_dependent:
         out.ask(engine)
     return out
 
@@ -485,14 +508,13 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
     t = layer.transform(h) if layer.self_transform or layer.caches_t else None
     dst_part = (layer.destination_part(t if t is not None else layer.transform(h))
                 if layer.aggr.destination_dependent else None)
-    if dst_part is not None and hop.joins:  # the partitions need the destinations' parts
-        asked = [p for p, _ in hop.joins]
-        parts = [dst_part.index_select(0, up[f"local{p}"]) for p in asked]
-        if not _held(engine):  # for the wire
-            parts = download(*parts)
-        for p, part in zip(asked, parts, strict=True):
+    parts: dict[int, Tensor] = {}  # per partition asked, its destinations' parts
+    if dst_part is not None:
+        parts = {p: dst_part.index_select(0, up[f"local{p}"]) for p, _ in hop.joins}
+        hop.sent += sum(part.nbytes for part in parts.values())
+    if parts and not hop.local:  # they answer over the wire: the parts go as host rows
+        for p, part in zip(parts, download(*parts.values()), strict=True):
             hop.requests[p]["dst_part"] = part
-            hop.sent += part.nbytes
         hop.up = {}
         hop.ask(engine)
         up = {**up, **_send(here.device, [hop.up])[0]}
@@ -500,7 +522,12 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
     state = layer.partial(layer.transform(ours), up["pos"], up["at"], up["w"],
                           len(hop.targets), dst_part)
     for p, join in hop.joins:
-        reply, index = up[f"reply{p}"].to(state.dtype), up[f"local{p}"]
+        if hop.local:
+            reply = hop.finish(f"reply{p}", up, parts.get(p))
+            hop.received += reply.nbytes
+        else:
+            reply = up[f"reply{p}"]
+        reply, index = reply.to(state.dtype), up[f"local{p}"]
         if join == "merge":
             state[index] = layer.aggr.merge(state.index_select(0, index), up[f"got{p}"],
                                             reply, up[f"theirs{p}"])
@@ -514,46 +541,34 @@ def _compute(engine, layer: Layer, hop: _Hop, up: dict[str, Tensor], here: Tenso
 
 def _rows(hop: _Hop, up: dict[str, Tensor], here: Tensor) -> Tensor:
     """h of the layer below of ``hop``'s targets: rows of those computed ``here``, and
-    where none was the stored row (``up``'s ``stored``, fetched from the partition owning
-    it)."""
+    where none was the stored row, fetched from the partition owning it (``up``'s
+    ``stored``, or the shards' work on this device); counts their bytes as the wire
+    would carry them (``hop.fetched``)."""
     if hop.same_rows:
         return here
-    if "stored" not in up:
+    if "stored_at" not in up:
         return here.index_select(0, up["kept"])
+    stored = hop.finish("stored", up) if hop.local else up["stored"]
+    hop.fetched = stored.shape[0] * (stored.shape[1] * here.element_size() + 8)
     out = here.new_empty((len(hop.targets), here.shape[1]))
     out[up["kept_at"]] = here.index_select(0, up["kept"])
-    out[up["stored_at"]] = up["stored"].to(here.dtype)
+    out[up["stored_at"]] = stored.to(here.dtype)
     return out
 
 
-def _held(engine) -> bool:
-    """Whether the engine's shards run in this process (`LocalWorkers`): they then hand
-    over their rows and partials, and take the destinations' parts, where they hold
-    them (tensors on their device), not as host arrays for the wire."""
-    return isinstance(engine.workers, LocalWorkers)
+def _same(a: torch.device, b: torch.device) -> bool:
+    """Whether devices ``a`` and ``b`` are one (a device without an index: the current one
+    of its type)."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
-def _send(device: torch.device, parcels: list[dict[str, np.ndarray | Tensor]]
+def _send(device: torch.device, parcels: list[dict[str, np.ndarray]]
           ) -> list[dict[str, Tensor]]:
-    """Every parcel's arrays as tensors on ``device``, by the same names: tensors there
-    already as they are, the others in one upload (tensors elsewhere read back first, in
-    one download)."""
+    """Every parcel's host arrays as tensors on ``device``, by the same names, in one
+    upload."""
+    names = [(i, name) for i, parcel in enumerate(parcels) for name in parcel]
+    tensors = upload(device, *(parcels[i][name] for i, name in names))
     out: list[dict[str, Tensor]] = [{} for _ in parcels]
-    host: list[tuple[int, str]] = []
-    away: list[tuple[int, str]] = []
-    for i, parcel in enumerate(parcels):
-        for name, a in parcel.items():
-            if isinstance(a, np.ndarray):
-                host.append((i, name))
-            elif a.device.type == device.type and device.index in (None, a.device.index):
-                out[i][name] = a
-            else:
-                away.append((i, name))
-    arrays = [parcels[i][name] for i, name in host]
-    if away:
-        host += away
-        arrays += download(*(parcels[i][name] for i, name in away))
-    if host:
-        for (i, name), tensor in zip(host, upload(device, *arrays), strict=True):
-            out[i][name] = tensor
+    for (i, name), tensor in zip(names, tensors, strict=True):
+        out[i][name] = tensor
     return out

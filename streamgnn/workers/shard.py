@@ -36,7 +36,8 @@ kafka or mpi4py.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -63,6 +64,17 @@ from streamgnn.workers.placement import Routed
 from streamgnn.workers.pulls import keep_ties
 from streamgnn.workers.superstep import superstep
 from streamgnn.workers.tables import Tables, keeps_z
+
+
+@dataclass
+class Deferred:
+    """A shard's part of a query layer for a caller in this process, which uploads the
+    shard's host ``arrays`` with its own: ``finish`` then computes the part where the shard
+    holds its tables, from those arrays as tensors there (by the same names) and, for
+    attention's partials, the destinations' parts (a tensor there, or None)."""
+
+    arrays: dict[str, np.ndarray]
+    finish: Callable[[dict[str, Tensor], Tensor | None], Tensor]
 
 
 class Shard:
@@ -151,17 +163,24 @@ class Shard:
         return self.tables.arrays(with_graph)
 
     @torch.inference_mode()
-    def rows(self, slots: np.ndarray, layer: int, host: bool = True) -> np.ndarray | Tensor:
+    def rows(self, slots: np.ndarray, layer: int) -> np.ndarray:
         """h^layer of ``slots`` (activated where the shard keeps the pre-activation), as
-        host arrays in the engine's dtype; without ``host``, where the shard holds them,
-        for a caller in this process: the features' rows as stored (host) at layer 0, a
-        tensor on the tables' device above. The features never cross to the device."""
+        host arrays in the engine's dtype. The features never cross to the device."""
         tb = self.tables
         if layer == 0:
-            rows = tb.features_of(0, slots)[0]
-            return rows.astype(numpy_dtype(tb.dtype), copy=False) if host else rows
-        rows = tb.h_rows_at(layer, slots)
-        return download(rows)[0] if host else rows
+            return tb.features_of(0, slots)[0].astype(numpy_dtype(tb.dtype), copy=False)
+        work = self.rows_work(slots, layer)
+        return download(work.finish(tb.uploaded(**work.arrays), None))[0]
+
+    def rows_work(self, slots: np.ndarray, layer: int) -> Deferred:
+        """`rows` for a caller in this process that uploads the arrays itself: at layer 0
+        the features' rows (host, as stored), finished as they arrive; above, the rows'
+        indices in the table holding them, finished on the tables' device."""
+        tb = self.tables
+        if layer == 0:
+            return Deferred({"rows": tb.features_of(0, slots)[0]}, lambda up, _: up["rows"])
+        index = tb.h_at(layer, slots).astype(np.int64, copy=False)
+        return Deferred({"index": index}, lambda up, _: tb.h_rows(layer, up["index"]))
 
     def neighbors(self, ids: np.ndarray, out: bool, edges: bool) -> dict[str, np.ndarray]:
         """The in-edges (``out``: the out-edges) this partition keeps of vertices ``ids``:
@@ -190,29 +209,65 @@ class Shard:
 
     @torch.inference_mode()
     def partials(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
-                 num: int, dst_part: np.ndarray | Tensor | None,
-                 slots: np.ndarray | None = None, host: bool = True) -> np.ndarray | Tensor:
+                 num: int, dst_part: np.ndarray | None, slots: np.ndarray | None = None
+                 ) -> np.ndarray:
+        """A query's partial aggregates at layer ``hop`` (`partials_work`, with
+        attention's destination parts ``dst_part`` as host rows), as a host array: its
+        arrays go to the tables' device in one upload and the states come back in one
+        download."""
+        work = self.partials_work(hop, src, dst, w, num, slots, dst_part)
+        return download(work.finish(self.tables.uploaded(**work.arrays), None))[0]
+
+    def partials_work(self, hop: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray,
+                      num: int, slots: np.ndarray | None = None,
+                      dst_part: np.ndarray | None = None) -> Deferred:
         """A query's partial aggregates at layer ``hop`` over edges from vertices this
         shard owns (external ids ``src``, or their ``slots`` in this shard's graph where
-        the caller has them) to destinations ``dst`` in ``0..num`` (message factors ``w``;
-        attention: the destinations' parts ``dst_part``, host rows or a tensor), from the
-        stored rows of h^(hop-1): `Layer.partial`. As a host array; without ``host``, a
-        tensor on the tables' device, for a caller in this process."""
+        the caller has them) to destinations ``dst`` in ``0..num`` (message factors
+        ``w``), from the stored rows of h^(hop-1): `Layer.partial`, as work for the
+        tables' device. Its host arrays: the edges (``src``, rows of the table read;
+        ``dst``; ``w``), attention's destination parts ``dst_part`` where given here,
+        and the table's source: the features ``x`` where they are read in place, or where
+        the shard keeps no t and no table to read, the rows it transforms (their slots
+        ``rows``, at the first layer with their ``features``). `Deferred.finish` takes
+        the destination parts where they were not given here."""
         tb, layer = self.tables, self.layers[hop - 1]
         slots = self.graph.slots(src) if slots is None else slots
+        arrays = {"dst": dst.astype(np.int64), "w": w.astype(np.float64, copy=False)}
+        if dst_part is not None:
+            arrays["dst_part"] = dst_part
         table, raw = tb.t[hop - 1], False
         if table is None:
-            table, raw = tb.h_table(hop - 1), True
-        if table is None or (raw and layer.transforms and not layer.aggr.linear):
+            table, raw = (tb.h_table(hop - 1) if hop > 1 else None), True
+        in_place = raw and hop == 1 and self._features_in_place()
+        if raw and ((table is None and not in_place)
+                    or (layer.transforms and not layer.aggr.linear)):
             rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
-            table, raw = tb.t_rows_at(hop, layer, rows), False
-        edges = tb.upload(slots, dst, w.astype(np.float64, copy=False),
-                          *([dst_part] if isinstance(dst_part, np.ndarray) else []))
-        part = edges.pop() if len(edges) > 3 else dst_part  # host parts: with the edges
-        if part is not None:
-            part = part.to(table.device, table.dtype)
-        state = layer.partial(table, *edges, num, part, raw)
-        return download(state)[0] if host else state
+            arrays["rows"] = rows.astype(np.int64, copy=False)
+            if features := tb.features_of(hop - 1, rows):
+                arrays["features"] = features[0]
+            raw = in_place = False
+        elif in_place:
+            arrays["x"] = self.graph.x
+        arrays["src"] = slots.astype(np.int64, copy=False)
+
+        def finish(up: dict[str, Tensor], dst_part: Tensor | None) -> Tensor:
+            t = table
+            if "rows" in up:
+                t = layer.transform(tb.h_rows(hop - 1, up["rows"], up.get("features")))
+            elif in_place:
+                t = up["x"]
+            part = up.get("dst_part") if dst_part is None else dst_part
+            if part is not None:
+                part = part.to(t.device, t.dtype)
+            return layer.partial(t, up["src"], up["dst"], up["w"], num, part, raw)
+        return Deferred(arrays, finish)
+
+    def _features_in_place(self) -> bool:
+        """Whether a query's partials read the features where the graph holds them, as
+        `Tables.h_table` does: on the CPU, where they are in the engine's dtype."""
+        tb = self.tables
+        return tb.device.type == "cpu" and self.graph.x.dtype == numpy_dtype(tb.dtype)
 
     def summary(self) -> dict:
         """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and
