@@ -114,7 +114,6 @@ class Planned:
         self.wear: list[Tensor] = []
         self.finite: list[Tensor] = []
         self.last: Tensor | None = None  # the last superstep's rows
-        tb.recent = None
 
     # ---------------------------------------------------------------- host
     def _add(self, hop: int, **arrays: np.ndarray) -> None:
@@ -280,9 +279,8 @@ class Planned:
             own = self._rows(hop - 1, up["own"])
             t_own = layer.transform(own) if layer.self_transform else None
             after = layer.update(own, agg, t_own, tb.ours(up["weight"]))
-            before = tb.h[hop].index_select(0, up["region"])
+            old_next = None if last else tb.h[hop].index_select(0, up["region"])[up["kept"]]
             tb.h[hop].index_copy_(0, up["region"], after)
-            old_next = None if last else before.index_select(0, up["kept"])
         self.wear.append(wear)
         self.finite.append(torch.isfinite(after).all())
         if not last:
