@@ -144,6 +144,34 @@ class Planned:
             b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch)
         if not len(region):
             return None
+        differences, paired = self._plan_messages(hop, changed, old_slots, sources, at, v1,
+                                                  w1, region, count)
+        divisor = ones(len(region)) if keeps_z else layer.aggr.divisor(count)
+        self._add(hop, region=region, divisor=divisor)
+        anchored = np.flatnonzero(tb.sets.find(stale, region) >= 0 if len(stale)
+                                  else fresh[:0])
+        if len(anchored):
+            self._plan_pull(hop, region[anchored], anchored, count[anchored])
+        if not keeps_z:  # the update reads the region's own rows and in-degrees
+            self._add(hop, own=self._read(hop - 1, region), weight=g.in_weight[region])
+        if hop < len(tb.layers):
+            self._add(hop, kept=np.flatnonzero(~fresh))
+        return _Hop(region, fresh, anchored, differences, paired, layer.degree_normalised)
+
+    def _plan_messages(self, hop: int, changed: np.ndarray, old_slots: np.ndarray,
+                       sources: np.ndarray, at: np.ndarray, v1: np.ndarray, w1: np.ndarray,
+                       region: np.ndarray, count: np.ndarray) -> tuple[bool, int]:
+        """Superstep ``hop``'s messages into ``region`` (in-degrees ``count``) from
+        ``sources`` along their unchanged out-edges ``sources[at] -> v1`` (weights ``w1``)
+        and the changed edges, as `fold` lists them (`linear_delta_messages`), with the
+        rows of h they read and their table's layout; returns whether the table holds
+        differences (`difference_rows`) and its rows with root terms. A degree-normalised
+        layer's factors are found on the device: a message's coefficient is linear in its
+        source's factors after and before the batch, so the host lists it twice (factors
+        1, 0 and 0, 1) with the source it reads, and the device combines the two."""
+        tb, b = self.tb, self.b
+        g, layer, edges = tb.graph, tb.layers[hop - 1], b.edges
+        keeps_z = tb.z[hop - 1]
         mean_z = keeps_z and layer.aggr.name == "mean"
         rescaled, at_region, a = (mean_rescaled(tb, b, region, count) if mean_z
                                   else (None, None, None))
@@ -152,14 +180,14 @@ class Planned:
                      if mean_z else ones(len(region)))
         none = sources[:0]
         differences = not layer.degree_normalised
-        (slots, at1, at2, has, had, own, extra_at, prior, new, old, delta, fresh_s, taken,
+        (slots, at1, at2, has, had, own, extra_at, prior, new, old, delta, fresh, taken,
          moved, dest, paired) = find_sources(
             sources, at, edges.src, edges.dst, edges.has, edges.had, g.alive, old_slots,
             b.removed, none if rescaled is None else rescaled,
             none if own_slots is None else own_slots, differences, tb.sets.mark,
             tb.sets.scratch)
         if differences:
-            self._add(hop, read=self._read(hop - 1, np.concatenate([slots[fresh_s],
+            self._add(hop, read=self._read(hop - 1, np.concatenate([slots[fresh],
                                                                     slots[moved]])),
                       taken=prior[taken], moved=prior[moved], dest=dest)
         else:
@@ -173,39 +201,30 @@ class Planned:
                 tb.sets.scratch, None if own_slots is None else own, own_slots, paired)
 
         n = len(slots)
-        if layer.degree_normalised:  # coefficients linear in the factors, found on the device
+        if layer.degree_normalised:
             rows, coef_new, local = messages(ones(n), np.zeros(n))
-            coef_old = messages(np.zeros(n), ones(n))[1]
             owner = np.empty(len(old_slots) + len(b.removed), np.int64)  # of each row before
             has_prior = np.flatnonzero(prior >= 0)
             owner[prior[has_prior]] = has_prior
-            source, before = rows.copy(), rows >= n  # each message's source
+            source, before = rows.copy(), rows >= n
             source[before] = owner[rows[before] - n]
-            self._add(hop, coef_new=coef_new, coef_old=coef_old, source=source,
+            self._add(hop, coef_new=coef_new, coef_old=messages(np.zeros(n), ones(n))[1],
+                      source=source,
                       in_weight=np.stack([g.in_weight[slots], tb.in_weight[slots]]))
+            coef = None
         else:
             rows, coef, local = messages(ones(n), ones(n))
-            self._add(hop, coef=coef)
         scale = ones(len(region))
         if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
             scale = scale.copy()
             scale[at_region] = a
             rows, coef, local = (np.concatenate(pair) for pair in zip(
-                (rows, self.arrays[f"{hop}/coef"], local),
-                (2 * old[extra_at] + 1, 1.0 - a, at_region), strict=True))
+                (rows, coef, local), (2 * old[extra_at] + 1, 1.0 - a, at_region),
+                strict=True))
+        if coef is not None:
             self._add(hop, coef=coef)
-        divisor = ones(len(region)) if keeps_z else layer.aggr.divisor(count)
-        self._add(hop, rows=rows, local=local, region=region, divisor=divisor, scale=scale)
-        anchored = (np.flatnonzero(tb.sets.find(stale, region) >= 0) if len(stale)
-                    else none)
-        if len(anchored):
-            self._plan_pull(hop, region[anchored], anchored, count[anchored])
-        if not keeps_z:  # the update reads the region's own rows and in-degrees
-            self._add(hop, own=self._read(hop - 1, region), weight=g.in_weight[region])
-        if hop < len(tb.layers):
-            self._add(hop, kept=np.flatnonzero(~fresh))
-        return _Hop(region, fresh, anchored, differences, int(paired),
-                    layer.degree_normalised)
+        self._add(hop, rows=rows, local=local, scale=scale)
+        return differences, int(paired)
 
     def _plan_pull(self, hop: int, slots: np.ndarray, anchored: np.ndarray,
                    count: np.ndarray) -> None:
