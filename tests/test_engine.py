@@ -306,6 +306,21 @@ def test_planned_batches_re_anchor_worn_rows_a_batch_late(device_kernels, monkey
     assert sum(map(sum, pulled)) > 0
 
 
+@pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin"])
+def test_planned_float32_sums_stay_within_the_contract_re_anchored_a_batch_late(
+        device_kernels, name):
+    """Long delta chains on the planned path, whose wear comes back with a batch and is
+    acted on in the next (`SumAggregation.late_share`), stay within the contract."""
+    torch.manual_seed(0)
+    data = sg.datasets.synthetic("tiny", seed=0)
+    model = ModelSpec(name, data.num_features, data.num_classes, hidden=32).build().eval()
+    engine = Engine.from_pyg(model, data)
+    workload = LinkBenchWorkload(engine.graph, seed=1)
+    pulled = sum(sum(engine.apply(workload.batch(1000)).pulled) for _ in range(40))
+    assert pulled > 0
+    assert_exact(engine, model, torch.float32, 1e-4)
+
+
 def test_deterministic():
     data = sg.datasets.synthetic("tiny", seed=2)
     model = ModelSpec("graphconv-sum", data.num_features, data.num_classes, 16).build().eval()
