@@ -79,11 +79,13 @@ def device_kernels(monkeypatch):
 def force_device_kernels(monkeypatch) -> None:
     """Every kernel a CUDA engine runs, on CPU: the torch twins instead of the numba loops,
     GAT pulls edge by edge, max/min pulls edge by edge instead of torch's CPU-only sparse
-    reduce, a superstep's steps before its product one by one (`_one_kernel`). Left for a
+    reduce, a superstep's steps before its product one by one (`_one_kernel`), products
+    by torch, never by the CPU's small-product loop, tables grown by a copy as on a
+    device, and linear layers at one partition planned (`planned.on_cpu`). Left for a
     GPU: where tensors live, and the engine's one row reduction (`_argmax_rows`), which
     branches on the device inside."""
     from streamgnn.models import extremum_ops, inference, layers, rowops, softmax_ops
-    from streamgnn.workers import fold, halo
+    from streamgnn.workers import fold, halo, planned, tables
 
     for module, names in ((rowops, ("combine_rows", "fold_rows", "store_rows", "compare_rows",
                                     "difference_table", "activated_rows", "merge_rows", "fill_rows",
@@ -103,6 +105,17 @@ def force_device_kernels(monkeypatch) -> None:
     monkeypatch.setattr(inference, "aggregate_spmm", sum_only)
     monkeypatch.setattr(inference, "_reduces_on_cpu", lambda t: False)
     monkeypatch.setattr(fold, "_one_kernel", lambda device: False)
+    monkeypatch.setattr(layers, "is_small", lambda multiply_adds: False)
+    monkeypatch.setattr(tables, "_grown", _grown_as_on_a_device)
+    monkeypatch.setattr(planned, "on_cpu", True)
+
+
+def _grown_as_on_a_device(t: torch.Tensor, size: int) -> torch.Tensor:
+    """`tables._grown` off the CPU: a copy with ``size`` rows, the new ones zero (the
+    CPU's grows its mapping in place, through a host view the crossings count)."""
+    out = t.new_zeros((size, *t.shape[1:]))
+    out[:len(t)] = t
+    return out
 
 
 from tests.kafka_fixtures import (  # noqa: E402, F401  (fixtures for every test module)

@@ -138,6 +138,22 @@ class SumAggregation(Aggregation):
     drift_limit = 256.0
     fresh_roundings = 16.0
     ripe = 0.5
+    late_share = 0.5
+    """Where the wear is read back once a batch and the rows it picks are re-anchored in
+    the next batch (`workers/planned.py`), the wear is measured against this share of
+    ``drift_limit`` (`late_limit`). A row's bound then passes half the limit in one fold
+    at most before the row is recomputed (a batch folds a row once, and the next batch
+    pulls it in the superstep that folds it; a shard restored from a checkpoint has lost
+    the picks and folds it once more first: a rounding more). A fold makes the bound
+    ``g`` times the old one plus one rounding at the larger of the row's sizes before and
+    after (``g`` > 1 only where a mean's in-degree fell: `fold_rows_`): where ``g`` is 1
+    and the row keeps at least half its size, the bound stays within 2 x 128 + 2
+    roundings at its new size, the fixed limit give or take two roundings."""
+
+    @property
+    def late_limit(self) -> float:
+        """`drift_limit` where the wear is read a batch late (`late_share`)."""
+        return self.drift_limit * self.late_share
 
     def fresh_drift(self, rows: Tensor) -> Tensor:
         """The rounding bounds (float32) of state rows just computed from all

@@ -454,9 +454,17 @@ def difference_table_torch(table: Tensor, slots: np.ndarray, relu: bool, old: Te
     rows = table[at].to(old.device, old.dtype)
     if relu:
         rows = torch.relu(rows)
-    fresh = rows.shape[0] - len(moved)
-    stacked = torch.cat([rows[:fresh], old[taken_at], rows[fresh:] - old[moved_at]])
-    return torch.empty_like(stacked).index_copy_(0, dest_at, stacked)
+    return difference_table_tensors(rows, old, taken_at, moved_at, dest_at)
+
+
+def difference_table_tensors(rows: Tensor, old: Tensor, taken: Tensor, moved: Tensor,
+                             dest: Tensor) -> Tensor:
+    """`difference_table` on tensors alone, all on one device: ``rows`` are h after the
+    batch of the table's sources (read and activated already), the last ``len(moved)``
+    of them those whose difference is taken."""
+    fresh = rows.shape[0] - moved.shape[0]
+    stacked = torch.cat([rows[:fresh], old[taken], rows[fresh:] - old[moved]])
+    return torch.empty_like(stacked).index_copy_(0, dest, stacked)
 
 
 def difference_table(table: Tensor, slots: np.ndarray, relu: bool, old: Tensor,
@@ -629,7 +637,11 @@ def fill_rows_numba(tables: list[Tensor], index: np.ndarray, rows: list[Tensor |
 
 def fill_rows_torch(tables: list[Tensor], index: np.ndarray, rows: list[Tensor | None]
                     ) -> None:
-    at = upload(tables[0].device, index)[0]
+    fill_rows_tensors(tables, upload(tables[0].device, index)[0], rows)
+
+
+def fill_rows_tensors(tables: list[Tensor], at: Tensor, rows: list[Tensor | None]) -> None:
+    """`fill_rows_` with the index ``at`` on the tables' device already."""
     for table, row in zip(tables, rows, strict=True):
         table[at] = 0 if row is None else row
 

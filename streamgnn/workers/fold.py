@@ -3,7 +3,7 @@ the messages that stop and start arriving, one per row of t they carry, folded i
 stored states (`SumAggregation.fold`). Where the shard keeps the pre-activation z, the
 root terms of sources whose input changed fold into their own z as messages, and a
 mean's z is first rescaled about its root term and bias where the in-degree changed
-(`_rescaled`). On the CPU everything before the product is one kernel
+(`mean_rescaled`). On the CPU everything before the product is one kernel
 (`linear_step_inputs`); elsewhere the same steps run one by one.
 
 Owns the linear fold; must not import kafka or mpi4py, nor the superstep, pulls or
@@ -36,11 +36,11 @@ def fold(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.ndarray,
     the pre-activation, the root terms of sources whose input changed fold in too; a
     mean's messages then arrive divided by the in-degree, and the z of a vertex whose
     in-degree went from d to d' is first rescaled by d / d' about its old root term and
-    bias (`_rescaled`)."""
+    bias (`mean_rescaled`)."""
     changed, removed, edges = b.changed, b.removed, b.edges
     keeps_z = tb.z[hop - 1]
     mean_z = keeps_z and layer.aggr.name == "mean"
-    rescaled, at_region, a = _rescaled(tb, b, region, count) if mean_z else (
+    rescaled, at_region, a = mean_rescaled(tb, b, region, count) if mean_z else (
         None, None, None)
     # the sources' root terms fold into their own z too
     own_slots = changed.slots[tb.owned[changed.slots]] if keeps_z else None
@@ -77,8 +77,8 @@ def fold(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.ndarray,
                            keep)
 
 
-def _rescaled(tb: Tables, b: Batch, region: np.ndarray, count: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mean_rescaled(tb: Tables, b: Batch, region: np.ndarray, count: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A mean's z = S / d + r + b (S: the messages' sum, r: the root term, b: the
     bias) for the new in-degree d' is ``a z + (1 - a) (r + b)`` with a = d / d' (0
     when d' is 0). Returns the region's vertices to rescale so (their in-degree

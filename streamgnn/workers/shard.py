@@ -61,6 +61,7 @@ from streamgnn.workers.ghost_rows import (
 from streamgnn.workers.halo import begin_halo
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed
+from streamgnn.workers.planned import Planned, plans
 from streamgnn.workers.pulls import keep_ties
 from streamgnn.workers.superstep import superstep
 from streamgnn.workers.tables import Tables, keeps_z
@@ -108,6 +109,8 @@ class Shard:
         written before they were kept), then moved onto huge pages."""
         self.tables, self.layers, self.graph = tables, tables.layers, tables.graph
         self._batch: Batch | None = None
+        self._planned: Planned | None = None  # the open batch, where it runs planned
+        self._stale: list[np.ndarray] = []  # per layer, rows a planned batch re-anchors next
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
@@ -364,7 +367,8 @@ class Shard:
             subscribed, subscribers, self.ghost_feature_bytes = begin_routed(
                 tb, diff, routed, removed, added)
         tb.place(removed, added)
-        if len(added):  # reused slots and rows: start empty
+        planned = plans(tb)  # (its plan starts the reused rows empty on the device)
+        if len(added) and not planned:  # reused slots and rows: start empty
             for hop, layer in enumerate(self.layers, start=1):
                 state, z = tb.state[hop - 1], tb.z[hop - 1]
                 if state is not None:
@@ -374,18 +378,25 @@ class Shard:
                                [layer.empty_preactivation() if z else None]
                                + [None] * (len(tables) - 1))
         changed = Changed(np.concatenate([diff.changed, diff.added]).astype(np.int64),
-                          diff.changed.astype(np.int64), [tb.as_rows(diff.changed_x_before)])
+                          diff.changed.astype(np.int64),
+                          [] if planned else [tb.as_rows(diff.changed_x_before)])
         features = np.sort(changed.slots)  # rewritten at layer 0: the features
         features = features[tb.owned[features]]
         result = ApplyResult(ChangedLabels.empty(), diff.rejected,
                              rewritten=[(features, self.graph.x[features])])
+        removed_rows = (torch.empty(0, device=tb.device) if planned  # (its plan's own)
+                        else tb.as_rows(diff.removed_x))
         self._batch = Batch(BatchEdges.of(self.graph, diff, tb.sets), added, removed,
-                            tb.as_rows(diff.removed_x), changed, result, subscribed,
-                            subscribers)
+                            removed_rows, changed, result, subscribed, subscribers)
+        self._planned = (Planned(tb, self._batch, diff.changed_x_before, diff.removed_x,
+                                 self._stale) if planned else None)
 
     def _step(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
         b, tb = self._batch, self.tables
+        if self._planned is not None:
+            self._planned.step(hop)
+            return
         step = superstep(tb, b, hop)
         if not b.result.non_finite and not step.finite:
             b.result.non_finite = hop  # the other shards go on to the barrier: report at end
@@ -399,6 +410,11 @@ class Shard:
         """Close the batch: its label changes and counts."""
         tb = self.tables
         b, last, self._batch, tb.recent = self._batch, tb.recent, None, None
+        if self._planned is not None:
+            result, self._stale = self._planned.finish()
+            self._planned = None
+            self._count_in_weights(b)
+            return result
         result, n = b.result, len(last.region)
         hops = result.rewritten[1:]  # the supersteps' rows, still where they were computed
         rows = [rows for _, rows in hops]
@@ -411,7 +427,11 @@ class Shard:
             new = argmax_rows(last.after[:n]) if on_cpu else host[-1]
             at, old = relabel_(tb.labels, tb.own_rows(last.region), new, last.fresh)
             result.changed_labels = ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
+        self._count_in_weights(b)
+        return result
+
+    def _count_in_weights(self, b: Batch) -> None:
+        """The in-degrees the states were built with, brought up to the batch ``b``."""
         for touched in (b.edges.degree_changed, b.added):
             if len(touched):
-                tb.in_weight[touched] = self.graph.in_weight[touched]
-        return result
+                self.tables.in_weight[touched] = self.graph.in_weight[touched]

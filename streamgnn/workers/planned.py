@@ -1,0 +1,377 @@
+"""`Planned`: a batch on a shard whose layers all aggregate linearly (sums, means, GCN's
+normalised sums, GIN), at one partition, off the CPU, planned on the host and run on the
+device with two crossings: one upload of every index array and host row the batch's L
+supersteps read, one download of what the host keeps (rows rewritten, labels, whether
+every row is finite, the states' wear).
+
+The host can plan every superstep before any device work because of a conservative
+frontier: superstep l + 1's sources are all the rows superstep l recomputed, not only
+those that moved. A source whose row did not move sends t of h_new - h_old = 0 (or, where
+t is not taken of differences, a message and its exact negative), so the states stay
+what the delta rule makes them; the regions are those a batch's L hops reach from its
+changes, found from the graph alone (`superstep_region`). The index work is
+`superstep_region`, `deltas.message_sources` and `deltas.linear_delta_messages`, as for
+the CPU; on the device each superstep is a product, the fold (`fold_rows_tensors`) and
+the activation or update, without reading anything back.
+
+Wear (`SumAggregation`): it comes back with the download, measured against
+`SumAggregation.late_limit`; the rows it picks (`SumAggregation.re_anchored`) are
+recomputed from all their in-neighbors in the next batch, in the superstep that folds
+them (added to its region, their in-edges in that batch's upload). The picks live on
+the shard between batches (`Planned.finish` returns them); a restored shard has none,
+and its worn rows are picked again the next time they are folded.
+
+Counts (`ApplyResult`): ``recomputed`` counts the conservative regions, larger than the
+CPU path's; ``pulled`` the rows re-anchored.
+
+Owns this plan and run; must not import kafka or mpi4py, nor the superstep, pulls or
+ghost-row parts of the shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamgnn.models.rowops import (
+    combine_rows_torch,
+    difference_table_tensors,
+    fill_rows_tensors,
+    fold_rows_tensors,
+    ones,
+)
+from streamgnn.models.transfer import download
+from streamgnn.workers.batch import ApplyResult, Batch
+from streamgnn.workers.deltas import linear_delta_messages
+from streamgnn.workers.deltas import message_sources as find_sources
+from streamgnn.workers.fold import mean_rescaled
+from streamgnn.workers.labels import ChangedLabels, relabel_
+from streamgnn.workers.region import superstep_region
+from streamgnn.workers.tables import Tables
+
+on_cpu = False
+"""Whether shards on the CPU plan their batches too (tests set it with the device
+kernels forced: what a device batch runs, on CPU tensors)."""
+
+
+def plans(tb: Tables) -> bool:
+    """Whether the shard's batches run planned: one partition (no ghosts), tables off the
+    CPU (or `on_cpu`), every layer's aggregation linear with states kept (not RC), no t
+    kept and no root term kept beside a table of h."""
+    if tb.ghost is not None or (tb.device.type == "cpu" and not on_cpu):
+        return False
+    return all(layer.aggr.linear and state is not None and t is None
+               and (z or root is None) and not (z and layer.degree_normalised)
+               for layer, state, t, z, root in zip(tb.layers, tb.state, tb.t, tb.z, tb.root,
+                                                  strict=True))
+
+
+@dataclass
+class _Hop:
+    """One superstep's plan on the host: its ``region`` (sorted slots), which of it the
+    batch ``added`` (``fresh``), the positions in it pulled (``anchored``), the table of
+    t's layout (``differences``: t of h after, before and their difference, `difference_rows`;
+    ``paired`` rows with root terms) and whether the sources' factors are computed on the
+    device (``scaled``: degree-normalised layers)."""
+
+    region: np.ndarray
+    fresh: np.ndarray
+    anchored: np.ndarray
+    differences: bool
+    paired: int
+    scaled: bool
+
+
+class Planned:
+    """One batch of a shard that `plans`: planned and uploaded when made, run superstep
+    by superstep (`step`), read back at its end (`finish`)."""
+
+    def __init__(self, tb: Tables, b: Batch, changed_x_before: np.ndarray,
+                 removed_x: np.ndarray, stale: list[np.ndarray]) -> None:
+        """The plan of batch ``b`` (its graph changes made, its slots placed): the rows
+        before the batch of the vertices whose features changed (``changed_x_before``)
+        and of those it removed (``removed_x``); ``stale``: per layer, the rows the last
+        batch's wear picked (empty lists: none)."""
+        self.tb, self.b = tb, b
+        self.arrays: dict[str, np.ndarray] = {"x_before": changed_x_before,
+                                              "removed_x": removed_x, "removed": b.removed,
+                                              "added": b.added}
+        self.hops: list[_Hop | None] = []
+        changed, old_slots = b.changed.slots, b.changed.old_slots
+        none = b.removed[:0]
+        for hop in range(1, len(tb.layers) + 1):
+            plan = self._plan(hop, changed, old_slots, stale[hop - 1] if stale else none)
+            self.hops.append(plan)
+            changed, old_slots = ((none, none) if plan is None
+                                  else (plan.region, plan.region[~plan.fresh]))
+        names = list(self.arrays)
+        self.up = dict(zip(names, tb.upload(*self.arrays.values()), strict=True))
+        self.old = tb.ours(self.up["x_before"])  # rows before of the next step's sources
+        self.removed_rows = tb.ours(self.up["removed_x"])
+        self.wear: list[Tensor] = []
+        self.finite: list[Tensor] = []
+        self.last: Tensor | None = None  # the last superstep's rows
+
+    # ---------------------------------------------------------------- host
+    def _add(self, hop: int, **arrays: np.ndarray) -> None:
+        """Arrays for superstep ``hop``, to go with the batch's upload."""
+        self.arrays.update({f"{hop}/{name}": a for name, a in arrays.items()})
+
+    def _read(self, layer: int, slots: np.ndarray) -> np.ndarray:
+        """What the device needs to read h^layer of ``slots``: their features' rows at
+        layer 0, the slots above (`_rows`)."""
+        return self.tb.graph.x[slots] if layer == 0 else slots
+
+    def _plan(self, hop: int, changed: np.ndarray, old_slots: np.ndarray,
+              stale: np.ndarray) -> _Hop | None:
+        """Superstep ``hop``'s plan, its arrays added to the upload: sources ``changed``
+        (those with rows before the batch: ``old_slots``, in the order of those rows)
+        and, for degree-normalised layers, the vertices whose in-degree changed; the
+        ``stale`` rows re-anchored. None where it reaches no vertex."""
+        tb, b = self.tb, self.b
+        g, layer, edges = tb.graph, tb.layers[hop - 1], b.edges
+        sources = (tb.sets.union(changed, edges.degree_changed) if layer.degree_normalised
+                   else np.asarray(changed, np.int64))
+        if not (len(sources) or len(edges.dst) or len(stale)):
+            return None
+        keeps_z = tb.z[hop - 1]
+        at, v1, w1, region, count, fresh, _ = superstep_region(
+            g.out.arrays, sources, edges.keys, edges.dst,
+            np.concatenate([changed, stale]).astype(np.int64), tb.owned, g.in_degree,
+            b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch)
+        if not len(region):
+            return None
+        differences, paired = self._plan_messages(hop, changed, old_slots, sources, at, v1,
+                                                  w1, region, count)
+        divisor = ones(len(region)) if keeps_z else layer.aggr.divisor(count)
+        self._add(hop, region=region, divisor=divisor)
+        anchored = np.flatnonzero(tb.sets.find(stale, region) >= 0 if len(stale)
+                                  else fresh[:0])
+        if len(anchored):
+            self._plan_pull(hop, region[anchored], anchored, count[anchored])
+        if not keeps_z:  # the update reads the region's own rows and in-degrees
+            self._add(hop, own=self._read(hop - 1, region), weight=g.in_weight[region])
+        if hop < len(tb.layers):
+            self._add(hop, kept=np.flatnonzero(~fresh))
+        return _Hop(region, fresh, anchored, differences, paired, layer.degree_normalised)
+
+    def _plan_messages(self, hop: int, changed: np.ndarray, old_slots: np.ndarray,
+                       sources: np.ndarray, at: np.ndarray, v1: np.ndarray, w1: np.ndarray,
+                       region: np.ndarray, count: np.ndarray) -> tuple[bool, int]:
+        """Superstep ``hop``'s messages into ``region`` (in-degrees ``count``) from
+        ``sources`` along their unchanged out-edges ``sources[at] -> v1`` (weights ``w1``)
+        and the changed edges, as `fold` lists them (`linear_delta_messages`), with the
+        rows of h they read and their table's layout; returns whether the table holds
+        differences (`difference_rows`) and its rows with root terms. A degree-normalised
+        layer's factors are found on the device: a message's coefficient is linear in its
+        source's factors after and before the batch, so the host lists it twice (factors
+        1, 0 and 0, 1) with the source it reads, and the device combines the two."""
+        tb, b = self.tb, self.b
+        g, layer, edges = tb.graph, tb.layers[hop - 1], b.edges
+        keeps_z = tb.z[hop - 1]
+        mean_z = keeps_z and layer.aggr.name == "mean"
+        rescaled, at_region, a = (mean_rescaled(tb, b, region, count) if mean_z
+                                  else (None, None, None))
+        own_slots = changed[tb.owned[changed]] if keeps_z else None
+        dst_scale = (np.divide(1.0, count, out=np.zeros(len(count)), where=count > 0)
+                     if mean_z else ones(len(region)))
+        none = sources[:0]
+        differences = not layer.degree_normalised
+        (slots, at1, at2, has, had, own, extra_at, prior, new, old, delta, fresh, taken,
+         moved, dest, paired) = find_sources(
+            sources, at, edges.src, edges.dst, edges.has, edges.had, g.alive, old_slots,
+            b.removed, none if rescaled is None else rescaled,
+            none if own_slots is None else own_slots, differences, tb.sets.mark,
+            tb.sets.scratch)
+        if differences:
+            self._add(hop, read=self._read(hop - 1, np.concatenate([slots[fresh],
+                                                                    slots[moved]])),
+                      taken=prior[taken], moved=prior[moved], dest=dest)
+        else:
+            self._add(hop, read=self._read(hop - 1, slots))
+
+        def messages(scale_new: np.ndarray, scale_old: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return linear_delta_messages(
+                new, old, delta, at1, v1, w1, at2, edges.dst, edges.before, edges.after,
+                has, had, layer.edge_weighted, scale_new, scale_old, region, dst_scale,
+                tb.sets.scratch, None if own_slots is None else own, own_slots, paired)
+
+        n = len(slots)
+        if layer.degree_normalised:
+            rows, coef_new, local = messages(ones(n), np.zeros(n))
+            owner = np.empty(len(old_slots) + len(b.removed), np.int64)  # of each row before
+            has_prior = np.flatnonzero(prior >= 0)
+            owner[prior[has_prior]] = has_prior
+            source, before = rows.copy(), rows >= n
+            source[before] = owner[rows[before] - n]
+            self._add(hop, coef_new=coef_new, coef_old=messages(np.zeros(n), ones(n))[1],
+                      source=source,
+                      in_weight=np.stack([g.in_weight[slots], tb.in_weight[slots]]))
+            coef = None
+        else:
+            rows, coef, local = messages(ones(n), ones(n))
+        scale = ones(len(region))
+        if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
+            scale = scale.copy()
+            scale[at_region] = a
+            rows, coef, local = (np.concatenate(pair) for pair in zip(
+                (rows, coef, local), (2 * old[extra_at] + 1, 1.0 - a, at_region),
+                strict=True))
+        if coef is not None:
+            self._add(hop, coef=coef)
+        self._add(hop, rows=rows, local=local, scale=scale)
+        return differences, int(paired)
+
+    def _plan_pull(self, hop: int, slots: np.ndarray, anchored: np.ndarray,
+                   count: np.ndarray) -> None:
+        """The arrays re-anchoring ``slots`` (at ``anchored`` in the region; in-degrees
+        ``count``) reads: their in-edges, the rows of h^(hop-1) these read, and where the
+        shard keeps z, their own rows."""
+        tb, layer = self.tb, self.tb.layers[hop - 1]
+        ptr, src, w = tb.graph.in_edges(slots)
+        self._add(hop, anchored=anchored, pull_count=count, pull_read=self._read(hop - 1, src),
+                  pull_w=w.astype(np.float64), pull_dst=np.repeat(np.arange(len(slots)),
+                                                                 np.diff(ptr)))
+        if tb.z[hop - 1]:
+            self._add(hop, pull_own=self._read(hop - 1, slots))
+        if layer.degree_normalised:
+            self._add(hop, pull_in_weight=tb.graph.in_weight[src])
+
+    # ---------------------------------------------------------------- device
+    def _rows(self, layer: int, read: Tensor) -> Tensor:
+        """h^layer of the slots `_read` planned (``read``, uploaded): their features'
+        rows at layer 0; above, rows of the stored table, activated where it is z."""
+        tb = self.tb
+        if layer == 0:
+            return tb.ours(read)
+        if tb.z[layer - 1]:
+            return tb.layers[layer - 1].activate(tb.state[layer - 1].index_select(0, read))
+        return tb.h[layer].index_select(0, read)
+
+    def step(self, hop: int) -> None:
+        """Superstep ``hop`` on the device, as planned; its counts go to the batch's
+        result."""
+        tb, result = self.tb, self.b.result
+        layer, plan = tb.layers[hop - 1], self.hops[hop - 1]
+        if hop == 1 and len(self.b.added):  # reused slots and rows: start empty
+            for k, z in enumerate(tb.z):
+                fill_rows_tensors([tb.state[k], tb.drift[k]], self.up["added"],
+                                  [tb.layers[k].empty_preactivation() if z else None, None])
+        last = hop == len(tb.layers)
+        if plan is None:
+            self._reached_nothing(hop, last)
+            return
+        up = {name.split("/")[1]: t for name, t in self.up.items()
+              if name.startswith(f"{hop}/")}
+        keeps_z = tb.z[hop - 1]
+        old = self.old if not len(self.b.removed) else torch.cat([self.old, self.removed_rows])
+        rows = self._rows(hop - 1, up["read"])
+        rows = (difference_table_tensors(rows, old, up["taken"], up["moved"], up["dest"])
+                if plan.differences else torch.cat([rows, old]))
+        t = layer.rel_root(rows, plan.paired) if keeps_z else layer.transform(rows)
+        if plan.scaled:  # the sources' factors after and before the batch
+            scale = layer.source_scale(up["in_weight"])
+            source = up["source"]
+            coef = (up["coef_new"] * scale[0].index_select(0, source)
+                    + up["coef_old"] * scale[1].index_select(0, source))
+        else:
+            coef = up["coef"]
+        state, drift = tb.state[hop - 1], tb.drift[hop - 1]
+        bias = (layer.empty_preactivation().to(torch.float64)
+                if keeps_z and layer.aggr.name == "mean" else
+                state.new_zeros(state.shape[1], dtype=torch.float64))
+        agg, wear, before = fold_rows_tensors(state, drift, t, up["rows"], coef, up["local"],
+                                              up["region"], up["divisor"], up["scale"],
+                                              bias, layer.aggr.late_limit)
+        agg = tb.ours(agg)
+        if len(plan.anchored):  # (their wear is that of the fold the pull replaced)
+            self._pull(hop, up, agg)
+            wear[up["anchored"]] = 0.0
+        if keeps_z:
+            after = layer.activate(agg)
+            old_next = None if last else layer.activate(before.index_select(0, up["kept"]))
+        else:
+            own = self._rows(hop - 1, up["own"])
+            t_own = layer.transform(own) if layer.self_transform else None
+            after = layer.update(own, agg, t_own, tb.ours(up["weight"]))
+            old_next = None if last else tb.h[hop].index_select(0, up["region"])[up["kept"]]
+            tb.h[hop].index_copy_(0, up["region"], after)
+        self.wear.append(wear)
+        self.finite.append(torch.isfinite(after).all())
+        if not last:
+            self.old = old_next
+            if len(self.b.removed):
+                self.removed_rows = self._rows(hop, self.up["removed"])
+        self.last = after
+        for counts, n in ((result.recomputed, len(plan.region)),
+                          (result.pulled, len(plan.anchored)), (result.pulled_columns, 0),
+                          (result.remote_reads, 0), (result.combined_messages, 0)):
+            counts.append(n)
+        result.rewritten.append((plan.region, after))
+
+    def _pull(self, hop: int, up: dict[str, Tensor], agg: Tensor) -> None:
+        """Re-anchor the planned rows of superstep ``hop``: their states summed again from
+        all their in-neighbors' rows of h^(hop-1) (transformed; the transform is linear
+        without bias, as `pulls.pull` uses it), stored with fresh rounding bounds, and
+        their rows of ``agg`` (the region's finalized states) replaced."""
+        tb, layer = self.tb, self.tb.layers[hop - 1]
+        t = layer.transform(self._rows(hop - 1, up["pull_read"]))
+        coef = up["pull_w"] if layer.edge_weighted else torch.ones_like(up["pull_w"])
+        if layer.degree_normalised:
+            coef = coef * layer.source_scale(up["pull_in_weight"])
+        every = torch.arange(t.shape[0], device=t.device)
+        summed = combine_rows_torch(t, every, coef, up["pull_dst"],
+                                    up["anchored"].shape[0]).to(tb.dtype)
+        finalized = layer.aggr.finalize(summed, up["pull_count"])
+        if tb.z[hop - 1]:  # the pre-activation: the aggregate, then the vertex's own terms
+            summed = finalized = layer.preactivation(self._rows(hop - 1, up["pull_own"]),
+                                                     finalized)
+        at = up["region"].index_select(0, up["anchored"])
+        tb.state[hop - 1][at] = summed.to(tb.state[hop - 1].dtype)
+        tb.drift[hop - 1][at] = layer.aggr.fresh_drift(summed)
+        agg[up["anchored"]] = finalized.to(agg.dtype)
+
+    def _reached_nothing(self, hop: int, last: bool) -> None:
+        """Superstep ``hop`` where its messages reach no vertex: no rows, no counts."""
+        tb, result = self.tb, self.b.result
+        width = tb.layers[hop - 1].out_dim
+        nothing = torch.empty((0, width), dtype=tb.dtype, device=tb.device)
+        for counts in (result.recomputed, result.pulled, result.pulled_columns,
+                       result.remote_reads, result.combined_messages):
+            counts.append(0)
+        result.rewritten.append((self.b.removed[:0], nothing))
+        self.wear.append(torch.empty(0, dtype=torch.float64, device=tb.device))
+        self.finite.append(torch.ones((), dtype=torch.bool, device=tb.device))
+        if not last:
+            self.old = nothing
+            if len(self.b.removed):
+                self.removed_rows = self._rows(hop, self.up["removed"])
+        self.last = nothing
+
+    def finish(self) -> tuple[ApplyResult, list[np.ndarray]]:
+        """Close the batch in one copy back: its rows, labels, finiteness and wear.
+        Returns its result (label changes, counts, the first layer it drove to NaN or
+        inf) and per layer the rows its wear picks to re-anchor in the next batch."""
+        tb, b = self.tb, self.b
+        result, plan = b.result, self.hops[-1]
+        hops = result.rewritten[1:]
+        labels = [] if plan is None else [self.last.argmax(-1)]
+        host = download(*(rows for _, rows in hops), torch.stack(self.finite), *self.wear,
+                        *labels)
+        count = len(hops)
+        result.rewritten[1:] = [(slots, rows) for (slots, _), rows
+                                in zip(hops, host[:count], strict=True)]
+        finite, wear = host[count], host[count + 1:count + 1 + len(self.wear)]
+        if not finite.all():
+            result.non_finite = int(np.argmin(finite)) + 1
+        if plan is not None:
+            new = host[-1]
+            at, old = relabel_(tb.labels, tb.own_rows(plan.region), new, plan.fresh)
+            result.changed_labels = ChangedLabels(tb.graph.ext[plan.region[at]], old, new[at])
+        stale = [b.removed[:0] if p is None else p.region[layer.aggr.re_anchored(w)]
+                 for layer, p, w in zip(tb.layers, self.hops, wear, strict=True)]
+        return result, stale
