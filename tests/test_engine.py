@@ -306,6 +306,27 @@ def test_planned_batches_re_anchor_worn_rows_a_batch_late(device_kernels, monkey
     assert sum(map(sum, pulled)) > 0
 
 
+def test_a_restored_planned_engine_re_anchors_when_the_original_does(device_kernels,
+                                                                      monkeypatch):
+    """The rows a planned batch's wear picks are kept in snapshots (`Tables.reanchor`):
+    restored between picking and re-anchoring, the engine goes on bit for bit."""
+    monkeypatch.setattr(SumAggregation, "drift_limit", 40.0)
+    data = random_graph(np.random.default_rng(7), n=200, m=900, d=F_IN, hubs=3)
+    model = randomise(ARCHS["graphconv-add"](2), 7).double()
+    engine = Engine.from_pyg(model, data)
+    workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=3)
+    while not any(len(slots) for slots in engine.shards[0].tables.reanchor):
+        engine.apply(workload.applied(50))
+    restored = Engine.restore(model, copy.deepcopy(engine.snapshot()))
+    for _ in range(3):
+        batch = workload.applied(50)
+        assert engine.apply(batch).pulled == restored.apply(batch).pulled
+    ours, theirs = engine.shards[0].arrays(), restored.shards[0].arrays()
+    assert ours.keys() == theirs.keys()
+    for key, rows in ours.items():
+        assert np.array_equal(rows, theirs[key], equal_nan=True), key
+
+
 @pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin"])
 def test_planned_float32_sums_stay_within_the_contract_re_anchored_a_batch_late(
         device_kernels, name):

@@ -17,9 +17,9 @@ the activation or update, without reading anything back.
 Wear (`SumAggregation`): it comes back with the download, measured against
 `SumAggregation.late_limit`; the rows it picks (`SumAggregation.re_anchored`) are
 recomputed from all their in-neighbors in the next batch, in the superstep that folds
-them (added to its region, their in-edges in that batch's upload). The picks live on
-the shard between batches (`Planned.finish` returns them); a restored shard has none,
-and its worn rows are picked again the next time they are folded.
+them (added to its region, their in-edges in that batch's upload). The picks live in
+the tables between batches (`Tables.reanchor`, kept in checkpoints, so a restored shard
+re-anchors when the original would have).
 
 Counts (`ApplyResult`): ``recomputed`` counts the conservative regions, larger than the
 CPU path's; ``pulled`` the rows re-anchored.
@@ -90,11 +90,11 @@ class Planned:
     by superstep (`step`), read back at its end (`finish`)."""
 
     def __init__(self, tb: Tables, b: Batch, changed_x_before: np.ndarray,
-                 removed_x: np.ndarray, stale: list[np.ndarray]) -> None:
+                 removed_x: np.ndarray) -> None:
         """The plan of batch ``b`` (its graph changes made, its slots placed): the rows
         before the batch of the vertices whose features changed (``changed_x_before``)
-        and of those it removed (``removed_x``); ``stale``: per layer, the rows the last
-        batch's wear picked (empty lists: none)."""
+        and of those it removed (``removed_x``). The rows the last batch's wear picked
+        (`Tables.reanchor`) are re-anchored in it."""
         self.tb, self.b = tb, b
         self.arrays: dict[str, np.ndarray] = {"x_before": changed_x_before,
                                               "removed_x": removed_x, "removed": b.removed,
@@ -103,7 +103,8 @@ class Planned:
         changed, old_slots = b.changed.slots, b.changed.old_slots
         none = b.removed[:0]
         for hop in range(1, len(tb.layers) + 1):
-            plan = self._plan(hop, changed, old_slots, stale[hop - 1] if stale else none)
+            stale = tb.reanchor[hop - 1] if tb.reanchor else none
+            plan = self._plan(hop, changed, old_slots, stale)
             self.hops.append(plan)
             changed, old_slots = ((none, none) if plan is None
                                   else (plan.region, plan.region[~plan.fresh]))
@@ -352,10 +353,11 @@ class Planned:
                 self.removed_rows = self._rows(hop, self.up["removed"])
         self.last = nothing
 
-    def finish(self) -> tuple[ApplyResult, list[np.ndarray]]:
+    def finish(self) -> ApplyResult:
         """Close the batch in one copy back: its rows, labels, finiteness and wear.
         Returns its result (label changes, counts, the first layer it drove to NaN or
-        inf) and per layer the rows its wear picks to re-anchor in the next batch."""
+        inf); the rows its wear picks, per layer, go to `Tables.reanchor` for the next
+        batch."""
         tb, b = self.tb, self.b
         result, plan = b.result, self.hops[-1]
         hops = result.rewritten[1:]
@@ -374,4 +376,5 @@ class Planned:
             result.changed_labels = ChangedLabels(tb.graph.ext[plan.region[at]], old, new[at])
         stale = [b.removed[:0] if p is None else p.region[layer.aggr.re_anchored(w)]
                  for layer, p, w in zip(tb.layers, self.hops, wear, strict=True)]
-        return result, stale
+        tb.reanchor = stale
+        return result

@@ -110,7 +110,6 @@ class Shard:
         self.tables, self.layers, self.graph = tables, tables.layers, tables.graph
         self._batch: Batch | None = None
         self._planned: Planned | None = None  # the open batch, where it runs planned
-        self._stale: list[np.ndarray] = []  # per layer, rows a planned batch re-anchors next
         self.sent: list[int] = []      # the last batch's bytes per exchange ...
         self.received: list[int] = []
         self.busy: list[float] = []    # ... and its compute seconds between them
@@ -388,8 +387,8 @@ class Shard:
                         else tb.as_rows(diff.removed_x))
         self._batch = Batch(BatchEdges.of(self.graph, diff, tb.sets), added, removed,
                             removed_rows, changed, result, subscribed, subscribers)
-        self._planned = (Planned(tb, self._batch, diff.changed_x_before, diff.removed_x,
-                                 self._stale) if planned else None)
+        self._planned = (Planned(tb, self._batch, diff.changed_x_before, diff.removed_x)
+                         if planned else None)
 
     def _step(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
@@ -411,7 +410,7 @@ class Shard:
         tb = self.tables
         b, last, self._batch, tb.recent = self._batch, tb.recent, None, None
         if self._planned is not None:
-            result, self._stale = self._planned.finish()
+            result = self._planned.finish()
             self._planned = None
             self._count_in_weights(b)
             return result

@@ -95,6 +95,7 @@ class Tables:
         self.ghost_owner = ghost_owner
         self._owned: np.ndarray | None = None  # alive & ~ghost, kept up to date
         self.ties: list[Tensor | None] = [None] * len(layers)
+        self.reanchor: list[np.ndarray] = []  # per layer; empty: none (`workers.planned`)
         self.recent: Step | None = None
 
     @classmethod
@@ -131,6 +132,8 @@ class Tables:
         out = tables.stored(len(layers))
         out = layers[-1].activate(out) if tables.z[-1] else out
         tables.labels = out.argmax(dim=-1).cpu().numpy()
+        tables.reanchor = [arrays[f"reanchor/{k}"] for k in range(len(layers))
+                           if f"reanchor/{k}" in arrays]
         tables.recent = None
         return tables
 
@@ -139,7 +142,8 @@ class Tables:
         tables repeat these bit for bit; left out without ``with_graph``), and per layer k
         its embeddings ``h/k``, aggregation states ``state/k`` with sums' rounding bounds
         ``drift/k`` and max/min's ``ties/k``, kept root terms ``root/k`` and transforms
-        ``t/k`` where it keeps them; with ghosts, each slot's row ``row``."""
+        ``t/k`` where it keeps them; with ghosts, each slot's row ``row``; the rows a planned
+        batch's wear picked to re-anchor in the next, ``reanchor/k``, where there are any."""
         out = prefixed("graph/", self.graph.to_arrays()) if with_graph else {}
         for name in _PER_LAYER:
             for k, rows in enumerate(getattr(self, name)):
@@ -149,6 +153,7 @@ class Tables:
         for name in (*_PER_SLOT, "row"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        out.update((f"reanchor/{k}", slots) for k, slots in enumerate(self.reanchor))
         return out
 
     def on_huge_pages(self) -> None:
