@@ -3,7 +3,8 @@ packed into one flat byte buffer per destination (a header, the ids, the rows, t
 in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers over in
 one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
 per-message objects. A shard's buffers for all its peers are written by one kernel into one
-allocation (`pack_many`).
+allocation (`pack_many`); kernels read the buffers it is sent as they lie (`received_ids`,
+`received_rows`).
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only
 an MPI implementation may import mpi4py.
@@ -79,6 +80,47 @@ def pack_many(counts, slots, rows, at, ids, in_weight, weighted):
                 out_weights[i] = in_weight[s]
         k += n
     return buffer, offsets, sizes
+
+
+@njit(cache=True)
+def _layout(buffer):
+    """A `pack` buffer's header: its rows, their width and item size, and whether
+    in-degrees follow them (1 or 0)."""
+    header = buffer[:_HEADER_BYTES].view(np.int64)  # (`_HEADER`)
+    return header[0], header[1], header[2], header[3]
+
+
+@njit(cache=True)
+def received_ids(buffers):
+    """The ids the `pack` buffers ``buffers`` (a tuple; empty ones among them) carry, one
+    buffer's after another's, and their in-degrees (none where they carry none)."""
+    total, weighted = 0, False
+    for buffer in buffers:
+        if len(buffer):
+            n, _, _, has_weights = _layout(buffer)
+            total += n
+            weighted |= has_weights != 0
+    ids = np.empty(total, np.int64)
+    weights = np.empty(total if weighted else 0, np.float64)
+    k = 0
+    for buffer in buffers:
+        if len(buffer):
+            n, dim, itemsize, has_weights = _layout(buffer)
+            ids[k:k + n] = buffer[_HEADER_BYTES:_HEADER_BYTES + 8 * n].view(np.int64)
+            if has_weights:
+                at = _HEADER_BYTES + 8 * n + n * dim * itemsize
+                weights[k:k + n] = buffer[at:at + 8 * n].view(np.float64)
+            k += n
+    return ids, weights
+
+
+@njit(cache=True)
+def received_rows(buffer, like):
+    """The rows a non-empty `pack` buffer carries, a view in the dtype of ``like`` (a
+    table of the same width and item size)."""
+    n, dim, _, _ = _layout(buffer)
+    at = _HEADER_BYTES + 8 * n
+    return buffer[at:at + n * dim * like.itemsize].view(like.dtype).reshape(n, dim)
 
 
 def _views(buffer: np.ndarray, n: int, dim: int, itemsize: int, weighted: bool) -> Ghosts:

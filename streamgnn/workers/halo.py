@@ -1,7 +1,8 @@
 """A shard's side of the halo, one call a step: who holds what as the batch begins
 (`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
-and the ghost rows it is sent taken into its tables, with which of them join the next
-superstep's sources (`take_ghost_rows`). Each is one numba kernel (the id lookups, the
+and the ghost rows it is sent, their ids looked up once (`received_slots`) and the rows
+copied once, from the buffers as they lie, into its tables, with which of them join the
+next superstep's sources (`take_ghost_rows`). Each is a numba kernel (the id lookups, the
 marks, the copies and comparisons, an elementwise activation); where the tables are on
 another device, torch twins (``*_torch``) move the rows.
 
@@ -17,9 +18,15 @@ from numba import njit
 from torch import Tensor
 
 from streamgnn.graph.idmap import get_many
-from streamgnn.models.transfer import download, upload
+from streamgnn.models.transfer import download, numpy_dtype, upload
 from streamgnn.prefetch import AHEAD, prefetch_row
-from streamgnn.workers.exchange import NO_WEIGHTS, pack_many
+from streamgnn.workers.exchange import (
+    NO_WEIGHTS,
+    pack_many,
+    received_ids,
+    received_rows,
+    unpack,
+)
 from streamgnn.workers.placement import holder_bit
 from streamgnn.workers.slotsets import find_marked, union_marked
 
@@ -86,20 +93,24 @@ def _held_by_each(moved, owned, holders, subscribed, subscribers, me, partitions
             held[scratch[s]] |= holders[s]
     for i in range(len(subscribed)):
         held[scratch[subscribed[i]]] |= holder_bit(subscribers[i])
+    others = ~holder_bit(me)
     counts = np.zeros(partitions, np.int64)
-    for q in range(partitions):
-        tag = holder_bit(q)
-        for i in range(len(slots)):
-            if q != me and held[i] & tag:
+    for i in range(len(slots)):
+        h = held[i] & others
+        held[i] = h
+        for q in range(partitions):
+            if h & holder_bit(q):
                 counts[q] += 1
+    at = np.zeros(partitions, np.int64)  # where q's next slot goes
+    for q in range(1, partitions):
+        at[q] = at[q - 1] + counts[q - 1]
     out = np.empty(counts.sum(), np.int64)
-    k = 0
-    for q in range(partitions):
-        tag = holder_bit(q)
-        for i in range(len(slots)):
-            if q != me and held[i] & tag:
-                out[k] = slots[i]
-                k += 1
+    for i in range(len(slots)):
+        h = held[i]
+        for q in range(partitions):
+            if h & holder_bit(q):
+                out[at[q]] = slots[i]
+                at[q] += 1
     return out, counts
 
 
@@ -143,18 +154,39 @@ def gather_rows_torch(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.
 
 
 @njit(cache=True)
-def _take_loop(id_table, ids, rows, table, relu, added, sources, old_slots, mark):
-    n, width = len(ids), rows.shape[1]
-    slots = np.empty(n, np.int64)
+def received_slots(buffers, id_table, ghost, in_weight):
+    """The slot of each id the `exchange.pack` buffers ``buffers`` (a tuple) carry, one
+    buffer's after another's (`exchange.received_ids`), looked up once in the graph's
+    ``id_table``: -1 where the graph holds no ghost of it (rows of a vertex it no longer
+    holds as a ghost: not taken). Where the buffers carry in-degrees, each ghost's is
+    stored in ``in_weight``. Returns the slots, the ghosts whose in-degree changed and
+    whether the buffers carry in-degrees."""
+    ids, weights = received_ids(buffers)
+    slots = np.empty(len(ids), np.int64)
     get_many(id_table, ids, slots)
-    for i in range(n):
-        if slots[i] < 0:
-            return i, slots, sources, old_slots, rows[:0].copy()
+    degree = np.empty(len(weights), np.int64)
+    m = 0
+    for i in range(len(ids)):
+        s = slots[i]
+        if s >= 0 and not ghost[s]:
+            slots[i] = -1
+        elif s >= 0 and len(weights):
+            if in_weight[s] != weights[i]:
+                degree[m] = s
+                m += 1
+            in_weight[s] = weights[i]
+    return slots, degree[:m], len(weights) > 0
+
+
+@njit(cache=True)
+def _take_loop(buffers, slots, table, relu, added, sources, old_slots, mark):
+    n, width = len(slots), table.shape[1]
     for a in added:
         mark[a] = True
-    fresh = np.empty(n, np.bool_)
+    fresh = np.zeros(n, np.bool_)
     for i in range(n):
-        fresh[i] = mark[slots[i]]
+        if slots[i] >= 0:
+            fresh[i] = mark[slots[i]]
     for a in added:
         mark[a] = False
     for s in sources:
@@ -166,47 +198,54 @@ def _take_loop(id_table, ids, rows, table, relu, added, sources, old_slots, mark
     old = np.empty((n, width), table.dtype)
     k, m = len(sources), len(old_slots)
     zero = table.dtype.type(0)
-    for i in range(n):
-        if i + AHEAD < n:
-            prefetch_row(table, slots[i + AHEAD])
-        r = slots[i]
-        differs = fresh[i]
-        for j in range(width):
-            differs |= table[r, j] != rows[i, j]
-        if differs and not mark[r]:  # a ghost moved that is not a source yet
-            joined[k] = r
-            k += 1
-            if not fresh[i]:
-                joined_old[m] = r
-                for j in range(width):
-                    v = table[r, j]
-                    old[m - len(old_slots), j] = zero if relu and v < zero else v
-                m += 1
-        table[r] = rows[i]
+    i = 0  # the position in ``slots`` of the buffer's first row
+    for buffer in buffers:
+        if not len(buffer):
+            continue
+        rows = received_rows(buffer, table)
+        for j in range(len(rows)):
+            if i + j + AHEAD < n and slots[i + j + AHEAD] >= 0:
+                prefetch_row(table, slots[i + j + AHEAD])
+            r = slots[i + j]
+            if r < 0:
+                continue
+            differs = fresh[i + j]
+            for c in range(width):
+                differs |= table[r, c] != rows[j, c]
+            if differs and not mark[r]:  # a ghost moved that is not a source yet
+                joined[k] = r
+                k += 1
+                if not fresh[i + j]:
+                    joined_old[m] = r
+                    for c in range(width):
+                        v = table[r, c]
+                        old[m - len(old_slots), c] = zero if relu and v < zero else v
+                    m += 1
+            table[r] = rows[j]
+        i += len(rows)
     for s in sources:
         mark[s] = False
-    return -1, slots, joined[:k], joined_old[:m], old[:m - len(old_slots)]
+    return joined[:k], joined_old[:m], old[:m - len(old_slots)]
 
 
-def take_ghost_rows_numba(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+def take_ghost_rows_numba(buffers: tuple[np.ndarray, ...], slots: np.ndarray, table: Tensor,
                           relu: bool, added: np.ndarray, sources: np.ndarray,
                           old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                          ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
-    rows = rows.astype(table.numpy().dtype, copy=False)
-    unknown, slots, joined, joined_old, old = _take_loop(
-        id_table, ids, rows, table.numpy(), relu, added, sources, old_slots, mark)
-    return unknown, slots, joined, joined_old, torch.from_numpy(old)
+                          ) -> tuple[np.ndarray, np.ndarray, Tensor]:
+    joined, joined_old, old = _take_loop(buffers, slots, table.numpy(), relu, added, sources,
+                                         old_slots, mark)
+    return joined, joined_old, torch.from_numpy(old)
 
 
-def take_ghost_rows_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+def take_ghost_rows_torch(buffers: tuple[np.ndarray, ...], slots: np.ndarray, table: Tensor,
                           relu: bool, added: np.ndarray, sources: np.ndarray,
                           old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                          ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
-    slots = np.empty(len(ids), np.int64)
-    get_many(id_table, ids, slots)
-    unknown = np.flatnonzero(slots < 0)
-    if len(unknown):
-        return int(unknown[0]), slots, sources, old_slots, table[:0]
+                          ) -> tuple[np.ndarray, np.ndarray, Tensor]:
+    held = slots >= 0
+    parts = [unpack(buffer).rows for buffer in buffers if len(buffer)]
+    rows = (np.concatenate(parts)[held] if parts
+            else np.zeros((0, table.shape[1]), numpy_dtype(table.dtype)))
+    slots = slots[held]
     fresh = find_marked(added, slots, scratch, mark) >= 0
     at, new = upload(table.device, slots, rows)  # the slots and rows in one copy
     new = new.to(table.dtype)
@@ -216,21 +255,20 @@ def take_ghost_rows_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, ta
     joins = moved & (find_marked(sources, slots, scratch, mark) < 0)
     replaced = np.flatnonzero(joins & ~fresh)
     old = before.index_select(0, upload(table.device, replaced)[0])
-    return (-1, slots, np.concatenate([sources, slots[joins]]),
+    return (np.concatenate([sources, slots[joins]]),
             np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old)
 
 
-def take_ghost_rows(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
+def take_ghost_rows(buffers: tuple[np.ndarray, ...], slots: np.ndarray, table: Tensor,
                     relu: bool, added: np.ndarray, sources: np.ndarray,
                     old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
-    """Store the ``rows`` sent for the ghosts ``ids`` (external; slots looked up in the
-    graph's ``id_table``, `DynamicGraph.id_table`) into ``table``. A ghost whose row
-    changed (every one the batch ``added``) and that is not among the ``sources`` yet
-    joins them. Returns the position of the first id the graph does not know (then
-    nothing was stored) or -1, the ghosts' slots, ``sources`` then the joining ghosts,
-    ``old_slots`` then those of them the batch did not add, and those ghosts' rows before
-    (ReLU'd where ``relu``). ``mark`` / ``scratch``: `SlotSets`' own (int64 ``sources``,
-    ``old_slots`` and ``added``)."""
+                    ) -> tuple[np.ndarray, np.ndarray, Tensor]:
+    """Store the rows the `exchange.pack` buffers ``buffers`` carry into ``table``, each at
+    its ghost's slot in ``slots`` (`received_slots`: -1, a row not taken), read from the
+    buffers as they lie. A ghost whose row changed (every one the batch ``added``) and
+    that is not among the ``sources`` yet joins them. Returns ``sources`` then the joining
+    ghosts, ``old_slots`` then those of them the batch did not add, and those ghosts' rows
+    before (ReLU'd where ``relu``). ``mark`` / ``scratch``: `SlotSets`' own (int64
+    ``sources``, ``old_slots`` and ``added``)."""
     kernel = take_ghost_rows_numba if table.device.type == "cpu" else take_ghost_rows_torch
-    return kernel(id_table, ids, rows, table, relu, added, sources, old_slots, mark, scratch)
+    return kernel(buffers, slots, table, relu, added, sources, old_slots, mark, scratch)
