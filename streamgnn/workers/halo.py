@@ -69,6 +69,23 @@ def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subsc
 
 
 @njit(cache=True)
+def let_go(src, after, added, alive, ghost, out_degree, mark):
+    """The ghosts a batch leaves without an edge from them: the distinct live slots,
+    ascending, among the sources of the edges it deleted (``after`` NaN) and the slots it
+    ``added`` that are ``ghost``s with ``out_degree`` 0. ``mark``: `SlotSets`' own."""
+    values = np.empty(len(src) + len(added), np.int64)
+    n = 0
+    for k in range(len(src) + len(added)):
+        if k < len(src) and not np.isnan(after[k]):
+            continue
+        s = src[k] if k < len(src) else added[k - len(src)]
+        if alive[s] and ghost[s] and out_degree[s] == 0:
+            values[n] = s
+            n += 1
+    return union_marked(values[:n], mark, mark, False)
+
+
+@njit(cache=True)
 def _held_by_each(moved, owned, holders, subscribed, subscribers, me, partitions, mark,
                   scratch):
     """Per partition q but ``me``, in turn: the sorted distinct slots among ``moved`` that

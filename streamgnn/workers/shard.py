@@ -58,7 +58,7 @@ from streamgnn.workers.ghost_rows import (
     layer_outgoing,
     outgoing,
 )
-from streamgnn.workers.halo import begin_halo
+from streamgnn.workers.halo import begin_halo, let_go
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.pulls import keep_ties
@@ -296,8 +296,9 @@ class Shard:
         start = time.perf_counter()
         result.released = self._release_ghosts(diff)
         e = diff.edges
-        result.edges_added = int(np.count_nonzero(~np.isnan(e.after))
-                                 - np.count_nonzero(~np.isnan(e.before)))
+        if len(e.src):
+            result.edges_added = int(np.count_nonzero(~np.isnan(e.after))
+                                     - np.count_nonzero(~np.isnan(e.before)))
         self.busy[-1] += time.perf_counter() - start
         self.busy[0] += applied
         return result
@@ -308,11 +309,9 @@ class Shard:
         owners (told to the owners with the next batch)."""
         tb, g = self.tables, self.graph
         e = diff.edges
-        maybe = np.concatenate([e.src[np.isnan(e.after)], diff.added]).astype(np.int64)
-        if not len(maybe):  # (no edge deleted, no vertex added: no ghost can go)
-            return maybe, maybe
-        maybe = np.unique(maybe[g.alive[maybe]])
-        idle = maybe[tb.ghost[maybe] & (g.out.deg[maybe] == 0)]
+        if not (len(e.src) or len(diff.added)):  # (no edge deleted, no vertex added)
+            return _NO_SLOTS, _NO_SLOTS
+        idle = let_go(e.src, e.after, diff.added, g.alive, tb.ghost, g.out.deg, tb.sets.mark)
         if not len(idle):
             return idle, idle
         ids, owners = g.ext[idle].copy(), tb.ghost_owner[idle].astype(np.int64)
