@@ -3,7 +3,7 @@ packed into one flat byte buffer per destination (a header, the ids, the rows, t
 in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers over in
 one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
 per-message objects. A shard's buffers for all its peers are written by one kernel into one
-allocation (`pack_many`); kernels read the buffers it is sent as they lie (`received_ids`,
+allocation (`pack_many`); kernels read each buffer it is sent as it lies (`received_ids`,
 `received_rows`).
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only
@@ -91,27 +91,13 @@ def _layout(buffer):
 
 
 @njit(cache=True)
-def received_ids(buffers):
-    """The ids the `pack` buffers ``buffers`` (a tuple; empty ones among them) carry, one
-    buffer's after another's, and their in-degrees (none where they carry none)."""
-    total, weighted = 0, False
-    for buffer in buffers:
-        if len(buffer):
-            n, _, _, has_weights = _layout(buffer)
-            total += n
-            weighted |= has_weights != 0
-    ids = np.empty(total, np.int64)
-    weights = np.empty(total if weighted else 0, np.float64)
-    k = 0
-    for buffer in buffers:
-        if len(buffer):
-            n, dim, itemsize, has_weights = _layout(buffer)
-            ids[k:k + n] = buffer[_HEADER_BYTES:_HEADER_BYTES + 8 * n].view(np.int64)
-            if has_weights:
-                at = _HEADER_BYTES + 8 * n + n * dim * itemsize
-                weights[k:k + n] = buffer[at:at + 8 * n].view(np.float64)
-            k += n
-    return ids, weights
+def received_ids(buffer):
+    """The ids a non-empty `pack` buffer carries and their in-degrees (none where it
+    carries none), views of it."""
+    n, dim, itemsize, weighted = _layout(buffer)
+    at = _HEADER_BYTES + 8 * n + n * dim * itemsize  # where the in-degrees start
+    return (buffer[_HEADER_BYTES:_HEADER_BYTES + 8 * n].view(np.int64),
+            buffer[at:at + (8 * n if weighted else 0)].view(np.float64))
 
 
 @njit(cache=True)

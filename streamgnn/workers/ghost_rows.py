@@ -23,7 +23,7 @@ from streamgnn.models.layers import Layer
 from streamgnn.updates import ADD_VERTEX, DELETE_VERTEX
 from streamgnn.workers.batch import Batch, Changed
 from streamgnn.workers.exchange import Ghosts, pack, unpack
-from streamgnn.workers.halo import begin_halo, received_slots, rows_for, take_ghost_rows
+from streamgnn.workers.halo import begin_halo, rows_for, take_ghost_rows
 from streamgnn.workers.placement import Routed, held_by
 from streamgnn.workers.tables import Tables
 
@@ -110,18 +110,16 @@ def incoming(tb: Tables, b: Batch, hop: int, buffers: Sequence[np.ndarray]) -> N
     once, into the table. Ghosts whose row differs join the next superstep's sources (with
     their old rows of h), new ghosts join as fresh; rows of vertices the shard no longer
     holds as ghosts are not taken."""
-    buffers = tuple(buffers)  # (the kernels take a tuple of arrays)
-    if not any(len(buffer) for buffer in buffers):
+    buffers = [buffer for buffer in buffers if len(buffer)]
+    if not buffers:
         return
-    slots, degree, weighted = received_slots(buffers, tb.graph.id_table, tb.ghost,
-                                             tb.graph.in_weight)
     table = torch.from_numpy(tb.graph.x) if hop == 0 else tb.stored(hop)
     activation = (tb.layers[hop - 1].elementwise if hop > 0 and tb.z[hop - 1]
                   else "identity")  # h of a stored row
     c = b.changed
-    sources, old_slots, old = take_ghost_rows(buffers, slots, table, activation == "relu",
-                                              b.added, c.slots, c.old_slots, tb.sets.mark,
-                                              tb.sets.scratch)
+    sources, old_slots, old, degree, weighted = take_ghost_rows(
+        buffers, tb.graph.id_table, tb.ghost, tb.graph.in_weight, table, activation == "relu",
+        b.added, c.slots, c.old_slots, tb.sets.mark, tb.sets.scratch)
     if activation is None:
         old = tb.layers[hop - 1].activate(old)
     b.changed = Changed(sources, old_slots, [*c.old_rows, tb.ours(old)])

@@ -1,7 +1,7 @@
 """A shard's side of the halo, one call a step: who holds what as the batch begins
 (`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
 and the ghost rows it is sent, their ids looked up once (`received_slots`) and the rows
-copied once, from the buffers as they lie, into its tables, with which of them join the
+copied once, from each buffer as it lies, into its tables, with which of them join the
 next superstep's sources (`take_ghost_rows`). Each is a numba kernel (the id lookups, the
 marks, the copies and comparisons, an elementwise activation); where the tables are on
 another device, torch twins (``*_torch``) move the rows.
@@ -18,7 +18,7 @@ from numba import njit
 from torch import Tensor
 
 from streamgnn.graph.idmap import get_many
-from streamgnn.models.transfer import download, numpy_dtype, upload
+from streamgnn.models.transfer import download, upload
 from streamgnn.prefetch import AHEAD, prefetch_row
 from streamgnn.workers.exchange import (
     NO_WEIGHTS,
@@ -171,14 +171,13 @@ def gather_rows_torch(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.
 
 
 @njit(cache=True)
-def received_slots(buffers, id_table, ghost, in_weight):
-    """The slot of each id the `exchange.pack` buffers ``buffers`` (a tuple) carry, one
-    buffer's after another's (`exchange.received_ids`), looked up once in the graph's
-    ``id_table``: -1 where the graph holds no ghost of it (rows of a vertex it no longer
-    holds as a ghost: not taken). Where the buffers carry in-degrees, each ghost's is
-    stored in ``in_weight``. Returns the slots, the ghosts whose in-degree changed and
-    whether the buffers carry in-degrees."""
-    ids, weights = received_ids(buffers)
+def received_slots(buffer, id_table, ghost, in_weight):
+    """The slot of each id a non-empty `exchange.pack` buffer carries, looked up once in
+    the graph's ``id_table``: -1 where the graph holds no ghost of it (rows of a vertex it
+    no longer holds as a ghost: not taken). Where the buffer carries in-degrees, each
+    ghost's is stored in ``in_weight``. Returns the slots, the ghosts whose in-degree
+    changed and whether the buffer carries in-degrees."""
+    ids, weights = received_ids(buffer)
     slots = np.empty(len(ids), np.int64)
     get_many(id_table, ids, slots)
     degree = np.empty(len(weights), np.int64)
@@ -196,7 +195,15 @@ def received_slots(buffers, id_table, ghost, in_weight):
 
 
 @njit(cache=True)
-def _take_loop(buffers, slots, table, relu, added, sources, old_slots, mark):
+def _take_one(buffer, id_table, ghost, in_weight, table, relu, added, joined, k, joined_old,
+              m, old, o, degree, d, mark):
+    """`take_ghost_rows` of one buffer: the joining ghosts written from ``joined[k]``, the
+    replaced ones from ``joined_old[m]``, their old rows from ``old[o]`` and the ghosts
+    whose in-degree changed from ``degree[d]``; ``joined[:k]`` are the sources so far.
+    Returns the next k, m, o, d and whether the buffer carries in-degrees."""
+    slots, changed, weighted = received_slots(buffer, id_table, ghost, in_weight)
+    degree[d:d + len(changed)] = changed
+    rows = received_rows(buffer, table)
     n, width = len(slots), table.shape[1]
     for a in added:
         mark[a] = True
@@ -206,62 +213,63 @@ def _take_loop(buffers, slots, table, relu, added, sources, old_slots, mark):
             fresh[i] = mark[slots[i]]
     for a in added:
         mark[a] = False
-    for s in sources:
+    sources = k
+    for s in joined[:sources]:
         mark[s] = True
-    joined = np.empty(len(sources) + n, np.int64)
-    joined[:len(sources)] = sources
-    joined_old = np.empty(len(old_slots) + n, np.int64)
-    joined_old[:len(old_slots)] = old_slots
-    old = np.empty((n, width), table.dtype)
-    k, m = len(sources), len(old_slots)
     zero = table.dtype.type(0)
-    i = 0  # the position in ``slots`` of the buffer's first row
-    for buffer in buffers:
-        if not len(buffer):
+    for i in range(n):
+        if i + AHEAD < n and slots[i + AHEAD] >= 0:
+            prefetch_row(table, slots[i + AHEAD])
+        r = slots[i]
+        if r < 0:
             continue
-        rows = received_rows(buffer, table)
-        for j in range(len(rows)):
-            if i + j + AHEAD < n and slots[i + j + AHEAD] >= 0:
-                prefetch_row(table, slots[i + j + AHEAD])
-            r = slots[i + j]
-            if r < 0:
-                continue
-            differs = fresh[i + j]
-            for c in range(width):
-                differs |= table[r, c] != rows[j, c]
-            if differs and not mark[r]:  # a ghost moved that is not a source yet
-                joined[k] = r
-                k += 1
-                if not fresh[i + j]:
-                    joined_old[m] = r
-                    for c in range(width):
-                        v = table[r, c]
-                        old[m - len(old_slots), c] = zero if relu and v < zero else v
-                    m += 1
-            table[r] = rows[j]
-        i += len(rows)
-    for s in sources:
+        differs = fresh[i]
+        for j in range(width):
+            differs |= table[r, j] != rows[i, j]
+        if differs and not mark[r]:  # a ghost moved that is not a source yet
+            joined[k] = r
+            k += 1
+            if not fresh[i]:
+                joined_old[m] = r
+                m += 1
+                for j in range(width):
+                    v = table[r, j]
+                    old[o, j] = zero if relu and v < zero else v
+                o += 1
+        table[r] = rows[i]
+    for s in joined[:sources]:
         mark[s] = False
-    return joined[:k], joined_old[:m], old[:m - len(old_slots)]
+    return k, m, o, d + len(changed), weighted
 
 
-def take_ghost_rows_numba(buffers: tuple[np.ndarray, ...], slots: np.ndarray, table: Tensor,
-                          relu: bool, added: np.ndarray, sources: np.ndarray,
-                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray, Tensor]:
-    joined, joined_old, old = _take_loop(buffers, slots, table.numpy(), relu, added, sources,
-                                         old_slots, mark)
-    return joined, joined_old, torch.from_numpy(old)
+def take_ghost_rows_numba(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+                          in_weight: np.ndarray, table: Tensor, relu: bool,
+                          added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
+                          mark: np.ndarray, scratch: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    t = table.numpy()
+    most = sum(len(buffer) for buffer in buffers) // (8 + t.shape[1] * t.itemsize)  # rows
+    joined = np.empty(len(sources) + most, np.int64)
+    joined[:len(sources)] = sources
+    joined_old = np.empty(len(old_slots) + most, np.int64)
+    joined_old[:len(old_slots)] = old_slots
+    old, degree = np.empty((most, t.shape[1]), t.dtype), np.empty(most, np.int64)
+    k, m, o, d, weighted = len(sources), len(old_slots), 0, 0, False
+    for buffer in buffers:
+        k, m, o, d, weighted = _take_one(buffer, id_table, ghost, in_weight, t, relu, added,
+                                         joined, k, joined_old, m, old, o, degree, d, mark)
+    return joined[:k], joined_old[:m], torch.from_numpy(old[:o]), degree[:d], weighted
 
 
-def take_ghost_rows_torch(buffers: tuple[np.ndarray, ...], slots: np.ndarray, table: Tensor,
-                          relu: bool, added: np.ndarray, sources: np.ndarray,
-                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray, Tensor]:
+def take_ghost_rows_torch(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+                          in_weight: np.ndarray, table: Tensor, relu: bool,
+                          added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
+                          mark: np.ndarray, scratch: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    found = [received_slots(buffer, id_table, ghost, in_weight) for buffer in buffers]
+    slots = np.concatenate([f[0] for f in found])
     held = slots >= 0
-    parts = [unpack(buffer).rows for buffer in buffers if len(buffer)]
-    rows = (np.concatenate(parts)[held] if parts
-            else np.zeros((0, table.shape[1]), numpy_dtype(table.dtype)))
+    rows = np.concatenate([unpack(buffer).rows for buffer in buffers])[held]
     slots = slots[held]
     fresh = find_marked(added, slots, scratch, mark) >= 0
     at, new = upload(table.device, slots, rows)  # the slots and rows in one copy
@@ -273,19 +281,24 @@ def take_ghost_rows_torch(buffers: tuple[np.ndarray, ...], slots: np.ndarray, ta
     replaced = np.flatnonzero(joins & ~fresh)
     old = before.index_select(0, upload(table.device, replaced)[0])
     return (np.concatenate([sources, slots[joins]]),
-            np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old)
+            np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old,
+            np.concatenate([f[1] for f in found]), found[0][2])
 
 
-def take_ghost_rows(buffers: tuple[np.ndarray, ...], slots: np.ndarray, table: Tensor,
-                    relu: bool, added: np.ndarray, sources: np.ndarray,
-                    old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                    ) -> tuple[np.ndarray, np.ndarray, Tensor]:
-    """Store the rows the `exchange.pack` buffers ``buffers`` carry into ``table``, each at
-    its ghost's slot in ``slots`` (`received_slots`: -1, a row not taken), read from the
-    buffers as they lie. A ghost whose row changed (every one the batch ``added``) and
-    that is not among the ``sources`` yet joins them. Returns ``sources`` then the joining
-    ghosts, ``old_slots`` then those of them the batch did not add, and those ghosts' rows
-    before (ReLU'd where ``relu``). ``mark`` / ``scratch``: `SlotSets`' own (int64
-    ``sources``, ``old_slots`` and ``added``)."""
+def take_ghost_rows(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+                    in_weight: np.ndarray, table: Tensor, relu: bool, added: np.ndarray,
+                    sources: np.ndarray, old_slots: np.ndarray, mark: np.ndarray,
+                    scratch: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    """Store the rows the non-empty `exchange.pack` buffers ``buffers`` carry into
+    ``table``, read from the buffers as they lie, each at its ghost's slot, looked up once
+    in the graph's ``id_table`` (`received_slots`: the rows of ids the graph holds no
+    ``ghost`` of are not taken; in-degrees sent are stored in ``in_weight``). A ghost whose
+    row changed (every one the batch ``added``) and that is not among the ``sources`` yet
+    joins them. Returns ``sources`` then the joining ghosts, ``old_slots`` then those of
+    them the batch did not add, those ghosts' rows before (ReLU'd where ``relu``), the
+    ghosts whose in-degree changed and whether the buffers carry in-degrees. ``mark`` /
+    ``scratch``: `SlotSets`' own (int64 ``sources``, ``old_slots`` and ``added``)."""
     kernel = take_ghost_rows_numba if table.device.type == "cpu" else take_ghost_rows_torch
-    return kernel(buffers, slots, table, relu, added, sources, old_slots, mark, scratch)
+    return kernel(buffers, id_table, ghost, in_weight, table, relu, added, sources,
+                  old_slots, mark, scratch)
