@@ -541,14 +541,18 @@ def _ghost_graph(size: int) -> DynamicGraph:
 
 
 @given(seed=seeds, count=st.integers(0, 20), relu=st.booleans(), unknown=st.booleans(),
-       dtype=st.sampled_from([np.float32, np.float64]))
+       dtype=st.sampled_from([np.float32, np.float64]), weighted=st.booleans())
 def test_take_ghost_rows_numba_and_torch_store_rows_and_join_the_moved_ghosts_to_the_sources(
-        seed, count, relu, unknown, dtype):
-    """Each received row is stored at its ghost's slot; a ghost whose row changed (or that
-    the batch added) and is not a source yet joins the sources, and, unless added, the old
-    slots with its row before (ReLU'd where asked); an unknown id stores nothing."""
+        seed, count, relu, unknown, dtype, weighted):
+    """Each received row (read from the packed buffers of two senders as they lie) is
+    stored at its ghost's slot, looked up once; a ghost whose row changed (or that the
+    batch added) and is not a source yet joins the sources, and, unless added, the old
+    slots with its row before (ReLU'd where asked); the rows of an id the graph does not
+    know or holds as no ghost are not taken; in-degrees sent are stored, and those that
+    changed named."""
     rng = np.random.default_rng(seed)
     graph, sets = _ghost_graph(30), SlotSets(30)
+    ghost = rng.random(30) < 0.8
     table = rng.normal(size=(30, 4)).astype(dtype)
     slots = rng.choice(30, count, replace=False)
     rows = table[slots].copy()
@@ -560,30 +564,41 @@ def test_take_ghost_rows_numba_and_torch_store_rows_and_join_the_moved_ghosts_to
     ids = graph.ext[slots].copy()
     if unknown and count:
         ids[count // 2] = 5  # no vertex has it
+    sent_weights = rng.integers(0, 3, count).astype(np.float64) if weighted else None
+    split = count // 3
+    buffers = [buffer for buffer in (
+        pack(Ghosts(ids[:split], rows[:split],
+                    None if sent_weights is None else sent_weights[:split])),
+        pack(Ghosts(ids[split:], rows[split:],
+                    None if sent_weights is None else sent_weights[split:]))) if len(buffer)]
+    taken = ghost[slots] & (ids != 5)
+    expected_weight = np.ones(30)
+    if weighted:
+        expected_weight[slots[taken]] = sent_weights[taken]
+    slots, rows = slots[taken], rows[taken]
     fresh = np.isin(slots, added)
-    joins = (changes | fresh) & ~np.isin(slots, sources)
+    joins = ((rows != table[slots]).any(axis=1) | fresh) & ~np.isin(slots, sources)
     replaced = joins & ~fresh
     expected = table.copy()
     expected[slots] = rows
     before = table[slots[replaced]]
+    if not buffers:  # (`incoming` passes none)
+        return
     for kernel in (take_ghost_rows_numba, take_ghost_rows_torch):
-        stored = torch.from_numpy(table.copy())
-        missing, got_slots, got_sources, got_old_slots, old = kernel(
-            graph.id_table, ids, rows, stored, relu, added, sources, old_slots, sets.mark,
-            sets.scratch)
+        stored, in_weight = torch.from_numpy(table.copy()), np.ones(30)
+        got_sources, got_old_slots, old, degree, got_weighted = kernel(
+            buffers, graph.id_table, ghost, in_weight, stored, relu, added, sources,
+            old_slots, sets.mark, sets.scratch)
         assert not sets.mark.any()
-        if unknown and count:
-            assert missing == count // 2
-            np.testing.assert_array_equal(stored.numpy(), table)
-            continue
-        assert missing == -1
-        np.testing.assert_array_equal(got_slots, slots)
         np.testing.assert_array_equal(stored.numpy(), expected)
         np.testing.assert_array_equal(got_sources, np.concatenate([sources, slots[joins]]))
         np.testing.assert_array_equal(got_old_slots,
                                       np.concatenate([old_slots, slots[replaced]]))
         assert old.dtype == stored.dtype
         np.testing.assert_array_equal(old.numpy(), np.maximum(before, 0) if relu else before)
+        assert got_weighted == weighted
+        np.testing.assert_array_equal(in_weight, expected_weight)
+        np.testing.assert_array_equal(degree, slots[expected_weight[slots] != 1.0])
 
 
 @given(seed=seeds, me=st.integers(0, 3), subscribed=st.integers(0, 5), weighted=st.booleans())

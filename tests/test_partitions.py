@@ -196,6 +196,57 @@ def test_batches_inside_one_partition_leave_the_others_idle_and_stay_exact(arch,
     assert not np.any(received[1::2]) and np.any(received[::2])  # idle, or woken by rows
 
 
+@pytest.mark.parametrize("arch", ["pyg-gcn", "pyg-gat", "graphconv-add", "graphconv-max"])
+def test_a_share_of_nothing_gives_what_the_whole_program_gives(arch, monkeypatch):
+    """A shard whose share of a batch is empty begins the batch only when ghost rows come
+    (`Shard.run`); its result, and every shard's, are those of the whole program run on
+    the empty share, field by field."""
+    from streamgnn.workers import shard as shard_module
+
+    rng = np.random.default_rng(1)
+    data = random_graph(rng, n=200, m=250, d=F_IN, hubs=2)
+    model = randomise(ARCHS[arch](2), 0).double()
+    engines = [Engine.from_pyg(model, data, partitions=3, placement="hash") for _ in range(2)]
+    results: list[list] = [[], []]
+    untouched: list[bool] = []
+    run_routed, changes_nothing = shard_module.Shard.run_routed, shard_module._changes_nothing
+
+    def kept(shard, r, me, n):
+        if not forced:
+            untouched.append(changes_nothing(r))
+        result = yield from run_routed(shard, r, me, n)
+        results[forced].append(result)
+        return result
+
+    monkeypatch.setattr(shard_module.Shard, "run_routed", kept)
+    ids = engines[0].vertex_ids()
+    idle = woken = 0
+    for _ in range(12):
+        a, b = rng.choice(ids, 2, replace=False)
+        batch = [sg.UpdateFeatures(id=int(a), x=rng.standard_normal(F_IN).tolist()),
+                 sg.AddEdge(src=int(a), dst=int(b), weight=0.5)][:rng.integers(1, 3)]
+        for forced in (0, 1):
+            with monkeypatch.context() as m:
+                if forced:  # every share begun at once, as the whole program does
+                    m.setattr(shard_module, "_changes_nothing", lambda routed: False)
+                engines[forced].apply(batch)
+        lazy, whole = results[0][-3:], results[1][-3:]
+        for p, (x, y) in enumerate(zip(lazy, whole, strict=True)):
+            assert x.changed_labels == y.changed_labels and x.rejected == y.rejected
+            for name in ("recomputed", "pulled", "pulled_columns", "remote_reads",
+                         "combined_messages", "non_finite", "edges_added"):
+                assert getattr(x, name) == getattr(y, name), name
+            for got, want in [*zip(x.rewritten, y.rewritten, strict=True),
+                              (x.released, y.released)]:
+                for u, v in zip(got, want, strict=True):
+                    assert u.dtype == v.dtype and u.shape == v.shape
+                    np.testing.assert_array_equal(u, v)
+            if untouched[-3 + p]:
+                woken += any(engines[0].stats()[p]["received_bytes"])
+                idle += not any(engines[0].stats()[p]["received_bytes"])
+    assert idle and woken
+
+
 @pytest.mark.parametrize("placement", ["metis", "stream"])
 def test_partition_of_and_restore(placement):
     data = start_graph(1)

@@ -3,7 +3,8 @@ packed into one flat byte buffer per destination (a header, the ids, the rows, t
 in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers over in
 one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
 per-message objects. A shard's buffers for all its peers are written by one kernel into one
-allocation (`pack_many`).
+allocation (`pack_many`); kernels read each buffer it is sent as it lies (`received_ids`,
+`received_rows`).
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only
 an MPI implementation may import mpi4py.
@@ -79,6 +80,33 @@ def pack_many(counts, slots, rows, at, ids, in_weight, weighted):
                 out_weights[i] = in_weight[s]
         k += n
     return buffer, offsets, sizes
+
+
+@njit(cache=True)
+def _layout(buffer):
+    """A `pack` buffer's header: its rows, their width and item size, and whether
+    in-degrees follow them (1 or 0)."""
+    header = buffer[:_HEADER_BYTES].view(np.int64)  # (`_HEADER`)
+    return header[0], header[1], header[2], header[3]
+
+
+@njit(cache=True)
+def received_ids(buffer):
+    """The ids a non-empty `pack` buffer carries and their in-degrees (none where it
+    carries none), views of it."""
+    n, dim, itemsize, weighted = _layout(buffer)
+    at = _HEADER_BYTES + 8 * n + n * dim * itemsize  # where the in-degrees start
+    return (buffer[_HEADER_BYTES:_HEADER_BYTES + 8 * n].view(np.int64),
+            buffer[at:at + (8 * n if weighted else 0)].view(np.float64))
+
+
+@njit(cache=True)
+def received_rows(buffer, like):
+    """The rows a non-empty `pack` buffer carries, a view in the dtype of ``like`` (a
+    table of the same width and item size)."""
+    n, dim, _, _ = _layout(buffer)
+    at = _HEADER_BYTES + 8 * n
+    return buffer[at:at + n * dim * like.itemsize].view(like.dtype).reshape(n, dim)
 
 
 def _views(buffer: np.ndarray, n: int, dim: int, itemsize: int, weighted: bool) -> Ghosts:

@@ -106,38 +106,24 @@ def outgoing(tb: Tables, b: Batch, hop: int, partitions: int, me: int) -> list[n
 
 def incoming(tb: Tables, b: Batch, hop: int, buffers: Sequence[np.ndarray]) -> None:
     """Take the ghost rows of layer ``hop`` other shards sent (as `outgoing` sends them,
-    packed): ghosts whose row differs join the next superstep's sources (with their old
-    rows of h), new ghosts join as fresh."""
-    received = [g for g in map(unpack, (buf for buf in buffers if len(buf))) if len(g.ids)]
-    if not received:
+    packed), read from the buffers as they lie: each id looked up once, each row copied
+    once, into the table. Ghosts whose row differs join the next superstep's sources (with
+    their old rows of h), new ghosts join as fresh; rows of vertices the shard no longer
+    holds as ghosts are not taken."""
+    buffers = [buffer for buffer in buffers if len(buffer)]
+    if not buffers:
         return
-    ids, rows = ((received[0].ids, received[0].rows) if len(received) == 1 else  # as sent
-                 (np.concatenate([g.ids for g in received]),
-                  np.concatenate([g.rows for g in received])))
-    weights = [g.in_weight for g in received]
-    w = np.concatenate(weights) if weights[0] is not None else None
-    slots = tb.graph.find(ids)  # rows of vertices it no longer holds as ghosts: not taken
-    held = slots >= 0
-    held[held] = tb.ghost[slots[held]]
-    if not held.all():
-        ids, rows = ids[held], rows[held]
-        w = None if w is None else w[held]
     table = torch.from_numpy(tb.graph.x) if hop == 0 else tb.stored(hop)
     activation = (tb.layers[hop - 1].elementwise if hop > 0 and tb.z[hop - 1]
                   else "identity")  # h of a stored row
     c = b.changed
-    unknown, slots, sources, old_slots, old = take_ghost_rows(
-        tb.graph.id_table, ids, rows, table, activation == "relu", b.added, c.slots,
-        c.old_slots, tb.sets.mark, tb.sets.scratch)
-    if unknown >= 0:
-        raise RuntimeError(f"ghost rows sent for vertex {ids[unknown]}, which this "
-                           "partition does not hold")
+    sources, old_slots, old, degree, weighted = take_ghost_rows(
+        buffers, tb.graph.id_table, tb.ghost, tb.graph.in_weight, table, activation == "relu",
+        b.added, c.slots, c.old_slots, tb.sets.mark, tb.sets.scratch)
     if activation is None:
         old = tb.layers[hop - 1].activate(old)
     b.changed = Changed(sources, old_slots, [*c.old_rows, tb.ours(old)])
-    if w is not None:  # (degree-normalised layers, before the first)
-        degree = slots[tb.graph.in_weight[slots] != w]
-        tb.graph.in_weight[slots] = w
+    if weighted:  # (degree-normalised layers, before the first)
         b.edges.degree_changed = tb.sets.union(b.edges.degree_changed, degree)
 
 

@@ -1,7 +1,8 @@
 """A shard's side of the halo, one call a step: who holds what as the batch begins
 (`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
-and the ghost rows it is sent taken into its tables, with which of them join the next
-superstep's sources (`take_ghost_rows`). Each is one numba kernel (the id lookups, the
+and the ghost rows it is sent, their ids looked up once (`received_slots`) and the rows
+copied once, from each buffer as it lies, into its tables, with which of them join the
+next superstep's sources (`take_ghost_rows`). Each is a numba kernel (the id lookups, the
 marks, the copies and comparisons, an elementwise activation); where the tables are on
 another device, torch twins (``*_torch``) move the rows.
 
@@ -19,7 +20,13 @@ from torch import Tensor
 from streamgnn.graph.idmap import get_many
 from streamgnn.models.transfer import download, upload
 from streamgnn.prefetch import AHEAD, prefetch_row
-from streamgnn.workers.exchange import NO_WEIGHTS, pack_many
+from streamgnn.workers.exchange import (
+    NO_WEIGHTS,
+    pack_many,
+    received_ids,
+    received_rows,
+    unpack,
+)
 from streamgnn.workers.placement import holder_bit
 from streamgnn.workers.slotsets import find_marked, union_marked
 
@@ -62,6 +69,23 @@ def begin_halo(id_table, removed, added, ghosts, ghost_owners, subscribed, subsc
 
 
 @njit(cache=True)
+def let_go(src, after, added, alive, ghost, out_degree, mark):
+    """The ghosts a batch leaves without an edge from them: the distinct live slots,
+    ascending, among the sources of the edges it deleted (``after`` NaN) and the slots it
+    ``added`` that are ``ghost``s with ``out_degree`` 0. ``mark``: `SlotSets`' own."""
+    values = np.empty(len(src) + len(added), np.int64)
+    n = 0
+    for k in range(len(src) + len(added)):
+        if k < len(src) and not np.isnan(after[k]):
+            continue
+        s = src[k] if k < len(src) else added[k - len(src)]
+        if alive[s] and ghost[s] and out_degree[s] == 0:
+            values[n] = s
+            n += 1
+    return union_marked(values[:n], mark, mark, False)
+
+
+@njit(cache=True)
 def _held_by_each(moved, owned, holders, subscribed, subscribers, me, partitions, mark,
                   scratch):
     """Per partition q but ``me``, in turn: the sorted distinct slots among ``moved`` that
@@ -86,20 +110,24 @@ def _held_by_each(moved, owned, holders, subscribed, subscribers, me, partitions
             held[scratch[s]] |= holders[s]
     for i in range(len(subscribed)):
         held[scratch[subscribed[i]]] |= holder_bit(subscribers[i])
+    others = ~holder_bit(me)
     counts = np.zeros(partitions, np.int64)
-    for q in range(partitions):
-        tag = holder_bit(q)
-        for i in range(len(slots)):
-            if q != me and held[i] & tag:
+    for i in range(len(slots)):
+        h = held[i] & others
+        held[i] = h
+        for q in range(partitions):
+            if h & holder_bit(q):
                 counts[q] += 1
+    at = np.zeros(partitions, np.int64)  # where q's next slot goes
+    for q in range(1, partitions):
+        at[q] = at[q - 1] + counts[q - 1]
     out = np.empty(counts.sum(), np.int64)
-    k = 0
-    for q in range(partitions):
-        tag = holder_bit(q)
-        for i in range(len(slots)):
-            if q != me and held[i] & tag:
-                out[k] = slots[i]
-                k += 1
+    for i in range(len(slots)):
+        h = held[i]
+        for q in range(partitions):
+            if h & holder_bit(q):
+                out[at[q]] = slots[i]
+                at[q] += 1
     return out, counts
 
 
@@ -143,33 +171,58 @@ def gather_rows_torch(table: Tensor, slots: np.ndarray) -> tuple[np.ndarray, np.
 
 
 @njit(cache=True)
-def _take_loop(id_table, ids, rows, table, relu, added, sources, old_slots, mark):
-    n, width = len(ids), rows.shape[1]
-    slots = np.empty(n, np.int64)
+def received_slots(buffer, id_table, ghost, in_weight):
+    """The slot of each id a non-empty `exchange.pack` buffer carries, looked up once in
+    the graph's ``id_table``: -1 where the graph holds no ghost of it (rows of a vertex it
+    no longer holds as a ghost: not taken). Where the buffer carries in-degrees, each
+    ghost's is stored in ``in_weight``. Returns the slots, the ghosts whose in-degree
+    changed and whether the buffer carries in-degrees."""
+    ids, weights = received_ids(buffer)
+    slots = np.empty(len(ids), np.int64)
     get_many(id_table, ids, slots)
-    for i in range(n):
-        if slots[i] < 0:
-            return i, slots, sources, old_slots, rows[:0].copy()
+    degree = np.empty(len(weights), np.int64)
+    m = 0
+    for i in range(len(ids)):
+        s = slots[i]
+        if s >= 0 and not ghost[s]:
+            slots[i] = -1
+        elif s >= 0 and len(weights):
+            if in_weight[s] != weights[i]:
+                degree[m] = s
+                m += 1
+            in_weight[s] = weights[i]
+    return slots, degree[:m], len(weights) > 0
+
+
+@njit(cache=True)
+def _take_one(buffer, id_table, ghost, in_weight, table, relu, added, joined, k, joined_old,
+              m, old, o, degree, d, mark):
+    """`take_ghost_rows` of one buffer: the joining ghosts written from ``joined[k]``, the
+    replaced ones from ``joined_old[m]``, their old rows from ``old[o]`` and the ghosts
+    whose in-degree changed from ``degree[d]``; ``joined[:k]`` are the sources so far.
+    Returns the next k, m, o, d and whether the buffer carries in-degrees."""
+    slots, changed, weighted = received_slots(buffer, id_table, ghost, in_weight)
+    degree[d:d + len(changed)] = changed
+    rows = received_rows(buffer, table)
+    n, width = len(slots), table.shape[1]
     for a in added:
         mark[a] = True
-    fresh = np.empty(n, np.bool_)
+    fresh = np.zeros(n, np.bool_)
     for i in range(n):
-        fresh[i] = mark[slots[i]]
+        if slots[i] >= 0:
+            fresh[i] = mark[slots[i]]
     for a in added:
         mark[a] = False
-    for s in sources:
+    sources = k
+    for s in joined[:sources]:
         mark[s] = True
-    joined = np.empty(len(sources) + n, np.int64)
-    joined[:len(sources)] = sources
-    joined_old = np.empty(len(old_slots) + n, np.int64)
-    joined_old[:len(old_slots)] = old_slots
-    old = np.empty((n, width), table.dtype)
-    k, m = len(sources), len(old_slots)
     zero = table.dtype.type(0)
     for i in range(n):
-        if i + AHEAD < n:
+        if i + AHEAD < n and slots[i + AHEAD] >= 0:
             prefetch_row(table, slots[i + AHEAD])
         r = slots[i]
+        if r < 0:
+            continue
         differs = fresh[i]
         for j in range(width):
             differs |= table[r, j] != rows[i, j]
@@ -178,35 +231,46 @@ def _take_loop(id_table, ids, rows, table, relu, added, sources, old_slots, mark
             k += 1
             if not fresh[i]:
                 joined_old[m] = r
+                m += 1
                 for j in range(width):
                     v = table[r, j]
-                    old[m - len(old_slots), j] = zero if relu and v < zero else v
-                m += 1
+                    old[o, j] = zero if relu and v < zero else v
+                o += 1
         table[r] = rows[i]
-    for s in sources:
+    for s in joined[:sources]:
         mark[s] = False
-    return -1, slots, joined[:k], joined_old[:m], old[:m - len(old_slots)]
+    return k, m, o, d + len(changed), weighted
 
 
-def take_ghost_rows_numba(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
-                          relu: bool, added: np.ndarray, sources: np.ndarray,
-                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                          ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
-    rows = rows.astype(table.numpy().dtype, copy=False)
-    unknown, slots, joined, joined_old, old = _take_loop(
-        id_table, ids, rows, table.numpy(), relu, added, sources, old_slots, mark)
-    return unknown, slots, joined, joined_old, torch.from_numpy(old)
+def take_ghost_rows_numba(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+                          in_weight: np.ndarray, table: Tensor, relu: bool,
+                          added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
+                          mark: np.ndarray, scratch: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    t = table.numpy()
+    most = sum(len(buffer) for buffer in buffers) // (8 + t.shape[1] * t.itemsize)  # rows
+    joined = np.empty(len(sources) + most, np.int64)
+    joined[:len(sources)] = sources
+    joined_old = np.empty(len(old_slots) + most, np.int64)
+    joined_old[:len(old_slots)] = old_slots
+    old, degree = np.empty((most, t.shape[1]), t.dtype), np.empty(most, np.int64)
+    k, m, o, d, weighted = len(sources), len(old_slots), 0, 0, False
+    for buffer in buffers:
+        k, m, o, d, weighted = _take_one(buffer, id_table, ghost, in_weight, t, relu, added,
+                                         joined, k, joined_old, m, old, o, degree, d, mark)
+    return joined[:k], joined_old[:m], torch.from_numpy(old[:o]), degree[:d], weighted
 
 
-def take_ghost_rows_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
-                          relu: bool, added: np.ndarray, sources: np.ndarray,
-                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                          ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
-    slots = np.empty(len(ids), np.int64)
-    get_many(id_table, ids, slots)
-    unknown = np.flatnonzero(slots < 0)
-    if len(unknown):
-        return int(unknown[0]), slots, sources, old_slots, table[:0]
+def take_ghost_rows_torch(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+                          in_weight: np.ndarray, table: Tensor, relu: bool,
+                          added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
+                          mark: np.ndarray, scratch: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    found = [received_slots(buffer, id_table, ghost, in_weight) for buffer in buffers]
+    slots = np.concatenate([f[0] for f in found])
+    held = slots >= 0
+    rows = np.concatenate([unpack(buffer).rows for buffer in buffers])[held]
+    slots = slots[held]
     fresh = find_marked(added, slots, scratch, mark) >= 0
     at, new = upload(table.device, slots, rows)  # the slots and rows in one copy
     new = new.to(table.dtype)
@@ -216,21 +280,25 @@ def take_ghost_rows_torch(id_table: tuple, ids: np.ndarray, rows: np.ndarray, ta
     joins = moved & (find_marked(sources, slots, scratch, mark) < 0)
     replaced = np.flatnonzero(joins & ~fresh)
     old = before.index_select(0, upload(table.device, replaced)[0])
-    return (-1, slots, np.concatenate([sources, slots[joins]]),
-            np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old)
+    return (np.concatenate([sources, slots[joins]]),
+            np.concatenate([old_slots, slots[replaced]]), old.relu() if relu else old,
+            np.concatenate([f[1] for f in found]), found[0][2])
 
 
-def take_ghost_rows(id_table: tuple, ids: np.ndarray, rows: np.ndarray, table: Tensor,
-                    relu: bool, added: np.ndarray, sources: np.ndarray,
-                    old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
-                    ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, Tensor]:
-    """Store the ``rows`` sent for the ghosts ``ids`` (external; slots looked up in the
-    graph's ``id_table``, `DynamicGraph.id_table`) into ``table``. A ghost whose row
-    changed (every one the batch ``added``) and that is not among the ``sources`` yet
-    joins them. Returns the position of the first id the graph does not know (then
-    nothing was stored) or -1, the ghosts' slots, ``sources`` then the joining ghosts,
-    ``old_slots`` then those of them the batch did not add, and those ghosts' rows before
-    (ReLU'd where ``relu``). ``mark`` / ``scratch``: `SlotSets`' own (int64 ``sources``,
-    ``old_slots`` and ``added``)."""
+def take_ghost_rows(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+                    in_weight: np.ndarray, table: Tensor, relu: bool, added: np.ndarray,
+                    sources: np.ndarray, old_slots: np.ndarray, mark: np.ndarray,
+                    scratch: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    """Store the rows the non-empty `exchange.pack` buffers ``buffers`` carry into
+    ``table``, read from the buffers as they lie, each at its ghost's slot, looked up once
+    in the graph's ``id_table`` (`received_slots`: the rows of ids the graph holds no
+    ``ghost`` of are not taken; in-degrees sent are stored in ``in_weight``). A ghost whose
+    row changed (every one the batch ``added``) and that is not among the ``sources`` yet
+    joins them. Returns ``sources`` then the joining ghosts, ``old_slots`` then those of
+    them the batch did not add, those ghosts' rows before (ReLU'd where ``relu``), the
+    ghosts whose in-degree changed and whether the buffers carry in-degrees. ``mark`` /
+    ``scratch``: `SlotSets`' own (int64 ``sources``, ``old_slots`` and ``added``)."""
     kernel = take_ghost_rows_numba if table.device.type == "cpu" else take_ghost_rows_torch
-    return kernel(id_table, ids, rows, table, relu, added, sources, old_slots, mark, scratch)
+    return kernel(buffers, id_table, ghost, in_weight, table, relu, added, sources,
+                  old_slots, mark, scratch)

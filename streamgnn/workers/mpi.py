@@ -457,15 +457,20 @@ def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
     """Send ``outgoing[q]`` to rank q of ``comm``; what every rank sent this one. Each
     buffer goes to its rank as it lies, point to point: no send buffer joins them (a
     bootstrap's first ghost rows are ~0.5 GB a worker on products-like, and joined they
-    were each worker's peak)."""
+    were each worker's peak). The buffers received share one allocation, each starting at
+    a multiple of 64 bytes in it (kernels read their ids and rows as they lie); where
+    none is sent either way, they are empty arrays."""
     me = comm.Get_rank()
     send_counts = np.array([len(b) for b in outgoing], np.int64)
     recv_counts = np.empty(len(outgoing), np.int64)
     comm.Alltoall(send_counts, recv_counts)
-    ends = np.cumsum(recv_counts)
-    recv = np.empty(int(ends[-1]), np.uint8)
-    incoming = [recv[end - count:end] for end, count in zip(ends.tolist(),
-                                                            recv_counts.tolist(), strict=True)]
+    if not (recv_counts.any() or send_counts.any()):
+        return [NOTHING] * len(outgoing)
+    padded = recv_counts + -recv_counts % 64
+    recv = np.empty(int(padded.sum()), np.uint8)
+    starts = (np.cumsum(padded) - padded).tolist()
+    incoming = [recv[start:start + count] for start, count in zip(starts, recv_counts.tolist(),
+                                                                    strict=True)]
     incoming[me][:] = outgoing[me]
     requests = [comm.Irecv([incoming[q], MPI.BYTE], source=q)
                 for q in range(len(outgoing)) if q != me and recv_counts[q]]

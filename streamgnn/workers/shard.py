@@ -35,6 +35,7 @@ kafka or mpi4py.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ from streamgnn.workers.ghost_rows import (
     layer_outgoing,
     outgoing,
 )
-from streamgnn.workers.halo import begin_halo
+from streamgnn.workers.halo import begin_halo, let_go
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.placement import Routed
 from streamgnn.workers.planned import Planned, plans
@@ -290,28 +291,56 @@ class Shard:
         every partition and is sent back those every partition sent it (`Exchange`); it
         returns the shard's `ApplyResult`. One partition exchanges nothing, and the first
         superstep needs no exchange but for degree-normalised layers: the routed batch
-        brought the ghosts' features. Records the bytes sent and received per exchange
-        and the compute time between them."""
+        brought the ghosts' features. A share ``routed`` that changes nothing here begins
+        the batch only when ghost rows come (the supersteps before had nothing to do: they
+        are taken then); until they do, each superstep sends nothing and does nothing.
+        Records the bytes sent and received per exchange and the compute time between
+        them."""
         self.sent, self.received, self.busy = [], [], []
         start = time.perf_counter()
-        self._begin(diff, routed)
+        idle = routed is not None and partitions > 1 and _changes_nothing(routed)
+        if idle:
+            self.ghost_feature_bytes = 0
+        else:
+            self._begin(diff, routed)
         try:
             for hop in range(1, len(self.layers) + 1):
                 if partitions > 1:
-                    out = outgoing(self.tables, self._batch, hop - 1, partitions, me)
+                    out = (_sends_nothing(partitions) if idle
+                           else outgoing(self.tables, self._batch, hop - 1, partitions, me))
                     self.busy.append(time.perf_counter() - start)
                     received = yield out
                     start = time.perf_counter()
                     self.sent.append(sum(len(b) for b in out))
                     self.received.append(sum(len(b) for b in received))
-                    incoming(self.tables, self._batch, hop - 1, received)
-                self._step(hop)
+                    if idle and self.received[-1]:  # rows came: the batch begins here
+                        idle = False
+                        self._begin(diff, routed)
+                        for before in range(1, hop):
+                            self._step(before)
+                    if not idle:
+                        incoming(self.tables, self._batch, hop - 1, received)
+                if not idle:
+                    self._step(hop)
         except BaseException:
             self._batch = self.tables.recent = None  # an aborted batch hands no rows on
             raise
-        result = self._finish()
+        result = self._nothing_done(diff) if idle else self._finish()
         self.busy.append(time.perf_counter() - start)
         return result
+
+    def _nothing_done(self, diff: GraphDiff) -> ApplyResult:
+        """What `_begin`, the supersteps and `_finish` give a batch that changed nothing
+        here (``diff`` empty but for its rejections) and brought no ghost rows: no row
+        rewritten, no label changed, every count 0."""
+        nothing = [0] * len(self.layers)
+        rewritten = [(_NO_SLOTS, self.graph.x[_NO_SLOTS])]
+        rewritten += [(_NO_SLOTS, self.tables.no_rows(layer.out_dim)[1])
+                      for layer in self.layers]
+        return ApplyResult(ChangedLabels.empty(), diff.rejected, recomputed=nothing,
+                           pulled=list(nothing), remote_reads=list(nothing),
+                           combined_messages=list(nothing), pulled_columns=list(nothing),
+                           rewritten=rewritten)
 
     def run_routed(self, routed: Routed, me: int, partitions: int
                    ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
@@ -324,8 +353,9 @@ class Shard:
         start = time.perf_counter()
         result.released = self._release_ghosts(diff)
         e = diff.edges
-        result.edges_added = int(np.count_nonzero(~np.isnan(e.after))
-                                 - np.count_nonzero(~np.isnan(e.before)))
+        if len(e.src):
+            result.edges_added = int(np.count_nonzero(~np.isnan(e.after))
+                                     - np.count_nonzero(~np.isnan(e.before)))
         self.busy[-1] += time.perf_counter() - start
         self.busy[0] += applied
         return result
@@ -336,11 +366,9 @@ class Shard:
         owners (told to the owners with the next batch)."""
         tb, g = self.tables, self.graph
         e = diff.edges
-        maybe = np.concatenate([e.src[np.isnan(e.after)], diff.added]).astype(np.int64)
-        if not len(maybe):  # (no edge deleted, no vertex added: no ghost can go)
-            return maybe, maybe
-        maybe = np.unique(maybe[g.alive[maybe]])
-        idle = maybe[tb.ghost[maybe] & (g.out.deg[maybe] == 0)]
+        if not (len(e.src) or len(diff.added)):  # (no edge deleted, no vertex added)
+            return _NO_SLOTS, _NO_SLOTS
+        idle = let_go(e.src, e.after, diff.added, g.alive, tb.ghost, g.out.deg, tb.sets.mark)
         if not len(idle):
             return idle, idle
         ids, owners = g.ext[idle].copy(), tb.ghost_owner[idle].astype(np.int64)
@@ -434,3 +462,19 @@ class Shard:
         for touched in (b.edges.degree_changed, b.added):
             if len(touched):
                 self.tables.in_weight[touched] = self.graph.in_weight[touched]
+
+
+def _changes_nothing(routed: Routed) -> bool:
+    """Whether a partition's share of a batch has no update, no ghost and no change of who
+    holds what."""
+    return not (len(routed.batch) or len(routed.ghosts) or len(routed.subscribed)
+                or len(routed.unsubscribed))
+
+
+@functools.cache
+def _sends_nothing(partitions: int) -> list[np.ndarray]:
+    """An empty buffer for each partition (`outgoing` with nothing moved; read only)."""
+    return [np.zeros(0, np.uint8)] * partitions
+
+
+_NO_SLOTS = np.zeros(0, np.int64)  # no vertex (read only)
