@@ -71,14 +71,22 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
     rng = random.Random(KILLS)
     codes: Counter = Counter()
     for k in range(KILLS):
-        victim = subprocess.Popen(serve(tmp_path / "torn", torn), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE)
+        log = tmp_path / f"victim-{k}.log"  # (a pipe nobody reads would block its writes)
+        with open(log, "wb") as err:
+            victim = subprocess.Popen(serve(tmp_path / "torn", torn),
+                                      stdout=subprocess.DEVNULL, stderr=err)
         time.sleep(rng.uniform(3.0, 6.0))  # start-up (imports, restore) takes ~3 s
         sig = SIGNALS[k % 3]
         victim.send_signal(sig)
-        code = victim.wait(timeout=120)
+        try:
+            code = victim.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            victim.kill()
+            victim.wait()
+            raise AssertionError(f"{sig.name} did not stop serve within 120 s; its stderr "
+                                 f"ends:\n{log.read_text(errors='replace')[-3000:]}") from None
         codes[(sig.name, code)] += 1
-        assert sig == signal.SIGKILL or code in (0, -sig, 130, 1), victim.stderr.read()
+        assert sig == signal.SIGKILL or code in (0, -sig, 130, 1), log.read_text()[-3000:]
     producer.join()
     subprocess.run(serve(tmp_path / "torn", torn, "--until-idle", "2"), check=True,
                    capture_output=True, timeout=300)
