@@ -73,8 +73,9 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
     for k in range(KILLS):
         log = tmp_path / f"victim-{k}.log"  # (a pipe nobody reads would block its writes)
         with open(log, "wb") as err:
-            victim = subprocess.Popen(serve(tmp_path / "torn", torn),
-                                      stdout=subprocess.DEVNULL, stderr=err)
+            victim = subprocess.Popen(serve(tmp_path / "torn", torn), stdout=err,
+                                      stderr=subprocess.STDOUT,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         time.sleep(rng.uniform(3.0, 6.0))  # start-up (imports, restore) takes ~3 s
         sig = SIGNALS[k % 3]
         victim.send_signal(sig)
@@ -83,7 +84,7 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
         except subprocess.TimeoutExpired:
             victim.kill()
             victim.wait()
-            raise AssertionError(f"{sig.name} did not stop serve within 120 s; its stderr "
+            raise AssertionError(f"{sig.name} did not stop serve within 120 s; its output "
                                  f"ends:\n{log.read_text(errors='replace')[-3000:]}") from None
         codes[(sig.name, code)] += 1
         assert sig == signal.SIGKILL or code in (0, -sig, 130, 1), log.read_text()[-3000:]
