@@ -98,13 +98,20 @@ def test_linkbench_batches_float32_within_contract(arch, seed, size):
 def test_drift_after_100k_updates(name):
     """Long delta chains stay within the contract (float32 sums are re-anchored when
     their rounding bound grows: `SumAggregation.drift_limit`)."""
+    _stays_within_the_contract(name, batches=100)
+
+
+def _stays_within_the_contract(name: str, batches: int) -> None:
+    """``batches`` LinkBench batches of 1,000 updates on the tiny preset's graph in
+    float32: within the contract (1e-4 of PyG) after them, rows pulled on the way
+    (re-anchored, for the sum family)."""
     torch.manual_seed(0)
     data = sg.datasets.synthetic("tiny", seed=0)
     model = ModelSpec(name, data.num_features, data.num_classes, hidden=32).build().eval()
     engine = Engine.from_pyg(model, data)
     workload = LinkBenchWorkload(engine.graph, seed=1)
-    pulled = sum(sum(engine.apply(workload.batch(1000)).pulled) for _ in range(100))
-    assert pulled > 0  # (re-anchored, for the sum family)
+    pulled = sum(sum(engine.apply(workload.batch(1000)).pulled) for _ in range(batches))
+    assert pulled > 0
     assert_exact(engine, model, torch.float32, 1e-4)
 
 
@@ -332,14 +339,7 @@ def test_planned_float32_sums_stay_within_the_contract_re_anchored_a_batch_late(
         device_kernels, name):
     """Long delta chains on the planned path, whose wear comes back with a batch and is
     acted on in the next (`SumAggregation.late_share`), stay within the contract."""
-    torch.manual_seed(0)
-    data = sg.datasets.synthetic("tiny", seed=0)
-    model = ModelSpec(name, data.num_features, data.num_classes, hidden=32).build().eval()
-    engine = Engine.from_pyg(model, data)
-    workload = LinkBenchWorkload(engine.graph, seed=1)
-    pulled = sum(sum(engine.apply(workload.batch(1000)).pulled) for _ in range(40))
-    assert pulled > 0
-    assert_exact(engine, model, torch.float32, 1e-4)
+    _stays_within_the_contract(name, batches=40)
 
 
 def test_deterministic():
