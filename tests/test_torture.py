@@ -46,6 +46,17 @@ def send(kafka: KafkaConfig, topic: str, events, seconds: float = 0.0,
     out.close()
 
 
+def _serving(log, victim: subprocess.Popen, seconds: float = 300.0) -> None:
+    """Wait until ``victim`` says it serves (in ``log``: past its start-up, the kernels'
+    warm-up included) or has exited."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and victim.poll() is None:
+        if b"serving " in log.read_bytes():
+            return
+        time.sleep(0.1)
+    assert victim.poll() is not None, f"serve did not start within {seconds} s"
+
+
 def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, tmp_path):
     _, snapshot, held_out, model = tiny_setup()
     events = linkbench_stream(snapshot, held_out, BATCHES)
@@ -76,7 +87,8 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
             victim = subprocess.Popen(serve(tmp_path / "torn", torn), stdout=err,
                                       stderr=subprocess.STDOUT,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        time.sleep(rng.uniform(3.0, 6.0))  # start-up (imports, restore) takes ~3 s
+        _serving(log, victim)  # then a random point of the stream
+        time.sleep(rng.uniform(0.2, 3.0))
         sig = SIGNALS[k % 3]
         victim.send_signal(sig)
         try:
