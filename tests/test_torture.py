@@ -86,18 +86,23 @@ def test_kill_9_sigint_and_sigterm_at_random_points_lose_nothing(broker, kafka, 
         with open(log, "wb") as err:
             victim = subprocess.Popen(serve(tmp_path / "torn", torn), stdout=err,
                                       stderr=subprocess.STDOUT,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                           "PYTHONFAULTHANDLER": "1"})
         _serving(log, victim)  # then a random point of the stream
         time.sleep(rng.uniform(0.2, 3.0))
         sig = SIGNALS[k % 3]
         victim.send_signal(sig)
         try:
             code = victim.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            victim.kill()
-            victim.wait()
+        except subprocess.TimeoutExpired:  # where it hangs: every thread's stack
+            victim.send_signal(signal.SIGABRT)  # (faulthandler writes them to the log)
+            try:
+                victim.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                victim.kill()
+                victim.wait()
             raise AssertionError(f"{sig.name} did not stop serve within 120 s; its output "
-                                 f"ends:\n{log.read_text(errors='replace')[-3000:]}") from None
+                                 f"ends:\n{log.read_text(errors='replace')[-6000:]}") from None
         codes[(sig.name, code)] += 1
         assert sig == signal.SIGKILL or code in (0, -sig, 130, 1), log.read_text()[-3000:]
     producer.join()
