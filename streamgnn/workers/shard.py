@@ -242,7 +242,7 @@ class Shard:
         table, raw = tb.t[hop - 1], False
         if table is None:
             table, raw = (tb.h_table(hop - 1) if hop > 1 else None), True
-        in_place = raw and hop == 1 and self._features_in_place()
+        in_place = raw and hop == 1 and tb.features_in_place()
         if raw and ((table is None and not in_place)
                     or (layer.transforms and not layer.aggr.linear)):
             rows, slots = np.unique(slots, return_inverse=True)  # transform these rows
@@ -265,12 +265,6 @@ class Shard:
                 part = part.to(t.device, t.dtype)
             return layer.partial(t, up["src"], up["dst"], up["w"], num, part, raw)
         return Deferred(arrays, finish)
-
-    def _features_in_place(self) -> bool:
-        """Whether a query's partials read the features where the graph holds them, as
-        `Tables.h_table` does: on the CPU, where they are in the engine's dtype."""
-        tb = self.tables
-        return tb.device.type == "cpu" and self.graph.x.dtype == numpy_dtype(tb.dtype)
 
     def summary(self) -> dict:
         """Vertices owned, halo (ghost) vertices, and for the last batch the bytes sent and

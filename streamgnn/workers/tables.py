@@ -35,7 +35,7 @@ from streamgnn.allocator import huge_pages, lengthened
 from streamgnn.graph import DynamicGraph
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import merge_rows, take_rows
-from streamgnn.models.transfer import upload
+from streamgnn.models.transfer import numpy_dtype, upload
 from streamgnn.npz import prefixed, under
 from streamgnn.workers.batch import Step
 from streamgnn.workers.slotsets import SlotSets
@@ -327,8 +327,12 @@ class Tables:
         None unless they are already in the engine's dtype and device."""
         if layer > 0:
             return self.h[layer]  # None where the shard keeps the pre-activation
-        x = torch.from_numpy(self.graph.x)
-        return x if x.dtype == self.dtype and self.device.type == "cpu" else None
+        return torch.from_numpy(self.graph.x) if self.features_in_place() else None
+
+    def features_in_place(self) -> bool:
+        """Whether the features are read where the graph holds them: on the CPU, where
+        they are in the engine's dtype."""
+        return self.device.type == "cpu" and self.graph.x.dtype == numpy_dtype(self.dtype)
 
     def t_rows(self, hop: int, layer: Layer, index: Tensor, h: Tensor | None = None
                ) -> Tensor:
