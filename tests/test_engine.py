@@ -23,6 +23,7 @@ from streamgnn.workers import Engine
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from streamgnn.workers.local import LocalWorkers
 from streamgnn.workers.planned import plans
+from streamgnn.workers.planned_shards import plans_together
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
 from tests.reference import Reference, update_strategy
@@ -275,17 +276,22 @@ PLANNED = ["graphconv-add", "graphconv-mean", "gcn-no-loops", "gin-eps", "pyg-gc
            "pyg-gin", "pyg-sage-bn", "pyg-sage-mean", "sage-normalize"]
 
 
+@pytest.mark.parametrize("partitions, placement", [(1, "metis"), (2, "metis"), (2, "hash"),
+                                                   (3, "metis"), (3, "hash")])
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # patches only
 @given(arch=st.sampled_from(PLANNED), num_layers=st.integers(1, 3),
        seed=st.integers(0, 10_000), batches=st.lists(st.lists(update, max_size=40),
                                                      min_size=1, max_size=6))
-def test_planned_batches_stay_exact_float64(device_kernels, arch, num_layers, seed, batches):
-    """Linear layers at one partition, planned on the host and run on the device in two
-    crossings (`workers/planned.py`), through every update type."""
+def test_planned_batches_stay_exact_float64(device_kernels, partitions, placement, arch,
+                                            num_layers, seed, batches):
+    """Linear layers planned on the host and run on the device in two crossings, at one
+    partition (`workers/planned.py`) and at several held in one process, all shards
+    together (`workers/planned_shards.py`), through every update type."""
     data = start_graph(seed)
     model = randomise(ARCHS[arch](num_layers), seed).double()
-    engine = Engine.from_pyg(model, data)
-    assert plans(engine.shards[0].tables)
+    engine = Engine.from_pyg(model, data, partitions=partitions, placement=placement)
+    assert (plans(engine.shards[0].tables) if partitions == 1
+            else plans_together(engine.shards))
     ref = Reference(data)
     for candidates in batches:
         engine.apply(valid_batch(ref, candidates))
