@@ -1,8 +1,12 @@
 """`Planned`: a batch on a shard whose layers all aggregate linearly (sums, means, GCN's
-normalised sums, GIN), at one partition, off the CPU, planned on the host and run on the
-device with two crossings: one upload of every index array and host row the batch's L
-supersteps read, one download of what the host keeps (rows rewritten, labels, whether
-every row is finite, the states' wear).
+normalised sums, GIN), off the CPU, planned on the host and run on the device with two
+crossings: one upload of every index array and host row the batch's L supersteps read,
+one download of what the host keeps (rows rewritten, labels, whether every row is
+finite, the states' wear). At one partition the shard plans alone (`plan_all`); the
+shards of several partitions in one process are planned superstep by superstep
+together (`plan` with the ghosts joining), uploaded, run and read back together by
+`planned_shards`, which copies the ghosts' rows between supersteps (`join`); tables
+by row (`Tables.by_row`) are then read at their rows.
 
 The host can plan every superstep before any device work because of a conservative
 frontier: superstep l + 1's sources are all the rows superstep l recomputed, not only
@@ -121,12 +125,11 @@ class Planned:
         self.take(dict(zip(names, self.tb.upload(*self.arrays.values()), strict=True)))
 
     def plan(self, hop: int, joined: np.ndarray | None = None,
-             joined_old: np.ndarray | None = None) -> _Hop | None:
+             joined_old: np.ndarray | None = None) -> None:
         """Plan superstep ``hop``: its sources are the rows the superstep before
         recomputed and the ghosts ``joined`` (their rows sent before it), of which
         ``joined_old`` had rows before the batch, whose old rows come after the others'
-        (at the first superstep in ``x_before`` of `arrays`; then by `join`). Returns the
-        superstep's plan (None: it reaches no vertex)."""
+        (at the first superstep in ``x_before`` of `arrays`; then by `join`)."""
         changed, old_slots = self.sources
         if joined is not None:
             changed = np.concatenate([changed, joined])
@@ -137,7 +140,6 @@ class Planned:
         none = self.b.removed[:0]
         self.sources = ((none, none) if plan is None
                         else (plan.region, plan.region[~plan.fresh]))
-        return plan
 
     def take(self, up: dict[str, Tensor]) -> None:
         """Take the upload of the arrays planned (`arrays`, by name, on the device)."""

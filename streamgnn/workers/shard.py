@@ -26,7 +26,8 @@ last's as the owner stores it, h or z, never computed here; no states, no labels
 `Tables`). Between supersteps (`ghost_rows`) each
 owner sends the rows of its vertices that changed to the shards holding them as ghosts,
 so messages and pulls read every in-neighbor locally. Without ghosts (one partition)
-nothing is sent.
+nothing is sent. Shards in one process whose batches run planned skip the exchanges:
+`planned_shards` runs them all together (`begin_together`, `finish_together`).
 
 Owns a batch's BSP program (begin, the supersteps with the exchanges between them, the
 label changes at the end), the shard's construction and its query reads; must not import
