@@ -111,7 +111,8 @@ class Workers(Protocol):
 
 
 class LocalWorkers:
-    """The shards in this process, exchanging through ``exchange`` (a transpose)."""
+    """The shards in this process, exchanging through ``exchange`` (a transpose), or run
+    all together where their batches plan (`planned_shards`: no exchange)."""
 
     max_in_flight = 1  # `submit` returns with the batch done
     held = True  # `Workers.held`

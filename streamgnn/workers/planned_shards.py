@@ -71,9 +71,10 @@ def run_together(shards: list[Shard], routed: list[Routed]) -> list[ApplyResult]
         for planned, (ghosts, old) in zip(plans, joined, strict=True):
             planned.plan(hop, ghosts, old)
         if hop < layers:
-            sends.append([[(p, sent) for p, owner in enumerate(plans) if p != q
-                           and len((sent := _sent(owner, holder, q, _region(owner))).src)]
-                          for q, holder in enumerate(plans)])
+            held = [_held(owner, _region(owner)) for owner in plans]
+            sends.append([[(p, sent) for p, owner in enumerate(plans) if p != q and len(
+                (sent := _sent(owner, held[p], holder, q)).src)]
+                for q, holder in enumerate(plans)])
             joined = [_joined([sent for _, sent in pairs]) for pairs in sends[-1]]
     arrays = {f"{p}/{name}": a for p, planned in enumerate(plans)
               for name, a in planned.arrays.items()}
@@ -107,17 +108,24 @@ def _region(planned: Planned) -> np.ndarray:
     return planned.b.removed[:0] if plan is None else plan.region
 
 
-def _sent(owner: Planned, holder: Planned, q: int, moved: np.ndarray) -> _Sent:
-    """The rows ``owner`` sends ``holder`` (partition ``q``): of the ``moved`` slots and
-    those subscribed, the ones it owns that ``holder`` holds as ghosts."""
-    tb, b = owner.tb, owner.b
-    slots = np.union1d(moved, b.subscribed).astype(np.int64)
-    slots = slots[tb.owned[slots] & held_by(tb.holders[slots], q)]
+def _held(owner: Planned, moved: np.ndarray) -> np.ndarray:
+    """Of the ``moved`` slots and those subscribed in the batch, the ones ``owner`` owns
+    and another partition holds (`_sent` picks each holder's)."""
+    tb = owner.tb
+    slots = np.union1d(moved, owner.b.subscribed).astype(np.int64)
+    return slots[tb.owned[slots] & (tb.holders[slots] != 0)]
+
+
+def _sent(owner: Planned, held: np.ndarray, holder: Planned, q: int) -> _Sent:
+    """The rows ``owner`` sends ``holder`` (partition ``q``): those of its slots ``held``
+    (`_held`) that ``holder`` holds as ghosts."""
+    tb = owner.tb
+    slots = held[held_by(tb.holders[held], q)]
     dst = holder.tb.graph.find(tb.graph.ext[slots])
-    held = dst >= 0
-    held[held] = holder.tb.ghost[dst[held]]
-    dst = dst[held].astype(np.int64)
-    return _Sent(slots[held], dst, np.isin(dst, holder.b.added))
+    ghost = dst >= 0
+    ghost[ghost] = holder.tb.ghost[dst[ghost]]
+    dst = dst[ghost].astype(np.int64)
+    return _Sent(slots[ghost], dst, np.isin(dst, holder.b.added))
 
 
 def _joined(sent: list[_Sent]) -> tuple[np.ndarray, np.ndarray]:
@@ -133,6 +141,9 @@ def _features(plans: list[Planned]) -> list[tuple[np.ndarray, np.ndarray]]:
     per shard, the ghosts joining the first superstep's sources and those of them with
     features before, which are added to its plan's ``x_before``."""
     degrees = any(layer.degree_normalised for layer in plans[0].tb.layers)
+    held = [_held(owner, owner.tb.sets.union(owner.b.changed.old_slots,
+                                             owner.b.edges.degree_changed)
+                  if degrees else owner.b.changed.old_slots) for owner in plans]
     joined = []
     for q, holder in enumerate(plans):
         g, b = holder.tb.graph, holder.b
@@ -140,10 +151,7 @@ def _features(plans: list[Planned]) -> list[tuple[np.ndarray, np.ndarray]]:
         for p, owner in enumerate(plans):
             if p == q:
                 continue
-            moved = owner.b.changed.old_slots
-            if degrees:
-                moved = owner.tb.sets.union(moved, owner.b.edges.degree_changed)
-            sent = _sent(owner, holder, q, moved)
+            sent = _sent(owner, held[p], holder, q)
             src, dst = sent.src, sent.dst
             before, after = g.x[dst], owner.tb.graph.x[src]
             g.x[dst] = after
