@@ -23,6 +23,7 @@ from streamgnn.workers import Engine
 from streamgnn.workers.labels import NO_LABEL, ChangedLabels
 from streamgnn.workers.local import LocalWorkers
 from streamgnn.workers.planned import plans
+from streamgnn.workers.planned_shards import plans_together
 from tests.archs import ARCHS, F_IN, randomise
 from tests.conftest import pyg_layers, random_graph
 from tests.reference import Reference, update_strategy
@@ -275,32 +276,40 @@ PLANNED = ["graphconv-add", "graphconv-mean", "gcn-no-loops", "gin-eps", "pyg-gc
            "pyg-gin", "pyg-sage-bn", "pyg-sage-mean", "sage-normalize"]
 
 
+@pytest.mark.parametrize("partitions, placement", [(1, "metis"), (2, "metis"), (2, "hash"),
+                                                   (3, "metis"), (3, "hash")])
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # patches only
 @given(arch=st.sampled_from(PLANNED), num_layers=st.integers(1, 3),
        seed=st.integers(0, 10_000), batches=st.lists(st.lists(update, max_size=40),
                                                      min_size=1, max_size=6))
-def test_planned_batches_stay_exact_float64(device_kernels, arch, num_layers, seed, batches):
-    """Linear layers at one partition, planned on the host and run on the device in two
-    crossings (`workers/planned.py`), through every update type."""
+def test_planned_batches_stay_exact_float64(device_kernels, partitions, placement, arch,
+                                            num_layers, seed, batches):
+    """Linear layers planned on the host and run on the device in two crossings, at one
+    partition (`workers/planned.py`) and at several held in one process, all shards
+    together (`workers/planned_shards.py`), through every update type."""
     data = start_graph(seed)
     model = randomise(ARCHS[arch](num_layers), seed).double()
-    engine = Engine.from_pyg(model, data)
-    assert plans(engine.shards[0].tables)
+    engine = Engine.from_pyg(model, data, partitions=partitions, placement=placement)
+    assert (plans(engine.shards[0].tables) if partitions == 1
+            else plans_together(engine.shards))
     ref = Reference(data)
     for candidates in batches:
         engine.apply(valid_batch(ref, candidates))
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
+@pytest.mark.parametrize("partitions", [1, 2, 3])
 @pytest.mark.parametrize("arch", ["graphconv-add", "pyg-gcn", "pyg-sage-mean", "pyg-gin"])
-def test_planned_batches_re_anchor_worn_rows_a_batch_late(device_kernels, monkeypatch, arch):
+def test_planned_batches_re_anchor_worn_rows_a_batch_late(device_kernels, monkeypatch, arch,
+                                                           partitions):
     """A planned batch reads its states' wear back with its rows, and the next batch
-    re-anchors the rows it picked, within its two crossings: none in the first batch,
-    exact throughout (a limit low enough that rows wear out within a batch or two)."""
+    re-anchors the rows it picked, within its two crossings (for all shards together):
+    none in the first batch, exact throughout (a limit low enough that rows wear out
+    within a batch or two)."""
     monkeypatch.setattr(SumAggregation, "drift_limit", 40.0)
     data = random_graph(np.random.default_rng(7), n=200, m=900, d=F_IN, hubs=3)
     model = randomise(ARCHS[arch](2), 7).double()
-    engine = Engine.from_pyg(model, data)
+    engine = Engine.from_pyg(model, data, partitions=partitions)
     workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=3)
     engine.apply(workload.applied(10))  # (what is made once, on first use)
     pulled = []
@@ -313,25 +322,27 @@ def test_planned_batches_re_anchor_worn_rows_a_batch_late(device_kernels, monkey
     assert sum(map(sum, pulled)) > 0
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
 def test_a_restored_planned_engine_re_anchors_when_the_original_does(device_kernels,
-                                                                      monkeypatch):
+                                                                      monkeypatch, partitions):
     """The rows a planned batch's wear picks are kept in snapshots (`Tables.reanchor`):
     restored between picking and re-anchoring, the engine goes on bit for bit."""
     monkeypatch.setattr(SumAggregation, "drift_limit", 40.0)
     data = random_graph(np.random.default_rng(7), n=200, m=900, d=F_IN, hubs=3)
     model = randomise(ARCHS["graphconv-add"](2), 7).double()
-    engine = Engine.from_pyg(model, data)
+    engine = Engine.from_pyg(model, data, partitions=partitions)
     workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=3)
-    while not any(len(slots) for slots in engine.shards[0].tables.reanchor):
+    while not any(len(slots) for shard in engine.shards for slots in shard.tables.reanchor):
         engine.apply(workload.applied(50))
     restored = Engine.restore(model, copy.deepcopy(engine.snapshot()))
     for _ in range(3):
         batch = workload.applied(50)
         assert engine.apply(batch).pulled == restored.apply(batch).pulled
-    ours, theirs = engine.shards[0].arrays(), restored.shards[0].arrays()
-    assert ours.keys() == theirs.keys()
-    for key, rows in ours.items():
-        assert np.array_equal(rows, theirs[key], equal_nan=True), key
+    for shard, twin in zip(engine.shards, restored.shards, strict=True):
+        ours, theirs = shard.arrays(), twin.arrays()
+        assert ours.keys() == theirs.keys()
+        for key, rows in ours.items():
+            assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
 @pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin"])
@@ -720,10 +731,11 @@ def test_values_at_the_limits_come_and_go_without_leaving_error(name):
 
 # Host/device crossings a batch makes on the device path, at most (2 layers; P = 1 / 2),
 # counted on the CPU (`streamgnn.crossings`): most are a copy over the bus on a GPU, some
-# the CPU's alone (the layer-0 exchange, which stays on the host). Linear layers at one
-# partition run planned (`workers/planned.py`): one upload, one download (issue 51).
-CROSSINGS = {"graphconv-add": (2, 82), "graphconv-max": (34, 90), "pyg-gcn": (2, 90),
-             "pyg-gat": (34, 90), "pyg-sage-mean": (2, 86), "pyg-gin": (2, 80)}
+# the CPU's alone (the layer-0 exchange, which stays on the host). Linear layers run
+# planned (`workers/planned.py`; at P = 2 all shards together, `planned_shards.py`): one
+# upload, one download (issue 51).
+CROSSINGS = {"graphconv-add": (2, 2), "graphconv-max": (34, 90), "pyg-gcn": (2, 2),
+             "pyg-gat": (34, 90), "pyg-sage-mean": (2, 2), "pyg-gin": (2, 2)}
 
 
 @pytest.mark.parametrize("partitions", [1, 2])

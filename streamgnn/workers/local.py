@@ -21,6 +21,7 @@ from streamgnn.npz import prefixed, under, write_arrays
 from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Routed
+from streamgnn.workers.planned_shards import plans_together, run_together
 from streamgnn.workers.shard import Deferred, Shard
 
 T = TypeVar("T")
@@ -110,7 +111,8 @@ class Workers(Protocol):
 
 
 class LocalWorkers:
-    """The shards in this process, exchanging through ``exchange`` (a transpose)."""
+    """The shards in this process, exchanging through ``exchange`` (a transpose), or run
+    all together where their batches plan (`planned_shards`: no exchange)."""
 
     max_in_flight = 1  # `submit` returns with the batch done
     held = True  # `Workers.held`
@@ -126,6 +128,9 @@ class LocalWorkers:
         return lambda: results
 
     def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
+        if plans_together(self.shards):  # one upload and one download for all shards
+            results = run_together(self.shards, routed)
+            return lambda: results
         n = len(self.shards)
         results = lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
             zip(self.shards, routed, strict=True))], self.exchange)

@@ -1,8 +1,12 @@
 """`Planned`: a batch on a shard whose layers all aggregate linearly (sums, means, GCN's
-normalised sums, GIN), at one partition, off the CPU, planned on the host and run on the
-device with two crossings: one upload of every index array and host row the batch's L
-supersteps read, one download of what the host keeps (rows rewritten, labels, whether
-every row is finite, the states' wear).
+normalised sums, GIN), off the CPU, planned on the host and run on the device with two
+crossings: one upload of every index array and host row the batch's L supersteps read,
+one download of what the host keeps (rows rewritten, labels, whether every row is
+finite, the states' wear). At one partition the shard plans alone (`plan_all`); the
+shards of several partitions in one process are planned superstep by superstep
+together (`plan` with the ghosts joining), uploaded, run and read back together by
+`planned_shards`, which copies the ghosts' rows between supersteps (`join`); tables
+by row (`Tables.by_row`) are then read at their rows.
 
 The host can plan every superstep before any device work because of a conservative
 frontier: superstep l + 1's sources are all the rows superstep l recomputed, not only
@@ -58,10 +62,17 @@ kernels forced: what a device batch runs, on CPU tensors)."""
 
 
 def plans(tb: Tables) -> bool:
-    """Whether the shard's batches run planned: one partition (no ghosts), tables off the
-    CPU (or `on_cpu`), every layer's aggregation linear with states kept (not RC), no t
-    kept and no root term kept beside a table of h."""
-    if tb.ghost is not None or (tb.device.type == "cpu" and not on_cpu):
+    """Whether the shard's batches run planned on their own: one partition (no ghosts;
+    partitions held in one process plan together, `planned_shards`) whose layers plan
+    (`plans_layers`)."""
+    return tb.ghost is None and plans_layers(tb)
+
+
+def plans_layers(tb: Tables) -> bool:
+    """Whether the shard's layers plan: tables off the CPU (or `on_cpu`), every layer's
+    aggregation linear with states kept (not RC), no t kept and no root term kept beside
+    a table of h."""
+    if tb.device.type == "cpu" and not on_cpu:
         return False
     return all(layer.aggr.linear and state is not None and t is None
                and (z or root is None) and not (z and layer.degree_normalised)
@@ -91,30 +102,56 @@ class Planned:
 
     def __init__(self, tb: Tables, b: Batch, changed_x_before: np.ndarray,
                  removed_x: np.ndarray) -> None:
-        """The plan of batch ``b`` (its graph changes made, its slots placed): the rows
-        before the batch of the vertices whose features changed (``changed_x_before``)
-        and of those it removed (``removed_x``). The rows the last batch's wear picked
-        (`Tables.reanchor`) are re-anchored in it."""
+        """The plan of batch ``b`` (its graph changes made, its slots placed), before its
+        supersteps are planned (`plan`): the rows before the batch of the vertices whose
+        features changed (``changed_x_before``) and of those it removed (``removed_x``).
+        The rows the last batch's wear picked (`Tables.reanchor`) are re-anchored in it."""
         self.tb, self.b = tb, b
         self.arrays: dict[str, np.ndarray] = {"x_before": changed_x_before,
-                                              "removed_x": removed_x, "removed": b.removed,
-                                              "added": b.added}
+                                              "removed_x": removed_x, "removed": b.removed}
+        self.arrays.update({f"added/{k}": tb.added_rows(k, b.added)
+                            for k in range(1, len(tb.layers) + 1)})
         self.hops: list[_Hop | None] = []
-        changed, old_slots = b.changed.slots, b.changed.old_slots
-        none = b.removed[:0]
-        for hop in range(1, len(tb.layers) + 1):
-            stale = tb.reanchor[hop - 1] if tb.reanchor else none
-            plan = self._plan(hop, changed, old_slots, stale)
-            self.hops.append(plan)
-            changed, old_slots = ((none, none) if plan is None
-                                  else (plan.region, plan.region[~plan.fresh]))
-        names = list(self.arrays)
-        self.up = dict(zip(names, tb.upload(*self.arrays.values()), strict=True))
-        self.old = tb.ours(self.up["x_before"])  # rows before of the next step's sources
-        self.removed_rows = tb.ours(self.up["removed_x"])
+        self.sources = (b.changed.slots, b.changed.old_slots)  # the next superstep's
         self.wear: list[Tensor] = []
         self.finite: list[Tensor] = []
         self.last: Tensor | None = None  # the last superstep's rows
+
+    def plan_all(self) -> None:
+        """Plan every superstep (`plan`) and upload the plan (`take`)."""
+        for hop in range(1, len(self.tb.layers) + 1):
+            self.plan(hop)
+        names = list(self.arrays)
+        self.take(dict(zip(names, self.tb.upload(*self.arrays.values()), strict=True)))
+
+    def plan(self, hop: int, joined: np.ndarray | None = None,
+             joined_old: np.ndarray | None = None) -> None:
+        """Plan superstep ``hop``: its sources are the rows the superstep before
+        recomputed and the ghosts ``joined`` (their rows sent before it), of which
+        ``joined_old`` had rows before the batch, whose old rows come after the others'
+        (at the first superstep in ``x_before`` of `arrays`; then by `join`)."""
+        changed, old_slots = self.sources
+        if joined is not None:
+            changed = np.concatenate([changed, joined])
+            old_slots = np.concatenate([old_slots, joined_old])
+        stale = self.tb.reanchor[hop - 1] if self.tb.reanchor else self.b.removed[:0]
+        plan = self._plan(hop, changed, old_slots, stale)
+        self.hops.append(plan)
+        none = self.b.removed[:0]
+        self.sources = ((none, none) if plan is None
+                        else (plan.region, plan.region[~plan.fresh]))
+
+    def take(self, up: dict[str, Tensor]) -> None:
+        """Take the upload of the arrays planned (`arrays`, by name, on the device)."""
+        self.up = up
+        self.old = self.tb.ours(up["x_before"])  # rows before of the next step's sources
+        self.removed_rows = self.tb.ours(up["removed_x"])
+
+    def join(self, hop: int, old: Tensor) -> None:
+        """Read the rows of h^hop before the batch of the ghosts joining superstep
+        ``hop + 1``'s sources with rows before (``joined_old`` of its `plan`; ``old``:
+        their slots, uploaded), before their owners' new rows are copied in."""
+        self.old = torch.cat([self.old, self._rows(hop, old)])
 
     # ---------------------------------------------------------------- host
     def _add(self, hop: int, **arrays: np.ndarray) -> None:
@@ -149,6 +186,8 @@ class Planned:
                                                   w1, region, count)
         divisor = ones(len(region)) if keeps_z else layer.aggr.divisor(count)
         self._add(hop, region=region, divisor=divisor)
+        if tb.ghost is not None:  # tables by row (`Tables.by_row`)
+            self._add(hop, state_at=tb.rows_at(hop, region), h_at=tb.h_at(hop, region))
         anchored = np.flatnonzero(tb.sets.find(stale, region) >= 0 if len(stale)
                                   else fresh[:0])
         if len(anchored):
@@ -260,7 +299,7 @@ class Planned:
         layer, plan = tb.layers[hop - 1], self.hops[hop - 1]
         if hop == 1 and len(self.b.added):  # reused slots and rows: start empty
             for k, z in enumerate(tb.z):
-                fill_rows_tensors([tb.state[k], tb.drift[k]], self.up["added"],
+                fill_rows_tensors([tb.state[k], tb.drift[k]], self.up[f"added/{k + 1}"],
                                   [tb.layers[k].empty_preactivation() if z else None, None])
         last = hop == len(tb.layers)
         if plan is None:
@@ -286,8 +325,9 @@ class Planned:
                 if keeps_z and layer.aggr.name == "mean" else
                 state.new_zeros(state.shape[1], dtype=torch.float64))
         agg, wear, before = fold_rows_tensors(state, drift, t, up["rows"], coef, up["local"],
-                                              up["region"], up["divisor"], up["scale"],
-                                              bias, layer.aggr.late_limit)
+                                              up.get("state_at", up["region"]),
+                                              up["divisor"], up["scale"], bias,
+                                              layer.aggr.late_limit)
         agg = tb.ours(agg)
         if len(plan.anchored):  # (their wear is that of the fold the pull replaced)
             self._pull(hop, up, agg)
@@ -300,7 +340,7 @@ class Planned:
             t_own = layer.transform(own) if layer.self_transform else None
             after = layer.update(own, agg, t_own, tb.ours(up["weight"]))
             old_next = None if last else tb.h[hop].index_select(0, up["region"])[up["kept"]]
-            tb.h[hop].index_copy_(0, up["region"], after)
+            tb.h[hop].index_copy_(0, up.get("h_at", up["region"]), after)
         self.wear.append(wear)
         self.finite.append(torch.isfinite(after).all())
         if not last:
@@ -331,7 +371,7 @@ class Planned:
         if tb.z[hop - 1]:  # the pre-activation: the aggregate, then the vertex's own terms
             summed = finalized = layer.preactivation(self._rows(hop - 1, up["pull_own"]),
                                                      finalized)
-        at = up["region"].index_select(0, up["anchored"])
+        at = up.get("state_at", up["region"]).index_select(0, up["anchored"])
         tb.state[hop - 1][at] = summed.to(tb.state[hop - 1].dtype)
         tb.drift[hop - 1][at] = layer.aggr.fresh_drift(summed)
         agg[up["anchored"]] = finalized.to(agg.dtype)
@@ -354,16 +394,22 @@ class Planned:
         self.last = nothing
 
     def finish(self) -> ApplyResult:
-        """Close the batch in one copy back: its rows, labels, finiteness and wear.
-        Returns its result (label changes, counts, the first layer it drove to NaN or
-        inf); the rows its wear picks, per layer, go to `Tables.reanchor` for the next
-        batch."""
+        """Close the batch in one copy back (`kept`, `finished`)."""
+        return self.finished(download(*self.kept()))
+
+    def kept(self) -> list[Tensor]:
+        """What the host keeps of the batch: its rows, finiteness, wear and labels."""
+        hops = self.b.result.rewritten[1:]
+        labels = [] if self.hops[-1] is None else [self.last.argmax(-1)]
+        return [*(rows for _, rows in hops), torch.stack(self.finite), *self.wear, *labels]
+
+    def finished(self, host: list[np.ndarray]) -> ApplyResult:
+        """Close the batch with ``host``, `kept` copied back. Returns its result (label
+        changes, counts, the first layer it drove to NaN or inf); the rows its wear
+        picks, per layer, go to `Tables.reanchor` for the next batch."""
         tb, b = self.tb, self.b
         result, plan = b.result, self.hops[-1]
         hops = result.rewritten[1:]
-        labels = [] if plan is None else [self.last.argmax(-1)]
-        host = download(*(rows for _, rows in hops), torch.stack(self.finite), *self.wear,
-                        *labels)
         count = len(hops)
         result.rewritten[1:] = [(slots, rows) for (slots, _), rows
                                 in zip(hops, host[:count], strict=True)]

@@ -26,7 +26,8 @@ last's as the owner stores it, h or z, never computed here; no states, no labels
 `Tables`). Between supersteps (`ghost_rows`) each
 owner sends the rows of its vertices that changed to the shards holding them as ghosts,
 so messages and pulls read every in-neighbor locally. Without ghosts (one partition)
-nothing is sent.
+nothing is sent. Shards in one process whose batches run planned skip the exchanges:
+`planned_shards` runs them all together (`begin_together`, `finish_together`).
 
 Owns a batch's BSP program (begin, the supersteps with the exchanges between them, the
 label changes at the end), the shard's construction and its query reads; must not import
@@ -345,14 +346,40 @@ class Shard:
         applied = time.perf_counter() - start
         result = yield from self.run(diff, me, partitions, routed)
         start = time.perf_counter()
+        self._close_routed(diff, result)
+        self.busy[-1] += time.perf_counter() - start
+        self.busy[0] += applied
+        return result
+
+    def begin_together(self, routed: Routed) -> tuple[GraphDiff, Planned]:
+        """This shard's share ``routed`` of a batch that the shards in this process run
+        planned together (`planned_shards`): applied to the graph and begun. Returns what
+        it made on the graph and its plan, whose supersteps the caller plans, uploads and
+        runs; `finish_together` closes it. No exchange: nothing sent, no bytes counted."""
+        start = time.perf_counter()
+        self.sent, self.received, self.ghost_feature_bytes = [], [], 0
+        diff = self.graph.apply(routed.batch, skip_invalid=True, ghosts=True)
+        self._begin(diff, routed, together=True)
+        self.busy = [time.perf_counter() - start]
+        return diff, self._planned
+
+    def finish_together(self, diff: GraphDiff, host: list[np.ndarray]) -> ApplyResult:
+        """Close the batch `begin_together` began (``diff``), with what it keeps copied
+        back (``host``: `Planned.kept`)."""
+        start = time.perf_counter()
+        result = self._finish(host)
+        self._close_routed(diff, result)
+        self.busy.append(time.perf_counter() - start)
+        return result
+
+    def _close_routed(self, diff: GraphDiff, result: ApplyResult) -> None:
+        """A routed batch's part after its supersteps: the ghosts it let go of
+        (`_release_ghosts`) and the edges it added, into ``result``."""
         result.released = self._release_ghosts(diff)
         e = diff.edges
         if len(e.src):
             result.edges_added = int(np.count_nonzero(~np.isnan(e.after))
                                      - np.count_nonzero(~np.isnan(e.before)))
-        self.busy[-1] += time.perf_counter() - start
-        self.busy[0] += applied
-        return result
 
     def _release_ghosts(self, diff: GraphDiff) -> tuple[np.ndarray, np.ndarray]:
         """Ghosts no edge here comes from any more (a deleted edge's source, or a ghost an
@@ -375,10 +402,12 @@ class Shard:
                    tb.ghost_owner, tb.holders, tb.owned, g.in_weight)
         return ids, owners
 
-    def _begin(self, diff: GraphDiff, routed: Routed | None = None) -> None:
+    def _begin(self, diff: GraphDiff, routed: Routed | None = None,
+               together: bool = False) -> None:
         """Start a batch whose updates made ``diff`` on the graph; ``routed``: the coordinator's
         split of it for this partition, with the ghosts it added and who now holds what
-        (`begin_routed`)."""
+        (`begin_routed`); ``together``: the batch runs planned with the other shards in
+        this process (`planned_shards`), its plan made but not its supersteps'."""
         tb = self.tables
         tb.fit_capacity()
         added = diff.added.astype(np.int64)
@@ -388,7 +417,7 @@ class Shard:
             subscribed, subscribers, self.ghost_feature_bytes = begin_routed(
                 tb, diff, routed, removed, added)
         tb.place(removed, added)
-        planned = plans(tb)  # (its plan starts the reused rows empty on the device)
+        planned = together or plans(tb)  # (its plan starts reused rows empty on the device)
         if len(added) and not planned:  # reused slots and rows: start empty
             for hop, layer in enumerate(self.layers, start=1):
                 state, z = tb.state[hop - 1], tb.z[hop - 1]
@@ -409,8 +438,11 @@ class Shard:
                         else tb.as_rows(diff.removed_x))
         self._batch = Batch(BatchEdges.of(self.graph, diff, tb.sets), added, removed,
                             removed_rows, changed, result, subscribed, subscribers)
-        self._planned = (Planned(tb, self._batch, diff.changed_x_before, diff.removed_x)
-                         if planned else None)
+        self._planned = None
+        if planned:
+            self._planned = Planned(tb, self._batch, diff.changed_x_before, diff.removed_x)
+            if not together:  # (else every shard's is planned and uploaded at once)
+                self._planned.plan_all()
 
     def _step(self, hop: int) -> None:
         """Superstep ``hop`` (1..L) of the open batch."""
@@ -427,13 +459,14 @@ class Shard:
             b.removed_rows = (tb.h_rows(hop, tb.index(b.removed)) if len(b.removed)
                               else tb.no_rows(self.layers[hop - 1].out_dim)[0])
 
-    def _finish(self) -> ApplyResult:
-        """Close the batch: its label changes and counts."""
+    def _finish(self, host: list[np.ndarray] | None = None) -> ApplyResult:
+        """Close the batch: its label changes and counts; ``host``: where it ran planned
+        with other shards, what it keeps (`Planned.kept`), copied back with theirs."""
         tb = self.tables
         b, last, self._batch, tb.recent = self._batch, tb.recent, None, None
         if self._planned is not None:
-            result = self._planned.finish()
-            self._planned = None
+            planned, self._planned = self._planned, None
+            result = planned.finish() if host is None else planned.finished(host)
             self._count_in_weights(b)
             return result
         result, n = b.result, len(last.region)
