@@ -62,6 +62,16 @@ class _Sent:
 def run_together(shards: list[Shard], routed: list[Routed]) -> list[ApplyResult]:
     """Every shard's share ``routed[p]`` of a batch, planned and run together (the
     module's docstring); their results."""
+    try:
+        return _run(shards, routed)
+    except BaseException:
+        for shard in shards:  # an aborted batch hands no rows on
+            shard.abort()
+        raise
+
+
+def _run(shards: list[Shard], routed: list[Routed]) -> list[ApplyResult]:
+    """`run_together`'s body."""
     begun = [shard.begin_together(r) for shard, r in zip(shards, routed, strict=True)]
     plans = [planned for _, planned in begun]
     layers = len(shards[0].layers)

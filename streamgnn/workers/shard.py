@@ -318,7 +318,7 @@ class Shard:
                 if not idle:
                     self._step(hop)
         except BaseException:
-            self._batch = self.tables.recent = None  # an aborted batch hands no rows on
+            self.abort()
             raise
         result = self._nothing_done(diff) if idle else self._finish()
         self.busy.append(time.perf_counter() - start)
@@ -371,6 +371,10 @@ class Shard:
         self._close_routed(diff, result)
         self.busy.append(time.perf_counter() - start)
         return result
+
+    def abort(self) -> None:
+        """Drop the open batch after a failure inside it: it hands no rows on."""
+        self._batch = self.tables.recent = self._planned = None
 
     def _close_routed(self, diff: GraphDiff, result: ApplyResult) -> None:
         """A routed batch's part after its supersteps: the ghosts it let go of
