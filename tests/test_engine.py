@@ -360,11 +360,13 @@ def test_a_restored_planned_engine_re_anchors_when_the_original_does(device_kern
         assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
-@pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin"])
+@pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin", "graphconv-max",
+                                  "gat"])
 def test_planned_float32_sums_stay_within_the_contract_re_anchored_a_batch_late(
         device_kernels, name):
     """Long delta chains on the planned path, whose wear comes back with a batch and is
-    acted on in the next (`SumAggregation.late_share`), stay within the contract."""
+    acted on in the next (`SumAggregation.late_share`), stay within the contract; so do
+    max and attention, whose regions planned batches recompute whole."""
     _stays_within_the_contract(name, batches=40)
 
 

@@ -68,7 +68,8 @@ class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
     ``state_dtype``: what the engine stores states in (attention's in float64).
     ``ties_dtype``: if set, the engine keeps beside each state row a row of ``ties`` of
-    that dtype, as wide as the state, which ``apply_delta`` and ``pull_columns`` keep."""
+    that dtype, as wide as the state, which ``apply_delta`` and ``pull_columns`` keep
+    (and ``reduce_with_ties`` counts for whole states)."""
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding

@@ -296,7 +296,7 @@ class Planned:
             old_next = None if last else layer.activate(before.index_select(0, up["kept"]))
         else:
             own = self._rows(hop - 1, up["own"])
-            t_own = layer.transform(own) if layer.self_transform else None
+            t_own = tb.t_rows(hop, layer, up["region"], own) if layer.self_transform else None
             after = layer.update(own, agg, t_own, tb.ours(up["weight"]))
             old_next = None if last else tb.h[hop].index_select(0, up["region"])[up["kept"]]
             tb.h[hop].index_copy_(0, up["region"], after)
