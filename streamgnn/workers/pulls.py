@@ -111,7 +111,7 @@ def pull_arrays(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
     arrays = _stored(tb, hop, slots, np.diff(ptr))
     if tb.t[hop - 1] is not None:  # kept: read in place, by slot
         rows, src_at, pull_at = slice(None), src, slots
-    else:  # the rows the pull reads, transformed unless the sums will be
+    else:  # the rows of h^(hop-1) the pull reads (`pulled` transforms them or the sums)
         rows = tb.sets.union(src, slots)
         arrays["rows"] = rows
         arrays.update(zip(["features"], tb.features_of(hop - 1, rows), strict=False))
