@@ -4,16 +4,19 @@ type, random graphs and random streams of all six update types."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from itertools import pairwise
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch_geometric.nn import GINConv
+from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv
 
 import streamgnn as sg
 from streamgnn.crossings import counted
+from streamgnn.models import GNN
 from streamgnn.models.aggr import SumAggregation
 from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
@@ -272,8 +275,24 @@ def test_device_kernels_stay_exact_float64(device_kernels, arch, seed, batches, 
         assert_exact(engine, model, torch.float64, 1e-9)
 
 
-PLANNED = ["graphconv-add", "graphconv-mean", "gcn-no-loops", "gin-eps", "pyg-gcn",
-           "pyg-gin", "pyg-sage-bn", "pyg-sage-mean", "sage-normalize"]
+def _mixed(kinds: list[Callable[[int, int], torch.nn.Module]]
+           ) -> Callable[[int], torch.nn.Module]:
+    """A model of ``num_layers`` layers whose convs take turns from ``kinds`` (each
+    made from its input and output widths)."""
+    def build(num_layers: int) -> torch.nn.Module:
+        dims = [F_IN] + [16] * (num_layers - 1) + [5]
+        return GNN([kinds[i % len(kinds)](a, b) for i, (a, b)
+                    in enumerate(pairwise(dims))])
+    return build
+
+
+# linear layers beside max, min and attention layers, each planned by its own kind
+MIXED = {"mixed-add-gat-min": _mixed([GraphConv, lambda a, b: GATConv(a, b, heads=2, concat=False),
+                                      lambda a, b: GraphConv(a, b, aggr="min")]),
+         "mixed-max-gcn": _mixed([lambda a, b: GraphConv(a, b, aggr="max"), GCNConv])}
+PLANNED = ["graphconv-add", "graphconv-max", "graphconv-mean", "graphconv-min",
+           "gcn-no-loops", "gin-eps", "pyg-gat", "pyg-gcn", "pyg-gin", "pyg-sage-bn",
+           "pyg-sage-mean", "sage-normalize", *MIXED]
 
 
 @pytest.mark.parametrize("partitions, placement", [(1, "metis"), (2, "metis"), (2, "hash"),
@@ -284,11 +303,12 @@ PLANNED = ["graphconv-add", "graphconv-mean", "gcn-no-loops", "gin-eps", "pyg-gc
                                                      min_size=1, max_size=6))
 def test_planned_batches_stay_exact_float64(device_kernels, partitions, placement, arch,
                                             num_layers, seed, batches):
-    """Linear layers planned on the host and run on the device in two crossings, at one
+    """Layers planned on the host and run on the device in two crossings, at one
     partition (`workers/planned.py`) and at several held in one process, all shards
-    together (`workers/planned_shards.py`), through every update type."""
+    together (`workers/planned_shards.py`), through every update type: linear ones
+    folded, max, min and attention recomputed whole, and models mixing them."""
     data = start_graph(seed)
-    model = randomise(ARCHS[arch](num_layers), seed).double()
+    model = randomise({**ARCHS, **MIXED}[arch](num_layers), seed).double()
     engine = Engine.from_pyg(model, data, partitions=partitions, placement=placement)
     assert (plans(engine.shards[0].tables) if partitions == 1
             else plans_together(engine.shards))
@@ -322,17 +342,26 @@ def test_planned_batches_re_anchor_worn_rows_a_batch_late(device_kernels, monkey
     assert sum(map(sum, pulled)) > 0
 
 
-@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("arch, partitions", [("graphconv-add", 1), ("graphconv-add", 2),
+                                              ("graphconv-max", 1), ("pyg-gat", 1)])
 def test_a_restored_planned_engine_re_anchors_when_the_original_does(device_kernels,
-                                                                      monkeypatch, partitions):
+                                                                      monkeypatch, arch,
+                                                                      partitions):
     """The rows a planned batch's wear picks are kept in snapshots (`Tables.reanchor`):
-    restored between picking and re-anchoring, the engine goes on bit for bit."""
+    restored between picking and re-anchoring, the engine goes on bit for bit; so it
+    does from max's states and ties and attention's states and kept t, which planned
+    batches recompute whole."""
     monkeypatch.setattr(SumAggregation, "drift_limit", 40.0)
     data = random_graph(np.random.default_rng(7), n=200, m=900, d=F_IN, hubs=3)
-    model = randomise(ARCHS["graphconv-add"](2), 7).double()
+    model = randomise(ARCHS[arch](2), 7).double()
     engine = Engine.from_pyg(model, data, partitions=partitions)
+    assert (plans(engine.shards[0].tables) if partitions == 1
+            else plans_together(engine.shards))
     workload = LinkBenchWorkload(sg.DynamicGraph.from_data(data), seed=3)
-    while not any(len(slots) for shard in engine.shards for slots in shard.tables.reanchor):
+    wears = any(layer.aggr.linear for layer in engine.shards[0].layers)
+    engine.apply(workload.applied(50))
+    while wears and not any(len(slots) for shard in engine.shards
+                            for slots in shard.tables.reanchor):
         engine.apply(workload.applied(50))
     restored = Engine.restore(model, copy.deepcopy(engine.snapshot()))
     for _ in range(3):
@@ -345,11 +374,13 @@ def test_a_restored_planned_engine_re_anchors_when_the_original_does(device_kern
             assert np.array_equal(rows, theirs[key], equal_nan=True), key
 
 
-@pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin"])
+@pytest.mark.parametrize("name", ["graphconv-sum", "gcn", "sage-mean", "gin", "graphconv-max",
+                                  "gat"])
 def test_planned_float32_sums_stay_within_the_contract_re_anchored_a_batch_late(
         device_kernels, name):
     """Long delta chains on the planned path, whose wear comes back with a batch and is
-    acted on in the next (`SumAggregation.late_share`), stay within the contract."""
+    acted on in the next (`SumAggregation.late_share`), stay within the contract; so do
+    max and attention, whose regions planned batches recompute whole."""
     _stays_within_the_contract(name, batches=40)
 
 
@@ -731,11 +762,11 @@ def test_values_at_the_limits_come_and_go_without_leaving_error(name):
 
 # Host/device crossings a batch makes on the device path, at most (2 layers; P = 1 / 2),
 # counted on the CPU (`streamgnn.crossings`): most are a copy over the bus on a GPU, some
-# the CPU's alone (the layer-0 exchange, which stays on the host). Linear layers run
-# planned (`workers/planned.py`; at P = 2 all shards together, `planned_shards.py`): one
-# upload, one download (issue 51).
-CROSSINGS = {"graphconv-add": (2, 2), "graphconv-max": (34, 90), "pyg-gcn": (2, 2),
-             "pyg-gat": (34, 90), "pyg-sage-mean": (2, 2), "pyg-gin": (2, 2)}
+# the CPU's alone (the layer-0 exchange, which stays on the host). Batches run planned
+# (`workers/planned.py`; at P = 2 all shards together, `planned_shards.py`): one upload,
+# one download (issue 51).
+CROSSINGS = {"graphconv-add": (2, 2), "graphconv-max": (2, 2), "pyg-gcn": (2, 2),
+             "pyg-gat": (2, 2), "pyg-sage-mean": (2, 2), "pyg-gin": (2, 2)}
 
 
 @pytest.mark.parametrize("partitions", [1, 2])

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 from streamgnn import cores
 from streamgnn.graph import DynamicGraph, pair_keys
 from streamgnn.graph.adjacency import entries_except
+from streamgnn.models.aggr import MaxAggregation, MinAggregation
 from streamgnn.models.extremum_ops import (
+    MAX_TIES,
     fold_max_numba,
     fold_max_torch,
     pull_max_columns_numba,
@@ -487,6 +489,26 @@ def test_max_column_pulls_numba_and_torch_equal_the_reference(seed, sign, weight
                src, factor if weighted else None, sign)
         np.testing.assert_array_equal(state.numpy(), expected.astype(state.numpy().dtype))
         np.testing.assert_array_equal(ties.numpy(), expected_ties)
+
+
+@given(seed=seeds, aggr=st.sampled_from([MaxAggregation(), MinAggregation()]),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_whole_max_states_and_their_ties_equal_the_reference(seed, aggr, dtype):
+    """`MaxAggregation.reduce_with_ties` (a planned batch's recompute): each destination's
+    state (the max of ``sign * message``, 0 for no message) and its ties, saturating."""
+    rng = np.random.default_rng(seed)
+    num, d, many = 6, 5, MAX_TIES + 5
+    index = np.concatenate([rng.integers(0, num - 1, 40),  # the last gets no message
+                            np.zeros(many, np.int64)])
+    msg = np.concatenate([rng.integers(-2, 3, size=(40, d)),  # values from a few: ties
+                          np.full((many, d), 3 * aggr.sign)]).astype(np.float64)
+    state, ties = aggr.reduce_with_ties(torch.from_numpy(msg).to(dtype),
+                                        torch.from_numpy(index), num)
+    for v in range(num):
+        best, count = _extremum(msg[index == v], aggr.sign, d)
+        np.testing.assert_array_equal(state[v].numpy(), best.astype(state.numpy().dtype))
+        np.testing.assert_array_equal(ties[v].numpy(), np.minimum(count, MAX_TIES))
+    assert ties.dtype == aggr.ties_dtype
 
 
 @given(seed=seeds, sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamgnn.models.extremum_ops import fold_max_, pull_max_columns_
+from streamgnn.models.extremum_ops import fold_max_, max_and_ties, pull_max_columns_
 from streamgnn.models.rowops import any_above, combine_rows, fold_rows_, ones
 from streamgnn.models.softmax_ops import fold_softmax_
 
@@ -68,7 +68,8 @@ class Aggregation:
     """Base class. ``spmm``: the torch.sparse.mm reduction that computes the state, if any.
     ``state_dtype``: what the engine stores states in (attention's in float64).
     ``ties_dtype``: if set, the engine keeps beside each state row a row of ``ties`` of
-    that dtype, as wide as the state, which ``apply_delta`` and ``pull_columns`` keep."""
+    that dtype, as wide as the state, which ``apply_delta`` and ``pull_columns`` keep
+    (and ``reduce_with_ties`` counts for whole states)."""
 
     name: str = ""
     linear = False  # the state is a sum of messages: deltas may be pre-combined by adding
@@ -110,6 +111,11 @@ class Aggregation:
         k in ``begin[i]:end[i]`` (``factor`` None: 1); for aggregations whose deltas
         return columns."""
         raise NotImplementedError
+
+    def re_anchored(self, wear: np.ndarray) -> np.ndarray:
+        """Positions of the rows to recompute from all in-neighbors, given each row's wear
+        (`SumAggregation.re_anchored`): none, where deltas do not wear the states."""
+        return _NONE
 
     def merge(self, a: Tensor, a_count: Tensor, b: Tensor, b_count: Tensor) -> Tensor:
         """The state rows over the in-edges of both ``a`` and ``b`` (disjoint sets, of
@@ -240,6 +246,11 @@ class MaxAggregation(Aggregation):
 
     def reduce(self, msg, index, num, logits=None) -> Tensor:
         return _scatter(msg, index, num, "amax")
+
+    def reduce_with_ties(self, msg: Tensor, index: Tensor, num: int) -> tuple[Tensor, Tensor]:
+        """State rows of destinations 0..num from all their messages ``msg`` (message k
+        to ``index[k]``) and their ties, on the messages' device (`max_and_ties`)."""
+        return max_and_ties(self.sign * msg, index, num)
 
     def apply_delta(self, state, ties, t, region, new, old, empty_before, part) -> Pull:
         dst, cols = fold_max_(state, ties, t, region, new.arrays(), old.arrays(), self.sign,

@@ -10,7 +10,9 @@ a lower bound, saturating at 255, and 0 only where there is no in-edge.
   layer computes them.
 - ``pull_max_columns_``: re-aggregate given columns of given destinations from all their
   in-edges, read where they are stored, each message ``sign * factor * table[source]``
-  read from the table in place, counting the ties exactly.
+  read from the table in place, counting the ties exactly;
+- ``max_and_ties``: a max and its ties from messages on the device (whole states: a
+  planned batch's recompute, `workers/pulls.py`; and the torch pull of columns).
 Numba loops for CPU tensors (one pass per destination over its messages or in-edges, no
 per-message tensors); torch versions for other devices. Tests hold each pair to each
 other and to re-aggregating from scratch.
@@ -203,14 +205,20 @@ def pull_max_columns_torch(state: Tensor, ties: Tensor, dst: Tensor, cols: Tenso
     msg = table.index_select(0, read).to(state.dtype)
     if weights:
         msg *= weights[0].to(state.dtype).unsqueeze(-1)
-    msg = sign * msg
-    best = state.new_zeros((len(dst), state.shape[1])).index_reduce_(
-        0, local, msg, "amax", include_self=False)  # rows with no in-edge stay 0
-    equal = torch.zeros(best.shape, dtype=torch.int32, device=state.device).index_add_(
-        0, local, (msg == best.index_select(0, local)).int())
+    best, equal = max_and_ties(sign * msg, local, len(dst))
     state[dst] = torch.where(cols, best, state.index_select(0, dst))
-    ties[dst] = torch.where(cols, equal.clamp_(max=MAX_TIES).to(ties.dtype),
-                            ties.index_select(0, dst))
+    ties[dst] = torch.where(cols, equal, ties.index_select(0, dst))
+
+
+def max_and_ties(msg: Tensor, local: Tensor, num: int) -> tuple[Tensor, Tensor]:
+    """Per destination 0..num, the max of each column over its rows of ``msg`` (row k's
+    destination: ``local[k]``; 0 where it has none) and how many of them equal it
+    (uint8, saturating at `MAX_TIES`), on ``msg``'s device."""
+    best = msg.new_zeros((num, msg.shape[1])).index_reduce_(
+        0, local, msg, "amax", include_self=False)  # rows with no in-edge stay 0
+    equal = torch.zeros(best.shape, dtype=torch.int32, device=msg.device).index_add_(
+        0, local, (msg == best.index_select(0, local)).int())
+    return best, equal.clamp_(max=MAX_TIES).to(torch.uint8)
 
 
 def pull_max_columns_(state: Tensor, ties: Tensor, dst: Tensor, cols: Tensor, table: Tensor,

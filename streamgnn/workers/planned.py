@@ -1,12 +1,13 @@
-"""`Planned`: a batch on a shard whose layers all aggregate linearly (sums, means, GCN's
-normalised sums, GIN), off the CPU, planned on the host and run on the device with two
-crossings: one upload of every index array and host row the batch's L supersteps read,
-one download of what the host keeps (rows rewritten, labels, whether every row is
-finite, the states' wear). At one partition the shard plans alone (`plan_all`); the
-shards of several partitions in one process are planned superstep by superstep
+"""`Planned`: a batch on a shard, off the CPU, planned on the host and run on the device
+with two crossings: one upload of every index array and host row the batch's L
+supersteps read, one download of what the host keeps (rows rewritten, labels, whether
+every row is finite, the states' wear). Each layer is planned by its kind: linear
+aggregations (sums, means, GCN's normalised sums, GIN) fold deltas; max, min and
+attention are recomputed whole. At one partition the shard plans alone (`plan_all`);
+the shards of several partitions in one process are planned superstep by superstep
 together (`plan` with the ghosts joining), uploaded, run and read back together by
-`planned_shards`, which copies the ghosts' rows between supersteps (`join`); tables
-by row (`Tables.by_row`) are then read at their rows.
+`planned_shards`, which copies the ghosts' rows between supersteps (`join`); tables by
+row (`Tables.by_row`) are then read at their rows.
 
 The host can plan every superstep before any device work because of a conservative
 frontier: superstep l + 1's sources are all the rows superstep l recomputed, not only
@@ -18,18 +19,29 @@ changes, found from the graph alone (`superstep_region`). The index work is
 the CPU; on the device each superstep is a product, the fold (`fold_rows_tensors`) and
 the activation or update, without reading anything back.
 
+Max, min and attention: which states a delta could not fix (a max's last carrier left,
+attention's destination moved or its denominator cancelled) is decided by values on the
+device, which the host cannot plan. So every destination of such a layer's region is
+recomputed from all its in-edges, as a pull does (`pulls.pull_arrays` on the host, its
+arrays in the one upload; `pulls.pulled` on the device, reduced from each in-edge's
+destination): the states with max/min's ties or attention's packed partials, stored,
+then the rows. Exact by construction, with no fold and no wear (a fresh state has no
+drift); kept t (attention) is brought up to date for the superstep's sources first. It
+costs the region's in-degree sum, gathered and reduced in bulk on the device.
+
 Wear (`SumAggregation`): it comes back with the download, measured against
 `SumAggregation.late_limit`; the rows it picks (`SumAggregation.re_anchored`) are
 recomputed from all their in-neighbors in the next batch, in the superstep that folds
-them (added to its region, their in-edges in that batch's upload). The picks live in
-the tables between batches (`Tables.reanchor`, kept in checkpoints, so a restored shard
-re-anchors when the original would have).
+them (added to its region, their in-edges in that batch's upload, as `pulls.pulled`
+recomputes them). The picks live in the tables between batches (`Tables.reanchor`, kept
+in checkpoints, so a restored shard re-anchors when the original would have).
 
 Counts (`ApplyResult`): ``recomputed`` counts the conservative regions, larger than the
-CPU path's; ``pulled`` the rows re-anchored.
+CPU path's; ``pulled`` the rows re-anchored, and for max, min and attention the whole
+regions.
 
-Owns this plan and run; must not import kafka or mpi4py, nor the superstep, pulls or
-ghost-row parts of the shard.
+Owns this plan and run; must not import kafka or mpi4py, nor the superstep or ghost-row
+parts of the shard.
 """
 
 from __future__ import annotations
@@ -40,8 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from streamgnn.models.aggr import PackedSoftmax
 from streamgnn.models.rowops import (
-    combine_rows_torch,
     difference_table_tensors,
     fill_rows_tensors,
     fold_rows_tensors,
@@ -53,6 +65,7 @@ from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.deltas import message_sources as find_sources
 from streamgnn.workers.fold import mean_rescaled
 from streamgnn.workers.labels import ChangedLabels, relabel_
+from streamgnn.workers.pulls import pull_arrays, pulled
 from streamgnn.workers.region import superstep_region
 from streamgnn.workers.tables import Tables
 
@@ -70,12 +83,12 @@ def plans(tb: Tables) -> bool:
 
 def plans_layers(tb: Tables) -> bool:
     """Whether the shard's layers plan: tables off the CPU (or `on_cpu`), every layer's
-    aggregation linear with states kept (not RC), no t kept and no root term kept beside
-    a table of h."""
+    states kept (not RC); a linear aggregation's with no t kept and no root term kept
+    beside a table of h (any other is recomputed whole)."""
     if tb.device.type == "cpu" and not on_cpu:
         return False
-    return all(layer.aggr.linear and state is not None and t is None
-               and (z or root is None) and not (z and layer.degree_normalised)
+    return all(state is not None and (not layer.aggr.linear or (
+        t is None and (z or root is None) and not (z and layer.degree_normalised)))
                for layer, state, t, z, root in zip(tb.layers, tb.state, tb.t, tb.z, tb.root,
                                                   strict=True))
 
@@ -168,7 +181,9 @@ class Planned:
         """Superstep ``hop``'s plan, its arrays added to the upload: sources ``changed``
         (those with rows before the batch: ``old_slots``, in the order of those rows)
         and, for degree-normalised layers, the vertices whose in-degree changed; the
-        ``stale`` rows re-anchored. None where it reaches no vertex."""
+        ``stale`` rows re-anchored. A layer whose aggregation is not linear has its
+        region's states recomputed whole (`_plan_pull`). None where it reaches no
+        vertex."""
         tb, b = self.tb, self.b
         g, layer, edges = tb.graph, tb.layers[hop - 1], b.edges
         sources = (tb.sets.union(changed, edges.degree_changed) if layer.degree_normalised
@@ -182,16 +197,22 @@ class Planned:
             b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch)
         if not len(region):
             return None
-        differences, paired = self._plan_messages(hop, changed, old_slots, sources, at, v1,
-                                                  w1, region, count)
-        divisor = ones(len(region)) if keeps_z else layer.aggr.divisor(count)
-        self._add(hop, region=region, divisor=divisor)
+        if layer.aggr.linear:
+            differences, paired = self._plan_messages(hop, changed, old_slots, sources, at,
+                                                      v1, w1, region, count)
+            divisor = ones(len(region)) if keeps_z else layer.aggr.divisor(count)
+            self._add(hop, region=region, divisor=divisor)
+            anchored = np.flatnonzero(tb.sets.find(stale, region) >= 0 if len(stale)
+                                      else fresh[:0])
+        else:  # all of it recomputed, from all its in-edges
+            differences, paired, anchored = False, 0, np.arange(len(region))
+            self._add(hop, region=region)
+            if tb.t[hop - 1] is not None:  # t kept: the sources' rows first
+                self._add(hop, t_slots=changed, t_read=self._read(hop - 1, changed))
         if tb.ghost is not None:  # tables by row (`Tables.by_row`)
             self._add(hop, state_at=tb.rows_at(hop, region), h_at=tb.h_at(hop, region))
-        anchored = np.flatnonzero(tb.sets.find(stale, region) >= 0 if len(stale)
-                                  else fresh[:0])
         if len(anchored):
-            self._plan_pull(hop, region[anchored], anchored, count[anchored])
+            self._plan_pull(hop, region[anchored], anchored)
         if not keeps_z:  # the update reads the region's own rows and in-degrees
             self._add(hop, own=self._read(hop - 1, region), weight=g.in_weight[region])
         if hop < len(tb.layers):
@@ -266,20 +287,14 @@ class Planned:
         self._add(hop, rows=rows, local=local, scale=scale)
         return differences, int(paired)
 
-    def _plan_pull(self, hop: int, slots: np.ndarray, anchored: np.ndarray,
-                   count: np.ndarray) -> None:
-        """The arrays re-anchoring ``slots`` (at ``anchored`` in the region; in-degrees
-        ``count``) reads: their in-edges, the rows of h^(hop-1) these read, and where the
-        shard keeps z, their own rows."""
-        tb, layer = self.tb, self.tb.layers[hop - 1]
-        ptr, src, w = tb.graph.in_edges(slots)
-        self._add(hop, anchored=anchored, pull_count=count, pull_read=self._read(hop - 1, src),
-                  pull_w=w.astype(np.float64), pull_dst=np.repeat(np.arange(len(slots)),
-                                                                 np.diff(ptr)))
-        if tb.z[hop - 1]:
-            self._add(hop, pull_own=self._read(hop - 1, slots))
-        if layer.degree_normalised:
-            self._add(hop, pull_in_weight=tb.graph.in_weight[src])
+    def _plan_pull(self, hop: int, slots: np.ndarray, anchored: np.ndarray) -> None:
+        """The arrays recomputing the states of ``slots`` (at ``anchored`` in the region)
+        from all their in-edges reads, as `pulls.pull_arrays` lists them (named
+        ``pull_*`` here), with each in-edge's destination (``pull_local``)."""
+        arrays, ptr, _ = pull_arrays(self.tb, hop, self.tb.layers[hop - 1], slots)
+        self._add(hop, anchored=anchored, pull_local=np.repeat(np.arange(len(slots)),
+                                                               np.diff(ptr)),
+                  **{f"pull_{name}": a for name, a in arrays.items()})
 
     # ---------------------------------------------------------------- device
     def _rows(self, layer: int, read: Tensor) -> Tensor:
@@ -298,15 +313,50 @@ class Planned:
         tb, result = self.tb, self.b.result
         layer, plan = tb.layers[hop - 1], self.hops[hop - 1]
         if hop == 1 and len(self.b.added):  # reused slots and rows: start empty
-            for k, z in enumerate(tb.z):
-                fill_rows_tensors([tb.state[k], tb.drift[k]], self.up[f"added/{k + 1}"],
-                                  [tb.layers[k].empty_preactivation() if z else None, None])
+            for k, z in enumerate(tb.z):  # (others' states are recomputed whole)
+                if tb.layers[k].aggr.linear:
+                    fill_rows_tensors([tb.state[k], tb.drift[k]], self.up[f"added/{k + 1}"],
+                                      [tb.layers[k].empty_preactivation() if z else None,
+                                       None])
         last = hop == len(tb.layers)
         if plan is None:
             self._reached_nothing(hop, last)
             return
         up = {name.split("/")[1]: t for name, t in self.up.items()
               if name.startswith(f"{hop}/")}
+        keeps_z = tb.z[hop - 1]
+        if layer.aggr.linear:
+            agg, wear, before = self._folded(hop, up)
+        else:
+            agg, before = self._recomputed(hop, up), None
+            wear = torch.empty(0, dtype=torch.float64, device=tb.device)
+        if keeps_z:
+            after = layer.activate(agg)
+            old_next = None if last else layer.activate(before.index_select(0, up["kept"]))
+        else:
+            own = self._rows(hop - 1, up["own"])
+            t_own = tb.t_rows(hop, layer, up["region"], own) if layer.self_transform else None
+            after = layer.update(own, agg, t_own, tb.ours(up["weight"]))
+            old_next = None if last else tb.h[hop].index_select(0, up["region"])[up["kept"]]
+            tb.h[hop].index_copy_(0, up.get("h_at", up["region"]), after)
+        self.wear.append(wear)
+        self.finite.append(torch.isfinite(after).all())
+        if not last:
+            self.old = old_next
+            if len(self.b.removed):
+                self.removed_rows = self._rows(hop, self.up["removed"])
+        self.last = after
+        for counts, n in ((result.recomputed, len(plan.region)),
+                          (result.pulled, len(plan.anchored)), (result.pulled_columns, 0),
+                          (result.remote_reads, 0), (result.combined_messages, 0)):
+            counts.append(n)
+        result.rewritten.append((plan.region, after))
+
+    def _folded(self, hop: int, up: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """A linear superstep ``hop``'s messages folded into the region's states, the
+        planned rows re-anchored: the region's finalized states (z where it is kept),
+        their wear and their states before the fold."""
+        tb, layer, plan = self.tb, self.tb.layers[hop - 1], self.hops[hop - 1]
         keeps_z = tb.z[hop - 1]
         old = self.old if not len(self.b.removed) else torch.cat([self.old, self.removed_rows])
         rows = self._rows(hop - 1, up["read"])
@@ -330,51 +380,32 @@ class Planned:
                                               layer.aggr.late_limit)
         agg = tb.ours(agg)
         if len(plan.anchored):  # (their wear is that of the fold the pull replaced)
-            self._pull(hop, up, agg)
+            pull = self._pulled(hop, up)
+            agg[up["anchored"]] = (pull if keeps_z else layer.aggr.finalize(
+                pull, up["pull_count"])).to(agg.dtype)
             wear[up["anchored"]] = 0.0
-        if keeps_z:
-            after = layer.activate(agg)
-            old_next = None if last else layer.activate(before.index_select(0, up["kept"]))
-        else:
-            own = self._rows(hop - 1, up["own"])
-            t_own = layer.transform(own) if layer.self_transform else None
-            after = layer.update(own, agg, t_own, tb.ours(up["weight"]))
-            old_next = None if last else tb.h[hop].index_select(0, up["region"])[up["kept"]]
-            tb.h[hop].index_copy_(0, up.get("h_at", up["region"]), after)
-        self.wear.append(wear)
-        self.finite.append(torch.isfinite(after).all())
-        if not last:
-            self.old = old_next
-            if len(self.b.removed):
-                self.removed_rows = self._rows(hop, self.up["removed"])
-        self.last = after
-        for counts, n in ((result.recomputed, len(plan.region)),
-                          (result.pulled, len(plan.anchored)), (result.pulled_columns, 0),
-                          (result.remote_reads, 0), (result.combined_messages, 0)):
-            counts.append(n)
-        result.rewritten.append((plan.region, after))
+        return agg, wear, before
 
-    def _pull(self, hop: int, up: dict[str, Tensor], agg: Tensor) -> None:
-        """Re-anchor the planned rows of superstep ``hop``: their states summed again from
-        all their in-neighbors' rows of h^(hop-1) (transformed; the transform is linear
-        without bias, as `pulls.pull` uses it), stored with fresh rounding bounds, and
-        their rows of ``agg`` (the region's finalized states) replaced."""
+    def _recomputed(self, hop: int, up: dict[str, Tensor]) -> Tensor | PackedSoftmax:
+        """The region of a superstep ``hop`` whose aggregation is not linear, its states
+        recomputed from all its in-edges (`_pulled`; t kept first brought up to date for
+        the sources): its finalized states, read from the stored ones as the CPU reads
+        them (a tensor, or attention's packed states)."""
         tb, layer = self.tb, self.tb.layers[hop - 1]
-        t = layer.transform(self._rows(hop - 1, up["pull_read"]))
-        coef = up["pull_w"] if layer.edge_weighted else torch.ones_like(up["pull_w"])
-        if layer.degree_normalised:
-            coef = coef * layer.source_scale(up["pull_in_weight"])
-        every = torch.arange(t.shape[0], device=t.device)
-        summed = combine_rows_torch(t, every, coef, up["pull_dst"],
-                                    up["anchored"].shape[0]).to(tb.dtype)
-        finalized = layer.aggr.finalize(summed, up["pull_count"])
-        if tb.z[hop - 1]:  # the pre-activation: the aggregate, then the vertex's own terms
-            summed = finalized = layer.preactivation(self._rows(hop - 1, up["pull_own"]),
-                                                     finalized)
-        at = up.get("state_at", up["region"]).index_select(0, up["anchored"])
-        tb.state[hop - 1][at] = summed.to(tb.state[hop - 1].dtype)
-        tb.drift[hop - 1][at] = layer.aggr.fresh_drift(summed)
-        agg[up["anchored"]] = finalized.to(agg.dtype)
+        kept = tb.t[hop - 1]
+        if kept is not None:
+            kept[up["t_slots"]] = layer.transform(self._rows(hop - 1, up["t_read"]))
+        self._pulled(hop, up)
+        return layer.aggr.finalize_stored(tb.state[hop - 1], up.get("state_at", up["region"]),
+                                          up["pull_count"]).to(tb.dtype)
+
+    def _pulled(self, hop: int, up: dict[str, Tensor]) -> Tensor:
+        """The states `_plan_pull` planned, computed on the device and stored
+        (`pulls.pulled`, reduced from each in-edge's destination); returns what is
+        stored."""
+        pull = {name.removeprefix("pull_"): t for name, t in up.items()
+                if name.startswith("pull_")}
+        return pulled(self.tb, hop, self.tb.layers[hop - 1], pull, None)
 
     def _reached_nothing(self, hop: int, last: bool) -> None:
         """Superstep ``hop`` where its messages reach no vertex: no rows, no counts."""

@@ -1,12 +1,14 @@
 """Recompute pulls: states a delta cannot fix in place, aggregated again from all the
 vertex's in-neighbors. Whole states (`pull`): RC's every destination, a linear state
 re-anchored once its rounding bound grew too large, an attention state whose own input
-changed or whose denominator cancelled. Some columns only (`pull_columns`): max/min
-where the last known carrier of a column left; also how max/min's ties are first
-counted (`keep_ties`).
+changed or whose denominator cancelled; split into what is read on the host
+(`pull_arrays`) and the reduction and store from rows and in-edges on the tables' device
+(`pulled`), so a planned batch (`workers/planned.py`) runs the same pull inside its one
+upload. Some columns only (`pull_columns`): max/min where the last known carrier of a
+column left; also how max/min's ties are first counted (`keep_ties`).
 
 Owns these re-aggregations; must not import kafka or mpi4py, nor the superstep, fold,
-messages or ghost-row parts of the shard.
+messages, planned or ghost-row parts of the shard.
 """
 
 from __future__ import annotations
@@ -30,35 +32,53 @@ def pull(tb: Tables, hop: int, layer: Layer, slots: np.ndarray) -> tuple[Tensor,
     transforms the sums (its transform is linear without bias, so it commutes with
     them: `Layer.partial`), one row per pulled vertex instead of one per in-neighbor:
     where h is a stored table, summed in place (`_sums`), else from rows gathered
-    (`_gathered`, which uploads what is stored here with its own indices)."""
-    state, remote, stored = _sums(tb, hop, layer, slots) or _gathered(tb, hop, layer, slots)
-    if tb.state[hop - 1] is None:  # (RC)
-        return state, remote
-    at, *up = stored
-    if tb.z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
-        count_at, slots_at, *features = up
-        agg = layer.aggr.finalize(state, count_at)
-        state = layer.preactivation(tb.h_rows(hop - 1, slots_at, *features), tb.ours(agg))
-    tb.state[hop - 1][at] = state.to(tb.state[hop - 1].dtype)
-    if tb.drift[hop - 1] is not None:
-        tb.drift[hop - 1][at] = layer.aggr.fresh_drift(state)
-    return state, remote
+    (`pull_arrays`, uploaded in one copy, then `pulled`)."""
+    summed = _sums(tb, hop, layer, slots)
+    if summed is not None:
+        state, remote, up = summed
+        return _store(tb, hop, layer, state, up), remote
+    arrays, ptr, remote = pull_arrays(tb, hop, layer, slots)
+    return pulled(tb, hop, layer, tb.uploaded(**arrays), ptr), remote
 
 
 def _stored(tb: Tables, hop: int, slots: np.ndarray, count: np.ndarray
-            ) -> list[np.ndarray]:
-    """What `pull` uploads to store the states of ``slots`` (``count``: their in-degrees):
-    nothing (RC), where the states are (`Tables.rows_at`), and where the shard keeps the
-    pre-activation their in-degrees, the slots and what `Tables.h_rows` reads of them on
-    the host."""
+            ) -> dict[str, np.ndarray]:
+    """What a pull uploads to store the states of ``slots`` (``count``: their in-degrees),
+    by name: nothing (RC); where the states are (``at``, `Tables.rows_at`), the
+    in-degrees, and where the shard keeps the pre-activation the slots (``own``) and
+    what `Tables.h_rows` reads of them on the host (``own_features``)."""
     if tb.state[hop - 1] is None:
-        return []
-    z = [count, slots, *tb.features_of(hop - 1, slots)] if tb.z[hop - 1] else []
-    return [tb.rows_at(hop, slots), *z]
+        return {}
+    stored = {"at": tb.rows_at(hop, slots), "count": count}
+    if tb.z[hop - 1]:
+        stored["own"] = slots
+        stored.update(zip(["own_features"], tb.features_of(hop - 1, slots), strict=False))
+    return stored
+
+
+def _store(tb: Tables, hop: int, layer: Layer, state: Tensor, up: dict[str, Tensor],
+           ties: Tensor | None = None) -> Tensor:
+    """Store pulled states (``state``, the aggregation's; with their ``ties`` where it
+    keeps them) at the rows `_stored`'s arrays (uploaded: ``up``) name, with fresh
+    rounding bounds; where the shard keeps the pre-activation it is what is stored.
+    Returns what is stored (``state`` itself in RC, which stores nothing)."""
+    if tb.state[hop - 1] is None:  # (RC)
+        return state
+    if tb.z[hop - 1]:  # the pre-activation: aggregated, then the vertex's own terms
+        agg = layer.aggr.finalize(state, up["count"])
+        state = layer.preactivation(tb.h_rows(hop - 1, up["own"], up.get("own_features")),
+                                    tb.ours(agg))
+    at = up["at"]
+    tb.state[hop - 1][at] = state.to(tb.state[hop - 1].dtype)
+    if tb.drift[hop - 1] is not None:
+        tb.drift[hop - 1][at] = layer.aggr.fresh_drift(state)
+    if ties is not None and tb.ties[hop - 1] is not None:
+        tb.ties[hop - 1][at] = ties
+    return state
 
 
 def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
-          ) -> tuple[Tensor, int, list[Tensor]] | None:
+          ) -> tuple[Tensor, int, dict[str, Tensor]] | None:
     """`pull`'s aggregation where it is a sum of rows of a table h^(hop-1) is read from
     (`Tables.h_table_of`), weighted by the edges' weights alone (a linear aggregation,
     not degree-normalised, whose t is not kept): summed where the rows and in-edges are
@@ -73,38 +93,74 @@ def _sums(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
     table, relu = source
     state = in_row_sums(table, relu, begin, end, src, w if layer.edge_weighted else None,
                         tb.dtype, tb.device)
-    stored = _stored(tb, hop, slots, end - begin)
     return ((layer.transform(state) if layer.transforms else state), remote,
-            tb.upload(*stored) if stored else [])
+            tb.uploaded(**_stored(tb, hop, slots, end - begin)))
 
 
-def _gathered(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
-              ) -> tuple[Tensor, int, list[Tensor]]:
-    """`pull`'s aggregation from the rows of t its in-neighbors read, gathered (and
-    transformed unless the sums will be), or read in place where t is kept; with the
-    distinct ghosts read and `_stored`'s arrays, uploaded with the indices it reads."""
+def pull_arrays(tb: Tables, hop: int, layer: Layer, slots: np.ndarray
+                ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """What recomputing the states of ``slots`` from rows gathered reads on the host, by
+    name, for the caller to upload with whatever else it uploads: `_stored`'s arrays;
+    the in-edges' sources (``src_at``) and weights (``w``) and the pulled vertices
+    (``pull_at``), as rows of the table of t read (kept t: by slot; else t of the rows
+    ``rows`` of h^(hop-1), with their ``features`` at the first layer); the rows' weighted
+    in-degrees (``in_weight``) for degree-normalised layers. Also the in-edges' bounds
+    (vertex i's are ``ptr[i]:ptr[i+1]``) and how many distinct ghosts they name."""
     g = tb.graph
     ptr, src, w = g.in_edges(slots)
-    remote = _ghosts_read(tb, src)
-    t = tb.t[hop - 1]
-    raw = t is None and layer.aggr.linear and layer.transforms  # h summed, then transformed
-    if t is not None:  # kept: read in place, by slot
-        rows, read = slice(None), []  # rows: all slots
-        src_at, pull_at = src, slots
-    else:  # the rows the pull reads, transformed unless the sums will be
+    arrays = _stored(tb, hop, slots, np.diff(ptr))
+    if tb.t[hop - 1] is not None:  # kept: read in place, by slot
+        rows, src_at, pull_at = slice(None), src, slots
+    else:  # the rows of h^(hop-1) the pull reads (`pulled` transforms them or the sums)
         rows = tb.sets.union(src, slots)
-        read = [rows, *tb.features_of(hop - 1, rows)]
+        arrays["rows"] = rows
+        arrays.update(zip(["features"], tb.features_of(hop - 1, rows), strict=False))
         src_at, pull_at = tb.sets.positions(rows, src), tb.sets.positions(rows, slots)
-    weights = [g.in_weight[rows]] if layer.degree_normalised else []
-    stored = _stored(tb, hop, slots, np.diff(ptr))
-    up = tb.upload(*stored, src_at, w, pull_at, *weights, *read)  # in one copy
-    stored, (src_at, w, pull_at, *up) = up[:len(stored)], up[len(stored):]
-    scale = layer.source_scale(tb.ours(up.pop(0))) if weights else None
-    if t is None:
-        h = tb.h_rows(hop - 1, *up)
+    arrays.update(src_at=src_at, w=w, pull_at=pull_at)
+    if layer.degree_normalised:
+        arrays["in_weight"] = g.in_weight[rows]
+    return arrays, ptr, _ghosts_read(tb, src)
+
+
+def pulled(tb: Tables, hop: int, layer: Layer, up: dict[str, Tensor],
+           ptr: np.ndarray | None) -> Tensor:
+    """The states `pull_arrays` planned, from its arrays uploaded (``up``), computed
+    and stored (`_store`; returns what is stored). The rows read are transformed unless
+    the sums will be (a linear aggregation: h summed, then transformed). Reduced by
+    `aggregate`, whose kernels read the in-edges' bounds ``ptr`` on the host (the CPU's
+    fused and sparse ones); with ``ptr`` None, on the device from each in-edge's
+    destination ``up["local"]`` (`_reduced`: a planned batch, which reads nothing back
+    between its upload and its download), max/min's ties counted beside the states."""
+    kept = tb.t[hop - 1]
+    raw = kept is None and layer.aggr.linear and layer.transforms
+    t = kept
+    if kept is None:
+        h = tb.h_rows(hop - 1, up["rows"], up.get("features"))
         t = h if raw else layer.transform(h)
-    state = aggregate(layer, t, ptr, src_at, w.to(t.dtype), scale, pull_at)
-    return (layer.transform(state) if raw else state), remote, stored
+    scale = layer.source_scale(tb.ours(up["in_weight"])) if "in_weight" in up else None
+    src_at, w, pull_at = up["src_at"], up["w"], up["pull_at"]
+    if ptr is None:
+        state, ties = _reduced(layer, t, src_at, w, scale, up["local"], pull_at)
+    else:
+        state, ties = aggregate(layer, t, ptr, src_at, w.to(t.dtype), scale, pull_at), None
+    return _store(tb, hop, layer, layer.transform(state) if raw else state, up, ties)
+
+
+def _reduced(layer: Layer, t: Tensor, src_at: Tensor, w: Tensor, scale: Tensor | None,
+             local: Tensor, pull_at: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Packed states of the destinations ``pull_at`` (rows of ``t``) from their in-edges
+    ``src_at[k] -> pull_at[local[k]]`` (weights ``w``, source factors ``scale``), on
+    ``t``'s device: `Layer.partial`, or for max/min `Aggregation.reduce_with_ties`, with
+    the ties (None for the others)."""
+    num = pull_at.shape[0]
+    if layer.aggr.ties_dtype:
+        msg = layer.messages(t, src_at, w.to(t.dtype), scale)
+        return layer.aggr.reduce_with_ties(msg, local, num)
+    factor = layer.message_factor(src_at, w.double(), scale)
+    part = (layer.destination_part(t).index_select(0, pull_at)
+            if layer.aggr.destination_dependent else None)
+    return layer.partial(t, src_at, local, torch.ones_like(w, dtype=torch.float64)
+                         if factor is None else factor, num, part), None
 
 
 def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull, slots: np.ndarray) -> int:
