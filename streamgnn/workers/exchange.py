@@ -3,8 +3,8 @@ packed into one flat byte buffer per destination (a header, the ids, the rows, t
 in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers over in
 one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
 per-message objects. A shard's buffers for all its peers are written by one kernel into one
-allocation (`pack_many`); kernels read each buffer it is sent as it lies (`received_ids`,
-`received_rows`).
+allocation (`pack_many`); kernels and `unpack` read each buffer it is sent as it lies,
+through one reader of its header (`received_ids`, `received_rows`).
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only
 an MPI implementation may import mpi4py.
@@ -109,15 +109,6 @@ def received_rows(buffer, like):
     return buffer[at:at + n * dim * like.itemsize].view(like.dtype).reshape(n, dim)
 
 
-def _views(buffer: np.ndarray, n: int, dim: int, itemsize: int, weighted: bool) -> Ghosts:
-    """The ids, rows and in-degrees in a buffer with this header."""
-    at = _HEADER.itemsize + 8 * n  # where the rows start
-    end = at + n * dim * itemsize
-    return Ghosts(buffer[_HEADER.itemsize:at].view("<i8"),
-                  buffer[at:end].view(f"<f{itemsize}").reshape(n, dim),
-                  buffer[end:end + 8 * n].view("<f8") if weighted else None)
-
-
 def pack(ghosts: Ghosts | None) -> np.ndarray:
     """``ghosts`` as one uint8 buffer (empty for None)."""
     if ghosts is None or not len(ghosts.ids):
@@ -132,11 +123,14 @@ def pack(ghosts: Ghosts | None) -> np.ndarray:
 
 
 def unpack(buffer: np.ndarray) -> Ghosts | None:
-    """The `Ghosts` a `pack` buffer holds (None for an empty one)."""
+    """The `Ghosts` a `pack` buffer holds (None for an empty one), views of it, read by
+    the kernels' own readers (`received_ids`, `received_rows`)."""
     if not len(buffer):
         return None
-    n, dim, itemsize, weighted = buffer[:_HEADER.itemsize].view("<i8").tolist()  # (`_HEADER`)
-    return _views(buffer, n, dim, itemsize, bool(weighted))
+    _, dim, itemsize, weighted = _layout(buffer)
+    ids, in_weight = received_ids(buffer)
+    rows = received_rows(buffer, np.empty((0, dim), f"<f{itemsize}"))
+    return Ghosts(ids, rows, in_weight if weighted else None)
 
 
 class Exchange(Protocol):

@@ -609,6 +609,8 @@ def _result_message(r: ApplyResult) -> np.ndarray:
     head = [len(r.recomputed), r.non_finite, len(changes.ids), len(released[0]),
             r.edges_added, len(rejected)]
     head += [count for name in _COUNTS for count in getattr(r, name)]
+    if not (len(changes.ids) or len(released[0]) or len(rejected)):  # (an idle shard's)
+        return np.array(head, np.int64).view(np.uint8)
     padded = np.zeros(-(-len(rejected) // 8) * 8, np.uint8)
     padded[:len(rejected)] = rejected
     return np.concatenate([np.array(head, np.int64), changes.ids, changes.old,

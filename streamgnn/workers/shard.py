@@ -306,8 +306,8 @@ class Shard:
                     self.busy.append(time.perf_counter() - start)
                     received = yield out
                     start = time.perf_counter()
-                    self.sent.append(sum(len(b) for b in out))
-                    self.received.append(sum(len(b) for b in received))
+                    self.sent.append(sum(map(len, out)))
+                    self.received.append(sum(map(len, received)))
                     if idle and self.received[-1]:  # rows came: the batch begins here
                         idle = False
                         self._begin(diff, routed)
@@ -329,7 +329,7 @@ class Shard:
         here (``diff`` empty but for its rejections) and brought no ghost rows: no row
         rewritten, no label changed, every count 0."""
         nothing = [0] * len(self.layers)
-        rewritten = [(_NO_SLOTS, self.graph.x[_NO_SLOTS])]
+        rewritten = [(_NO_SLOTS, self.graph.x[:0])]
         rewritten += [(_NO_SLOTS, self.tables.no_rows(layer.out_dim)[1])
                       for layer in self.layers]
         return ApplyResult(ChangedLabels.empty(), diff.rejected, recomputed=nothing,
