@@ -13,7 +13,7 @@ out=${OUT:-${1:-/tmp/device-out}}
 work=/tmp/device-results
 mkdir -p "$out" "$work"
 summary=$out/summary.txt
-steps=${STEPS:-"env tests engine queries mpi"}  # "cpu": the 16-thread baseline, measured
+steps=${STEPS:-"env tests engine queries mpi idle"}  # "cpu": the 16-thread baseline, measured
 scale=${SECONDS_SCALE:-1}
 started=$(date +%s)
 
@@ -36,7 +36,8 @@ if [ -d .whl ]; then
       --target /tmp/site $(ls .whl/*.whl | grep -v /mpich-) &&
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --prefix /tmp/mpich .whl/mpich-*.whl; } || { say "installing the carried wheels failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/mpich/bin:/tmp/site/bin:$PATH
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/mpich/bin:/tmp/site/bin:$PATH \
+    MPIEXEC=/tmp/mpich/bin/mpiexec
   # mpi4py's wheel picks its MPI at run time: name mpich, or the image's Open MPI wins
   export MPI4PY_MPIABI=mpich MPI4PY_LIBMPI=/tmp/mpich/lib/libmpi.so.12 \
     LD_LIBRARY_PATH=/tmp/mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -90,6 +91,12 @@ print(c.Get_rank(), c.Get_size(), MPI.Get_library_version()[:12], mpi4py.__file_
   else
     say "mpi: ranks do not see each other under MPICH (see mpi-check.txt): scaling skipped"
   fi
+fi
+
+if wants idle && grep -q '2 MPICH' "$work/mpi-check.txt" 2>/dev/null; then
+  # issue 52's idle superstep (<= 50 us) with a core per rank: P = 4, 5 ranks
+  bounded 100 idle-4 python3 benchmarks/idle.py --partitions 4 --batches 100 \
+    --out "$work/idle-4.json"
 fi
 
 say "total $(( $(date +%s) - started ))s"

@@ -19,7 +19,8 @@ do the same in every partition at once.
   warm, where in lock step it runs after a busy shard's kernels have evicted them.
   ``--profile``: cProfile over the idle shard in a pass of its own (the timed pass is
   not profiled).
-- Under ``mpiexec -n P+1`` (``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``): each worker's own clock
+- Under ``mpiexec -n P+1`` (``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``; the ``MPIEXEC`` env var
+  names the mpiexec, else the one beside Python's executable): each worker's own clock
   per batch (wall and CPU time): the time it spends on the batch's command outside the
   ghost-row exchanges (`mpi.alltoallv`, where a worker waits for the others), with the
   command's decoding and its reply's encoding; its superstep code alone (`Shard.summary`'s
@@ -330,7 +331,8 @@ def rank_job(args: argparse.Namespace) -> None:
 def under_mpi(args: argparse.Namespace) -> dict:
     """`rank_job` under ``mpiexec -n P+1``; its figures."""
     out = Path(f"/tmp/streamgnn-idle-{os.getpid()}.json")
-    exe = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+    exe = (os.environ.get("MPIEXEC")  # (device.sh names mpich's, beside an image's Open MPI)
+           or shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec")
     env = {**os.environ, "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
     subprocess.run([exe, "-n", str(args.partitions + 1), sys.executable, __file__,
                     "--rank-job", "--out", str(out), "--partitions", str(args.partitions),
