@@ -16,7 +16,7 @@ from torch_geometric.nn import GATConv, GCNConv, GINConv, GraphConv
 
 import streamgnn as sg
 from streamgnn.crossings import counted
-from streamgnn.models import GNN
+from streamgnn.models import GNN, transfer
 from streamgnn.models.aggr import SumAggregation
 from streamgnn.models.gnn import WEIGHTED_CONVS
 from streamgnn.models.zoo import ModelSpec
@@ -574,6 +574,58 @@ def test_a_second_batch_submitted_while_the_first_computes_elsewhere(partitions,
     with pytest.raises(sg.NonFiniteEmbeddingError):
         poisoned.collect()
     assert not poisoned._in_flight
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_planned_batch_is_submitted_with_its_copy_back_under_way(device_kernels,
+                                                                    monkeypatch, partitions):
+    """On the device path `submit` returns a planned batch with its one copy back started
+    and not waited for (`transfer.Pending`): the engine is `computing` but takes no other
+    batch and refuses its shards; `collect` waits and gives exactly what `apply` gives.
+    Where a second batch is let in (`max_in_flight` raised), it closes the first before
+    it plans; a batch that drives an embedding to inf raises at its `collect`."""
+    waited = []
+    wait = transfer.Pending.wait
+    monkeypatch.setattr(transfer.Pending, "wait", lambda self: waited.append(self) or wait(self))
+    data = start_graph(3)
+    model = randomise(ARCHS["pyg-gcn"](2), 3).double()
+    ours, twin = (Engine.from_pyg(model, data, partitions=partitions) for _ in range(2))
+    ref = Reference(data)
+    batches = [valid_batch(ref, [sg.DeleteVertex(id=2), sg.AddVertex(id=25, x=[0.5] * F_IN),
+                                 sg.AddEdge(src=25, dst=7, weight=1.0)]),
+               valid_batch(ref, [sg.UpdateFeatures(id=4, x=[1.0] * F_IN),
+                                 sg.AddEdge(src=25, dst=1, weight=1.0)])]
+    for batch in batches:
+        ours.submit(batch)
+        assert not waited and ours.computing and not ours.takes_another
+        with pytest.raises(RuntimeError, match="in flight"):
+            ours.lookup([1])
+        got = ours.collect()
+        assert len(waited) == 1 and not ours.computing
+        want = twin.apply(batch)
+        assert got.changed_labels.triples() == want.changed_labels.triples()
+        assert got.recomputed == want.recomputed
+        waited.clear()
+    ids = ours.vertex_ids()
+    np.testing.assert_array_equal(ours.lookup(ids), twin.lookup(ids))
+    assert_exact(ours, model, torch.float64, 1e-9)
+
+    monkeypatch.setattr(LocalWorkers, "max_in_flight", 2)
+    waited.clear()
+    last = [valid_batch(ref, [sg.UpdateFeatures(id=k, x=[k / 10] * F_IN)]) for k in (5, 6)]
+    for batch in last:
+        ours.submit(batch)
+    assert len(waited) == 1  # the first closed before the second planned
+    for batch in last:
+        assert ours.collect().changed_labels.triples() == twin.apply(batch).changed_labels.triples()
+    np.testing.assert_array_equal(ours.lookup(ids), twin.lookup(ids))
+
+    poisoned = Engine.from_pyg(randomise(ARCHS["pyg-gcn"](2), 3), data,
+                               partitions=partitions)  # float32: 3e38 features overflow
+    poisoned.limits = ValueLimits(1e39, 1e39)
+    poisoned.submit([sg.UpdateFeatures(id=4, x=[3e38] * F_IN)])
+    with pytest.raises(sg.NonFiniteEmbeddingError):
+        poisoned.collect()
 
 
 def test_attention_pulls_when_removing_the_dominant_edge():

@@ -1,9 +1,11 @@
 """Host arrays onto a device in one copy (`upload`) and device tensors back in one
-(`download`). On a GPU each copy costs a launch and, from pageable memory or back to the
-host, a wait for the work queued before it: a superstep's index arrays go over together,
-from one pinned buffer, without making the host wait, and the values the host must see
-come back together. On the CPU the arrays and tensors share their memory, and a count of
-crossings (`streamgnn.crossings`) counts each call as the one copy it is on a GPU.
+(`download`, or `download_async`, which starts the copy and returns before it is done).
+On a GPU each copy costs a launch and, from pageable memory or back to the host, a wait
+for the work queued before it: a superstep's index arrays go over together, from one
+pinned buffer, without making the host wait, and the values the host must see come back
+together, into pinned memory, the host waiting only when it reads them (`Pending.wait`).
+On the CPU the arrays and tensors share their memory, and a count of crossings
+(`streamgnn.crossings`) counts each call as the one copy it is on a GPU.
 
 Owns the packing; must not import the engine.
 """
@@ -31,10 +33,35 @@ def upload(device: torch.device, *arrays: np.ndarray) -> list[Tensor]:
 
 def download(*tensors: Tensor) -> list[np.ndarray]:
     """``tensors`` (on one device) as host arrays, read back in one copy."""
+    return download_async(*tensors).wait()
+
+
+class Pending:
+    """Host arrays a copy back (`download_async`) fills: ``wait`` gives them once it is
+    done (at once where none was needed)."""
+
+    def __init__(self, arrays: list[np.ndarray], done: torch.cuda.Event | None) -> None:
+        self.arrays, self.done = arrays, done
+
+    def wait(self) -> list[np.ndarray]:
+        """The arrays, once the copy into them is done."""
+        if self.done is not None:
+            self.done.synchronize()
+        return self.arrays
+
+
+def download_async(*tensors: Tensor) -> Pending:
+    """``tensors`` (on one device) as host arrays, read back in one copy into pinned memory
+    that the host may go on while the device fills (a GPU's: the copy queued after the
+    work that computes them); the arrays are read after `Pending.wait`."""
     if all(t.device.type == "cpu" for t in tensors):  # the tensors' own memory
-        return [t.numpy() for t in tensors]
+        return Pending([t.numpy() for t in tensors], None)
     packed, offsets = packed_tensors(tensors)
-    return array_views(packed.cpu().numpy(), tensors, offsets)
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(packed.device))
+    return Pending(array_views(host.numpy(), tensors, offsets), done)
 
 
 def packed_arrays(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:

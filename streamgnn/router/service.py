@@ -314,10 +314,10 @@ class Service:
         return self.stats
 
     def _loop(self, stop: Callable[[], bool], idle_exit_s: float | None) -> None:
-        """Read, admit and apply updates. A batch still computing (MPI workers) is
-        finished after the next poll, which reads and admits what arrives meanwhile; if
-        that makes a full batch and nothing stands in the way (`_overlaps`), the full
-        batch starts first."""
+        """Read, admit and apply updates. A batch still computing (MPI workers, or its
+        copy back from the device: `Engine.computing`) is finished after the next poll,
+        which reads and admits what arrives meanwhile; if that makes a full batch and
+        nothing stands in the way (`_overlaps`), the full batch starts first."""
         cfg = self.config
         per_record = 1.0  # updates per record lately: poll about one batch's worth
         opened = last_input = time.monotonic()
@@ -611,12 +611,12 @@ class Service:
         return self._flights[-1].seq if self._flights else self.batch_seq
 
     def _overlaps(self) -> bool:
-        """Whether the next batch may start before the one in flight is finished: it still
-        computes elsewhere (MPI workers), no record is suspect (a death must name one
-        batch alone), no read or query request waits (`_asked`: they are answered between
-        two batches), and no read view is kept (it publishes a batch against the graph as
-        that batch left it)."""
-        return (self.engine.computing and not (self.suspects and self.suspects.ranges)
+        """Whether the next batch may start before the one in flight is finished: the
+        engine takes another (MPI workers: `Engine.takes_another`), no record is suspect
+        (a death must name one batch alone), no read or query request waits (`_asked`:
+        they are answered between two batches), and no read view is kept (it publishes a
+        batch against the graph as that batch left it)."""
+        return (self.engine.takes_another and not (self.suspects and self.suspects.ranges)
                 and (self.reads is None or self.reads.view is None) and not self._asked())
 
     def _asked(self) -> bool:
@@ -628,7 +628,8 @@ class Service:
         carry event time ``at`` (default: the latest event time of its updates, or now).
         The engine changes its graph now, so the next updates are admitted against it;
         `_finish` publishes what changed, at once where the engine is done already (shards
-        in this process), else after the loop's next poll or the next batch's start."""
+        in this process on the CPU), else after the loop's next poll or the next batch's
+        start."""
         t = time.perf_counter()
         cut = Cut.of(buffer, self.engine.num_features)
         seq = self._last_started + 1

@@ -453,12 +453,13 @@ class Engine:
                ) -> None:
         """`apply`'s first half: the batch changes the graph (or raises as `apply` does)
         and the shards start on it; `collect` waits for them and gives the result. Shards
-        in this process are done before this returns; MPI workers go on while the caller
-        does other work (a service reads its next batch), and while they do (`computing`)
-        more batches may be submitted, up to `Workers.max_in_flight` in all: the workers
-        take each up as soon as they are done, and `collect` gives the results oldest
-        first. Until the last is collected, nothing else may use the shards (`workers`
-        raises)."""
+        in this process are done before this returns but for a planned batch's copy back
+        from the device (`LocalWorkers.copying`); that copy and MPI workers go on while
+        the caller does other work (`computing`: a service reads its next batch). MPI
+        workers meanwhile take more batches, up to `Workers.max_in_flight` in all
+        (`takes_another`): each as soon as they are done, and `collect` gives the results
+        oldest first. Until the last is collected, nothing else may use the shards
+        (`workers` raises)."""
         if self._poisoned is not None:
             raise NonFiniteEmbeddingError(self._poisoned)
         if len(self._in_flight) >= self._workers.max_in_flight:
@@ -549,8 +550,17 @@ class Engine:
     @property
     def computing(self) -> bool:
         """Whether a batch `submit` started may still be computing: it was not collected
-        yet and its workers take another meanwhile (they run elsewhere: MPI workers)."""
-        return bool(self._in_flight) and self._workers.max_in_flight > 1
+        yet and its workers go on meanwhile (they run elsewhere: MPI workers; or a planned
+        batch's copy back from the device, `LocalWorkers.copying`)."""
+        workers = self._workers
+        return bool(self._in_flight) and (workers.max_in_flight > 1
+                                          or (workers.held and workers.copying))
+
+    @property
+    def takes_another(self) -> bool:
+        """Whether `submit` takes a batch now, before those in flight are collected
+        (fewer than `Workers.max_in_flight`)."""
+        return len(self._in_flight) < self._workers.max_in_flight
 
     @property
     def workers(self) -> Workers:

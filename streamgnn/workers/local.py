@@ -21,6 +21,7 @@ from streamgnn.npz import prefixed, under, write_arrays
 from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.exchange import Exchange, InProcess
 from streamgnn.workers.placement import Routed
+from streamgnn.workers.planned import plans
 from streamgnn.workers.planned_shards import plans_together, run_together
 from streamgnn.workers.shard import Deferred, Shard
 
@@ -112,29 +113,62 @@ class Workers(Protocol):
 
 class LocalWorkers:
     """The shards in this process, exchanging through ``exchange`` (a transpose), or run
-    all together where their batches plan (`planned_shards`: no exchange)."""
+    all together where their batches plan (`planned_shards`: no exchange). `submit`
+    returns with the batch done but, where it runs planned, its copy back (`copying`):
+    what it returns waits for that copy and closes the batch (labels, the rows to
+    re-anchor), which the next batch's plan reads; a batch submitted while one is open
+    closes that one first."""
 
-    max_in_flight = 1  # `submit` returns with the batch done
+    max_in_flight = 1  # `submit` returns with the batch done on the host's side
     held = True  # `Workers.held`
 
     def __init__(self, shards: list[Shard], exchange: Exchange | None = None) -> None:
         self.shards = shards
         self.exchange = exchange or InProcess()
+        self._open: Callable[[], list[ApplyResult]] | None = None  # (`copying`)
+
+    @property
+    def copying(self) -> bool:
+        """Whether the batch last submitted ran planned and was not closed yet: its copy
+        back may still be under way (the host may do other work before it waits)."""
+        return self._open is not None
 
     def submit_diff(self, diff: GraphDiff) -> Callable[[], list[ApplyResult]]:
         """One shard working on the engine's own graph, which ``diff`` changed (done
-        before this returns)."""
-        results = lockstep([self.shards[0].run(diff)], self.exchange)
-        return lambda: results
+        before this returns, but a planned batch's copy back: `copying`)."""
+        self._close()
+        [close] = lockstep([self.shards[0].run(diff)], self.exchange)
+        return (self._opened(lambda: [close()]) if plans(self.shards[0].tables)
+                else lambda: [close()])
 
     def submit(self, routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
+        self._close()
         if plans_together(self.shards):  # one upload and one download for all shards
-            results = run_together(self.shards, routed)
-            return lambda: results
+            return self._opened(run_together(self.shards, routed))
         n = len(self.shards)
         results = lockstep([shard.run_routed(r, p, n) for p, (shard, r) in enumerate(
             zip(self.shards, routed, strict=True))], self.exchange)
         return lambda: results
+
+    def _opened(self, close: Callable[[], list[ApplyResult]]
+                ) -> Callable[[], list[ApplyResult]]:
+        """``close`` (what waits for a planned batch's copy back and closes it), open
+        until it is first called: it runs once, and gives the same results after."""
+        results: list[list[ApplyResult]] = []
+
+        def closed() -> list[ApplyResult]:
+            if not results:
+                self._open = None
+                results.append(close())
+            return results[0]
+        self._open = closed
+        return closed
+
+    def _close(self) -> None:
+        """Close the batch still open, if any (`copying`): the next one's plan reads what
+        closing it writes."""
+        if self._open is not None:
+            self._open()
 
     def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         parts = [shard.graph.edges() for shard in self.shards]

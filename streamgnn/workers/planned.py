@@ -46,6 +46,7 @@ parts of the shard.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,7 @@ from streamgnn.models.rowops import (
     fold_rows_tensors,
     ones,
 )
-from streamgnn.models.transfer import download
+from streamgnn.models.transfer import download_async
 from streamgnn.workers.batch import ApplyResult, Batch
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.deltas import message_sources as find_sources
@@ -111,7 +112,8 @@ class _Hop:
 
 class Planned:
     """One batch of a shard that `plans`: planned and uploaded when made, run superstep
-    by superstep (`step`), read back at its end (`finish`)."""
+    by superstep (`step`), read back at its end (`finish`: the copy started, the batch closed
+when it is done)."""
 
     def __init__(self, tb: Tables, b: Batch, changed_x_before: np.ndarray,
                  removed_x: np.ndarray) -> None:
@@ -424,9 +426,11 @@ class Planned:
                 self.removed_rows = self._rows(hop, self.up["removed"])
         self.last = nothing
 
-    def finish(self) -> ApplyResult:
-        """Close the batch in one copy back (`kept`, `finished`)."""
-        return self.finished(download(*self.kept()))
+    def finish(self) -> Callable[[], ApplyResult]:
+        """Start the batch's one copy back (`kept`); returns what waits for it and closes
+        the batch (`finished`)."""
+        pending = download_async(*self.kept())
+        return lambda: self.finished(pending.wait())
 
     def kept(self) -> list[Tensor]:
         """What the host keeps of the batch: its rows, finiteness, wear and labels."""

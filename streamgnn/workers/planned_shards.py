@@ -1,7 +1,8 @@
 """Planned batches (`workers.planned`) for the shards of two or more partitions held in
 one process on one device (`LocalWorkers`): every shard's supersteps planned on the host
 before any device work, uploaded in one copy for all shards, run superstep by superstep
-with the ghosts' rows copied device to device between them, and read back in one copy.
+with the ghosts' rows copied device to device between them, and read back in one copy
+(`run_together` returns with that copy started).
 
 The host can plan all shards together because of the conservative frontier: shard q's
 sources at superstep l + 1 are the rows it recomputed at l and the ghosts it holds whose
@@ -29,16 +30,20 @@ ghost-row parts of the shard.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from torch import Tensor
 
-from streamgnn.models.transfer import download
+from streamgnn.models.transfer import download_async
 from streamgnn.workers.batch import ApplyResult
 from streamgnn.workers.placement import Routed, held_by
 from streamgnn.workers.planned import Planned, plans_layers
 from streamgnn.workers.shard import Shard
+
+T = TypeVar("T")
 
 
 def plans_together(shards: list[Shard]) -> bool:
@@ -59,18 +64,26 @@ class _Sent:
     fresh: np.ndarray
 
 
-def run_together(shards: list[Shard], routed: list[Routed]) -> list[ApplyResult]:
+def run_together(shards: list[Shard], routed: list[Routed]
+                 ) -> Callable[[], list[ApplyResult]]:
     """Every shard's share ``routed[p]`` of a batch, planned and run together (the
-    module's docstring); their results."""
+    module's docstring), its copy back started; returns what waits for it and gives their
+    results."""
+    close = _aborting(shards, lambda: _run(shards, routed))
+    return lambda: _aborting(shards, close)
+
+
+def _aborting(shards: list[Shard], work: Callable[[], T]) -> T:
+    """``work()``; where it fails, the shards' batch aborted (it hands no rows on)."""
     try:
-        return _run(shards, routed)
+        return work()
     except BaseException:
-        for shard in shards:  # an aborted batch hands no rows on
+        for shard in shards:
             shard.abort()
         raise
 
 
-def _run(shards: list[Shard], routed: list[Routed]) -> list[ApplyResult]:
+def _run(shards: list[Shard], routed: list[Routed]) -> Callable[[], list[ApplyResult]]:
     """`run_together`'s body."""
     begun = [shard.begin_together(r) for shard, r in zip(shards, routed, strict=True)]
     plans = [planned for _, planned in begun]
@@ -104,12 +117,15 @@ def _run(shards: list[Shard], routed: list[Routed]) -> list[ApplyResult]:
         if hop < layers:
             _copy(plans, hop, sends[hop - 1], up)
     kept = [planned.kept() for planned in plans]
-    host = download(*(t for tensors in kept for t in tensors))
-    results, at = [], 0
-    for shard, (diff, _), tensors in zip(shards, begun, kept, strict=True):
-        results.append(shard.finish_together(diff, host[at:at + len(tensors)]))
-        at += len(tensors)
-    return results
+    pending = download_async(*(t for tensors in kept for t in tensors))
+
+    def close() -> list[ApplyResult]:
+        host, results, at = pending.wait(), [], 0
+        for shard, (diff, _), tensors in zip(shards, begun, kept, strict=True):
+            results.append(shard.finish_together(diff, host[at:at + len(tensors)]))
+            at += len(tensors)
+        return results
+    return close
 
 
 def _region(planned: Planned) -> np.ndarray:

@@ -280,13 +280,14 @@ class Shard:
     # ---------------------------------------------------------------- one batch
     def run(self, diff: GraphDiff, me: int = 0, partitions: int = 1,
             routed: Routed | None = None
-            ) -> Generator[list[np.ndarray], list[np.ndarray], ApplyResult]:
+            ) -> Generator[list[np.ndarray], list[np.ndarray], Callable[[], ApplyResult]]:
         """The batch's BSP program on this shard (partition ``me`` of ``partitions``): a
         generator that, before each superstep, yields the packed buffers this shard sends
         every partition and is sent back those every partition sent it (`Exchange`); it
-        returns the shard's `ApplyResult`. One partition exchanges nothing, and the first
-        superstep needs no exchange but for degree-normalised layers: the routed batch
-        brought the ghosts' features. A share ``routed`` that changes nothing here begins
+        returns what gives the shard's `ApplyResult` (a planned batch's copy back started,
+        `Planned.finish`: what waits for it). One partition exchanges nothing, and the
+        first superstep needs no exchange but for degree-normalised layers: the routed
+        batch brought the ghosts' features. A share ``routed`` that changes nothing here begins
         the batch only when ghost rows come (the supersteps before had nothing to do: they
         are taken then); until they do, each superstep sends nothing and does nothing.
         Records the bytes sent and received per exchange and the compute time between
@@ -320,7 +321,7 @@ class Shard:
         except BaseException:
             self.abort()
             raise
-        result = self._nothing_done(diff) if idle else self._finish()
+        result = _ready(self._nothing_done(diff)) if idle else self._finish()
         self.busy.append(time.perf_counter() - start)
         return result
 
@@ -344,7 +345,7 @@ class Shard:
         start = time.perf_counter()
         diff = self.graph.apply(routed.batch, skip_invalid=True, ghosts=True)
         applied = time.perf_counter() - start
-        result = yield from self.run(diff, me, partitions, routed)
+        result = (yield from self.run(diff, me, partitions, routed))()
         start = time.perf_counter()
         self._close_routed(diff, result)
         self.busy[-1] += time.perf_counter() - start
@@ -367,7 +368,7 @@ class Shard:
         """Close the batch `begin_together` began (``diff``), with what it keeps copied
         back (``host``: `Planned.kept`)."""
         start = time.perf_counter()
-        result = self._finish(host)
+        result = self._finish(host)()
         self._close_routed(diff, result)
         self.busy.append(time.perf_counter() - start)
         return result
@@ -463,16 +464,17 @@ class Shard:
             b.removed_rows = (tb.h_rows(hop, tb.index(b.removed)) if len(b.removed)
                               else tb.no_rows(self.layers[hop - 1].out_dim)[0])
 
-    def _finish(self, host: list[np.ndarray] | None = None) -> ApplyResult:
+    def _finish(self, host: list[np.ndarray] | None = None) -> Callable[[], ApplyResult]:
         """Close the batch: its label changes and counts; ``host``: where it ran planned
-        with other shards, what it keeps (`Planned.kept`), copied back with theirs."""
+        with other shards, what it keeps (`Planned.kept`), copied back with theirs. Returns
+        what gives the result: where the batch ran planned alone, what waits for its copy
+        back (`Planned.finish`)."""
         tb = self.tables
         b, last, self._batch, tb.recent = self._batch, tb.recent, None, None
         if self._planned is not None:
             planned, self._planned = self._planned, None
-            result = planned.finish() if host is None else planned.finished(host)
             self._count_in_weights(b)
-            return result
+            return planned.finish() if host is None else _ready(planned.finished(host))
         result, n = b.result, len(last.region)
         hops = result.rewritten[1:]  # the supersteps' rows, still where they were computed
         rows = [rows for _, rows in hops]
@@ -486,13 +488,18 @@ class Shard:
             at, old = relabel_(tb.labels, tb.own_rows(last.region), new, last.fresh)
             result.changed_labels = ChangedLabels(self.graph.ext[last.region[at]], old, new[at])
         self._count_in_weights(b)
-        return result
+        return _ready(result)
 
     def _count_in_weights(self, b: Batch) -> None:
         """The in-degrees the states were built with, brought up to the batch ``b``."""
         for touched in (b.edges.degree_changed, b.added):
             if len(touched):
                 self.tables.in_weight[touched] = self.graph.in_weight[touched]
+
+
+def _ready(result: ApplyResult) -> Callable[[], ApplyResult]:
+    """What gives ``result``, there already."""
+    return lambda: result
 
 
 def _changes_nothing(routed: Routed) -> bool:
