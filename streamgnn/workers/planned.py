@@ -63,7 +63,7 @@ from streamgnn.models.transfer import download
 from streamgnn.workers.batch import ApplyResult, Batch
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.deltas import message_sources as find_sources
-from streamgnn.workers.fold import mean_rescaled
+from streamgnn.workers.fold import mean_rescaled, root_messages
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.pulls import pull_arrays, pulled
 from streamgnn.workers.region import superstep_region
@@ -276,12 +276,9 @@ class Planned:
         else:
             rows, coef, local = messages(ones(n), ones(n))
         scale = ones(len(region))
-        if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
-            scale = scale.copy()
-            scale[at_region] = a
-            rows, coef, local = (np.concatenate(pair) for pair in zip(
-                (rows, coef, local), (2 * old[extra_at] + 1, 1.0 - a, at_region),
-                strict=True))
+        if mean_z and len(a):
+            rows, coef, local, scale = root_messages(rows, coef, local, old[extra_at],
+                                                     at_region, a, len(region))
         if coef is not None:
             self._add(hop, coef=coef)
         self._add(hop, rows=rows, local=local, scale=scale)
