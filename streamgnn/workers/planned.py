@@ -409,10 +409,7 @@ class Planned:
         tb, result = self.tb, self.b.result
         width = tb.layers[hop - 1].out_dim
         nothing = torch.empty((0, width), dtype=tb.dtype, device=tb.device)
-        for counts in (result.recomputed, result.pulled, result.pulled_columns,
-                       result.remote_reads, result.combined_messages):
-            counts.append(0)
-        result.rewritten.append((self.b.removed[:0], nothing))
+        result.record_step(self.b.removed[:0], nothing)
         self.wear.append(torch.empty(0, dtype=torch.float64, device=tb.device))
         self.finite.append(torch.ones((), dtype=torch.bool, device=tb.device))
         if not last:

@@ -118,12 +118,11 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
         moved, old_rows, finite = store_rows_(tb.h[hop], tb.h_at(hop, region), new, fresh,
                                               keep_old=not last)
         after = new
-    result.recomputed.append(len(region))
-    result.pulled.append(len(pulled_slots) + (0 if columns is None else len(columns_of)))
-    result.pulled_columns.append(0 if columns is None else int(np.count_nonzero(cols)))
-    result.remote_reads.append(remote)
-    result.combined_messages.append(_combined_messages(tb, sources, at, v1, edges))
-    result.rewritten.append((region, after[:len(region)]))  # read back at the batch's end
+    result.record_step(  # the rows read back at the batch's end
+        region, after[:len(region)], len(region),
+        len(pulled_slots) + (0 if columns is None else len(columns_of)),
+        0 if columns is None else int(np.count_nonzero(cols)), remote,
+        _combined_messages(tb, sources, at, v1, edges))
     return Step(hop, region, after, fresh, moved, old_rows, finite, activated)
 
 
@@ -131,11 +130,8 @@ def _reached_nothing(tb: Tables, layer: Layer, result: ApplyResult, hop: int,
                      region: np.ndarray) -> Step:
     """The outcome of a superstep whose messages reach no vertex here (``region``
     empty), with its counts."""
-    for counts in (result.recomputed, result.pulled, result.pulled_columns,
-                   result.remote_reads, result.combined_messages):
-        counts.append(0)
     nothing = tb.no_rows(layer.out_dim)[0]
-    result.rewritten.append((region, nothing))
+    result.record_step(region, nothing)
     return Step(hop, region, nothing, _NOT_ANY, _NOT_ANY, nothing)
 
 
