@@ -66,7 +66,7 @@ from streamgnn.workers.deltas import message_sources as find_sources
 from streamgnn.workers.fold import mean_rescaled, root_messages
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.pulls import pull_arrays, pulled
-from streamgnn.workers.region import superstep_region
+from streamgnn.workers.region import NO_GHOSTS, superstep_region
 from streamgnn.workers.tables import Tables
 
 on_cpu = False
@@ -191,10 +191,11 @@ class Planned:
         if not (len(sources) or len(edges.dst) or len(stale)):
             return None
         keeps_z = tb.z[hop - 1]
-        at, v1, w1, region, count, fresh, _ = superstep_region(
+        at, v1, w1, region, count, fresh, _, _ = superstep_region(
             g.out.arrays, sources, edges.keys, edges.dst,
             np.concatenate([changed, stale]).astype(np.int64), tb.owned, g.in_degree,
-            b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch)
+            b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch, edges.had,
+            edges.has, *NO_GHOSTS)
         if not len(region):
             return None
         if layer.aggr.linear:
