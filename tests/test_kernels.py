@@ -65,8 +65,8 @@ from streamgnn.workers.halo import (
     take_ghost_rows_torch,
 )
 from streamgnn.workers.placement import bit
-from streamgnn.workers.region import superstep_region
-from streamgnn.workers.slotsets import SlotSets, _find_in_runs
+from streamgnn.workers.region import NO_GHOSTS, superstep_region
+from streamgnn.workers.slotsets import SlotSets, _find_in_runs, remote_pairs
 from tests.conftest import random_graph
 
 seeds = st.integers(0, 2**32 - 1)
@@ -551,8 +551,8 @@ def test_remote_pairs_counts_distinct_destination_and_source_owner_pairs(seed):
     edges = [*zip(sources[at].tolist(), v1.tolist()),
              *zip(src2[sent].tolist(), dst2[sent].tolist())]
     expected = {(d, int(owner[s])) for s, d in edges if ghost[s]}
-    assert sets.remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost,
-                             owner) == len(expected)
+    assert remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost, owner,
+                        sets.scratch) == len(expected)
 
 
 def _ghost_graph(size: int) -> DynamicGraph:
@@ -887,10 +887,14 @@ def test_superstep_region_is_the_out_edges_their_owned_destinations_and_the_rows
     changed_dst, changed = rng.integers(0, 25, 5), rng.choice(25, 4, replace=False)
     added = np.sort(rng.choice(25, 3, replace=False))
     changed_src, removed = rng.integers(0, 25, 5), rng.choice(25, 2, replace=False)
+    had, has = rng.random(5) < 0.5, rng.random(5) < 0.5
+    ghost, owner = NO_GHOSTS
+    if rng.random() < 0.5:
+        ghost, owner = rng.random(len(graph.alive)) < 0.5, rng.integers(0, 4, len(graph.alive))
     sets = SlotSets(len(graph.alive))
-    at, v1, w1, region, count, fresh, ahead = superstep_region(
+    at, v1, w1, region, count, fresh, ahead, pairs = superstep_region(
         graph.out.arrays, sources, skip, changed_dst, changed, owned, graph.in_degree, added,
-        changed_src, removed, read_next, sets.mark, sets.scratch)
+        changed_src, removed, read_next, sets.mark, sets.scratch, had, has, ghost, owner)
     got = sorted(zip(sources[at].tolist(), v1.tolist(), w1.tolist()))
     kept = np.isin(src, sources) & ~np.isin(pair_keys(src, dst), skip)
     assert got == sorted(zip(src[kept].tolist(), dst[kept].tolist(), w[kept].tolist()))
@@ -900,6 +904,10 @@ def test_superstep_region_is_the_out_edges_their_owned_destinations_and_the_rows
     np.testing.assert_array_equal(fresh, np.isin(region, added))
     read = np.union1d(changed_src[owned[changed_src]], removed)
     np.testing.assert_array_equal(ahead, np.setdiff1d(read, region) if read_next else [])
+    sent = (had | has) & owned[changed_dst]
+    edges = [*zip(sources[at].tolist(), v1.tolist()),
+             *zip(changed_src[sent].tolist(), changed_dst[sent].tolist())]
+    assert pairs == len({(d, int(owner[s])) for s, d in edges if len(ghost) and ghost[s]})
     assert not sets.mark.any()  # left as found
 
 

@@ -84,9 +84,8 @@ def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "
                 for a, b in pairwise(bounds.tolist()):
                     ptr, src, w = graph.in_edges(np.arange(a, b))
                     src = torch.from_numpy(src.astype(np.int64)).to(device)
-                    state = aggregate(layer, t, ptr, src,
-                                      torch.from_numpy(w).to(device, dtype), scale,
-                                      torch.arange(a, b, device=device))
+                    state = aggregate(layer, t, src, torch.from_numpy(w).to(device, dtype),
+                                      scale, torch.arange(a, b, device=device), ptr)[0]
                     count = torch.from_numpy(np.diff(ptr)).to(device)
                     agg = layer.aggr.finalize(state, count).to(dtype)
                     if keep_states and layer.keeps_preactivation:
@@ -105,20 +104,28 @@ def layer_by_layer(layers: Sequence[Layer], graph: DynamicGraph, device: str = "
             h = out
 
 
-def aggregate(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
-              scale: Tensor | None, dst: Tensor) -> Tensor:
-    """Packed aggregation states of destinations ``dst``, whose in-edges come from
-    ``src[ptr[i]:ptr[i+1]]`` (weights ``w``); ``src`` and ``dst`` index rows of ``t`` and
-    ``scale`` (slots, or positions in a subset of them). A layer's fused kernel where it
-    has one (attention on CPU); sums, and on CPU max and min, as one sparse CSR x dense
-    product (torch reduces max/min that way on CPU only); the rest edge by edge."""
+def aggregate(layer: Layer, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None,
+              dst: Tensor, ptr: np.ndarray | None = None, local: Tensor | None = None
+              ) -> tuple[Tensor, Tensor | None]:
+    """Packed aggregation states of destinations ``dst``, in-edge k from ``src[k]`` to
+    ``dst[local[k]]`` (weights ``w``), with max/min's ties where they are counted (else
+    None); ``src`` and ``dst`` index rows of ``t`` and ``scale`` (slots, or positions in a
+    subset of them). With the in-edges' bounds on the host (``ptr``: destination i's are
+    ``ptr[i]:ptr[i+1]``; ``local`` built from them where None): a layer's fused kernel
+    where it has one (attention on CPU); sums, and on CPU max and min, as one sparse CSR x
+    dense product (torch reduces max/min that way on CPU only); the rest edge by edge
+    (`aggregate_edgewise`). Without (a planned batch, which reads nothing back between
+    its upload and its download): on ``t``'s device from ``local`` (`_reduced`)."""
+    if ptr is None:
+        return _reduced(layer, t, src, w, scale, local, dst)
+    w = w.to(t.dtype)
     fused = layer.reduce_csr(t, ptr, src, dst)
     if fused is not None:
-        return fused
+        return fused, None
     reduce = layer.aggr.spmm
     if reduce == "sum" or (reduce is not None and _reduces_on_cpu(t)):
-        return layer.aggr.pack(aggregate_spmm(layer, t, ptr, src, w, scale))
-    return layer.aggr.pack(aggregate_edgewise(layer, t, ptr, src, w, scale, dst))
+        return layer.aggr.pack(aggregate_spmm(layer, t, ptr, src, w, scale)), None
+    return layer.aggr.pack(aggregate_edgewise(layer, t, ptr, src, w, scale, dst, local)), None
 
 
 def _reduces_on_cpu(t: Tensor) -> bool:
@@ -127,13 +134,31 @@ def _reduces_on_cpu(t: Tensor) -> bool:
 
 
 def aggregate_edgewise(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,
-                       scale: Tensor | None, dst: Tensor):
-    """`aggregate` by gathering every in-edge's message and reducing per destination."""
-    counts = torch.from_numpy(np.diff(ptr)).to(t.device)
-    local = torch.repeat_interleave(torch.arange(len(ptr) - 1, device=t.device), counts)
+                       scale: Tensor | None, dst: Tensor, local: Tensor | None = None):
+    """`aggregate` by gathering every in-edge's message and reducing per destination
+    (``local``: each in-edge's position in ``dst``, built from ``ptr`` where None)."""
+    if local is None:
+        counts = torch.from_numpy(np.diff(ptr)).to(t.device)
+        local = torch.repeat_interleave(torch.arange(len(ptr) - 1, device=t.device), counts)
     logits = (layer.edge_logits(t, src, layer.destination_part(t)[dst[local]])
               if layer.aggr.destination_dependent else None)
     return layer.aggr.reduce(layer.messages(t, src, w, scale), local, len(ptr) - 1, logits)
+
+
+def _reduced(layer: Layer, t: Tensor, src: Tensor, w: Tensor, scale: Tensor | None,
+             local: Tensor, dst: Tensor) -> tuple[Tensor, Tensor | None]:
+    """`aggregate` on ``t``'s device from each in-edge's position ``local`` in ``dst``:
+    `Layer.partial`, or for max/min `Aggregation.reduce_with_ties`, with the ties (None
+    for the others)."""
+    num = dst.shape[0]
+    if layer.aggr.ties_dtype:
+        msg = layer.messages(t, src, w.to(t.dtype), scale)
+        return layer.aggr.reduce_with_ties(msg, local, num)
+    factor = layer.message_factor(src, w.double(), scale)
+    part = (layer.destination_part(t).index_select(0, dst)
+            if layer.aggr.destination_dependent else None)
+    return layer.partial(t, src, local, torch.ones_like(w, dtype=torch.float64)
+                         if factor is None else factor, num, part), None
 
 
 def aggregate_spmm(layer: Layer, t: Tensor, ptr: np.ndarray, src: Tensor, w: Tensor,

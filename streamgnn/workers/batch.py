@@ -54,6 +54,18 @@ class ApplyResult:
     released: tuple[np.ndarray, np.ndarray] | None = None  # a partition's ghosts let go
     edges_added: int = 0  # net, into a partition's vertices
 
+    def record_step(self, region: np.ndarray, rows: Tensor, recomputed: int = 0,
+                    pulled: int = 0, pulled_columns: int = 0, remote_reads: int = 0,
+                    combined_messages: int = 0) -> None:
+        """Count a superstep and list the rows it rewrote (``rows`` of the slots
+        ``region``); a superstep whose messages reach no vertex counts 0 everywhere."""
+        self.recomputed.append(recomputed)
+        self.pulled.append(pulled)
+        self.pulled_columns.append(pulled_columns)
+        self.remote_reads.append(remote_reads)
+        self.combined_messages.append(combined_messages)
+        self.rewritten.append((region, rows))
+
 
 @dataclass
 class Changed:

@@ -65,12 +65,9 @@ def fold(tb: Tables, b: Batch, hop: int, layer: Layer, sources: np.ndarray,
             dst_scale, tb.sets.scratch, m.own, own_slots, m.paired)
         t, extra_old = m.t, m.old[m.extra]
     scale = bias = None
-    if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
-        scale = np.ones(len(region))
-        scale[at_region] = a
-        roots = 2 * extra_old + 1
-        rows, coef, local = (np.concatenate(pair) for pair in zip(
-            (rows, coef, local), (roots, 1.0 - a, at_region), strict=True))
+    if mean_z and len(a):
+        rows, coef, local, scale = root_messages(rows, coef, local, extra_old, at_region, a,
+                                                 len(region))
         bias = layer.empty_preactivation().double().cpu().numpy()
     return layer.aggr.fold(tb.state[hop - 1], tb.drift[hop - 1], t, rows, coef, local,
                            tb.rows_at(hop, region), None if keeps_z else count, scale, bias,
@@ -92,6 +89,21 @@ def mean_rescaled(tb: Tables, b: Batch, region: np.ndarray, count: np.ndarray
     now = count[at].astype(np.float64)
     return (edges.recounted[kept], at,
             np.divide(before, now, out=np.zeros(len(at)), where=now > 0))
+
+
+def root_messages(rows: np.ndarray, coef: np.ndarray, local: np.ndarray,
+                  extra_old: np.ndarray, at_region: np.ndarray, a: np.ndarray, size: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`mean_rescaled`'s rescaling about r + b as messages: the messages ``rows -> local``
+    (coefficients ``coef``) followed by (1 - a) r from each rescaled vertex's old root
+    term (row 2 i + 1 of the paired rows of t, `Layer.rel_root`, for its row before
+    ``extra_old`` = i) into its position ``at_region`` in the region; and the scale of the
+    region's ``size`` states (``a`` there, 1 elsewhere)."""
+    scale = np.ones(size)
+    scale[at_region] = a
+    rows, coef, local = (np.concatenate(pair) for pair in zip(
+        (rows, coef, local), (2 * extra_old + 1, 1.0 - a, at_region), strict=True))
+    return rows, coef, local, scale
 
 
 def _one_kernel(device: torch.device) -> bool:

@@ -64,10 +64,10 @@ from streamgnn.models.transfer import download_async
 from streamgnn.workers.batch import ApplyResult, Batch
 from streamgnn.workers.deltas import linear_delta_messages
 from streamgnn.workers.deltas import message_sources as find_sources
-from streamgnn.workers.fold import mean_rescaled
+from streamgnn.workers.fold import mean_rescaled, root_messages
 from streamgnn.workers.labels import ChangedLabels, relabel_
 from streamgnn.workers.pulls import pull_arrays, pulled
-from streamgnn.workers.region import superstep_region
+from streamgnn.workers.region import NO_GHOSTS, superstep_region
 from streamgnn.workers.tables import Tables
 
 on_cpu = False
@@ -193,10 +193,11 @@ when it is done)."""
         if not (len(sources) or len(edges.dst) or len(stale)):
             return None
         keeps_z = tb.z[hop - 1]
-        at, v1, w1, region, count, fresh, _ = superstep_region(
+        at, v1, w1, region, count, fresh, _, _ = superstep_region(
             g.out.arrays, sources, edges.keys, edges.dst,
             np.concatenate([changed, stale]).astype(np.int64), tb.owned, g.in_degree,
-            b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch)
+            b.added, edges.src, b.removed, False, tb.sets.mark, tb.sets.scratch, edges.had,
+            edges.has, *NO_GHOSTS)
         if not len(region):
             return None
         if layer.aggr.linear:
@@ -278,12 +279,9 @@ when it is done)."""
         else:
             rows, coef, local = messages(ones(n), ones(n))
         scale = ones(len(region))
-        if mean_z and len(a):  # rescaled about r + b: (1 - a) r as messages from old roots
-            scale = scale.copy()
-            scale[at_region] = a
-            rows, coef, local = (np.concatenate(pair) for pair in zip(
-                (rows, coef, local), (2 * old[extra_at] + 1, 1.0 - a, at_region),
-                strict=True))
+        if mean_z and len(a):
+            rows, coef, local, scale = root_messages(rows, coef, local, old[extra_at],
+                                                     at_region, a, len(region))
         if coef is not None:
             self._add(hop, coef=coef)
         self._add(hop, rows=rows, local=local, scale=scale)
@@ -414,10 +412,7 @@ when it is done)."""
         tb, result = self.tb, self.b.result
         width = tb.layers[hop - 1].out_dim
         nothing = torch.empty((0, width), dtype=tb.dtype, device=tb.device)
-        for counts in (result.recomputed, result.pulled, result.pulled_columns,
-                       result.remote_reads, result.combined_messages):
-            counts.append(0)
-        result.rewritten.append((self.b.removed[:0], nothing))
+        result.record_step(self.b.removed[:0], nothing)
         self.wear.append(torch.empty(0, dtype=torch.float64, device=tb.device))
         self.finite.append(torch.ones((), dtype=torch.bool, device=tb.device))
         if not last:

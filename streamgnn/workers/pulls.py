@@ -127,10 +127,10 @@ def pulled(tb: Tables, hop: int, layer: Layer, up: dict[str, Tensor],
     """The states `pull_arrays` planned, from its arrays uploaded (``up``), computed
     and stored (`_store`; returns what is stored). The rows read are transformed unless
     the sums will be (a linear aggregation: h summed, then transformed). Reduced by
-    `aggregate`, whose kernels read the in-edges' bounds ``ptr`` on the host (the CPU's
-    fused and sparse ones); with ``ptr`` None, on the device from each in-edge's
-    destination ``up["local"]`` (`_reduced`: a planned batch, which reads nothing back
-    between its upload and its download), max/min's ties counted beside the states."""
+    `aggregate`: with the in-edges' bounds ``ptr`` on the host, by the CPU's fused and
+    sparse kernels where they apply; with ``ptr`` None (a planned batch, which reads
+    nothing back between its upload and its download), on the device from each in-edge's
+    destination ``up["local"]``, max/min's ties counted beside the states."""
     kept = tb.t[hop - 1]
     raw = kept is None and layer.aggr.linear and layer.transforms
     t = kept
@@ -138,29 +138,9 @@ def pulled(tb: Tables, hop: int, layer: Layer, up: dict[str, Tensor],
         h = tb.h_rows(hop - 1, up["rows"], up.get("features"))
         t = h if raw else layer.transform(h)
     scale = layer.source_scale(tb.ours(up["in_weight"])) if "in_weight" in up else None
-    src_at, w, pull_at = up["src_at"], up["w"], up["pull_at"]
-    if ptr is None:
-        state, ties = _reduced(layer, t, src_at, w, scale, up["local"], pull_at)
-    else:
-        state, ties = aggregate(layer, t, ptr, src_at, w.to(t.dtype), scale, pull_at), None
+    state, ties = aggregate(layer, t, up["src_at"], up["w"], scale, up["pull_at"], ptr,
+                            up.get("local"))
     return _store(tb, hop, layer, layer.transform(state) if raw else state, up, ties)
-
-
-def _reduced(layer: Layer, t: Tensor, src_at: Tensor, w: Tensor, scale: Tensor | None,
-             local: Tensor, pull_at: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Packed states of the destinations ``pull_at`` (rows of ``t``) from their in-edges
-    ``src_at[k] -> pull_at[local[k]]`` (weights ``w``, source factors ``scale``), on
-    ``t``'s device: `Layer.partial`, or for max/min `Aggregation.reduce_with_ties`, with
-    the ties (None for the others)."""
-    num = pull_at.shape[0]
-    if layer.aggr.ties_dtype:
-        msg = layer.messages(t, src_at, w.to(t.dtype), scale)
-        return layer.aggr.reduce_with_ties(msg, local, num)
-    factor = layer.message_factor(src_at, w.double(), scale)
-    part = (layer.destination_part(t).index_select(0, pull_at)
-            if layer.aggr.destination_dependent else None)
-    return layer.partial(t, src_at, local, torch.ones_like(w, dtype=torch.float64)
-                         if factor is None else factor, num, part), None
 
 
 def pull_columns(tb: Tables, hop: int, layer: Layer, lost: Pull, slots: np.ndarray) -> int:

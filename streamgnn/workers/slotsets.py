@@ -66,7 +66,11 @@ def find_marked(members, queries, scratch, mark):
 
 
 @njit(cache=True)
-def _remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost, owner, bits):
+def remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost, owner, bits):
+    """How many distinct (destination, ``owner`` of the source) pairs the edges
+    ``sources[at] -> v1`` and the changed edges ``src2 -> dst2`` that existed (``had``) or
+    exist (``has``) into an ``owned`` destination make, counting edges whose source is a
+    ``ghost`` (owners in 0..63; ``bits``: int64 scratch, one per slot)."""
     for d in v1:
         bits[d] = 0
     for d in dst2:
@@ -135,16 +139,6 @@ class SlotSets:
         members."""
         return _positions(np.asarray(members, np.int64), np.asarray(queries, np.int64),
                           self.scratch)
-
-    def remote_pairs(self, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
-                     src2: np.ndarray, dst2: np.ndarray, had: np.ndarray, has: np.ndarray,
-                     owned: np.ndarray, ghost: np.ndarray, owner: np.ndarray) -> int:
-        """How many distinct (destination, ``owner`` of the source) pairs the edges
-        ``sources[at] -> v1`` and the changed edges ``src2 -> dst2`` that existed (``had``)
-        or exist (``has``) into an ``owned`` destination make, counting edges whose source
-        is a ``ghost`` (owners in 0..63)."""
-        return _remote_pairs(sources, at, v1, src2, dst2, had, has, owned, ghost, owner,
-                             self.scratch)
 
     def find(self, members: np.ndarray, queries: np.ndarray) -> np.ndarray:
         """Position in ``members`` (distinct slots) of each query, -1 where it is not one."""

@@ -19,11 +19,11 @@ from torch import Tensor
 from streamgnn.models.layers import Layer
 from streamgnn.models.rowops import activated_rows, compare_rows, store_rows_, take_rows
 from streamgnn.models.transfer import download
-from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Step
+from streamgnn.workers.batch import ApplyResult, Batch, Step
 from streamgnn.workers.fold import fold
 from streamgnn.workers.messages import outbox
 from streamgnn.workers.pulls import pull, pull_columns
-from streamgnn.workers.region import superstep_region
+from streamgnn.workers.region import NO_GHOSTS, superstep_region
 from streamgnn.workers.tables import Tables
 
 
@@ -40,10 +40,11 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
     owned = tb.owned
     # the unchanged out-edges of the sources (the changed pairs are sent separately),
     # the region they and the changed edges reach, and the rows the next step reads
-    at, v1, w1, region, count, fresh, ahead = superstep_region(
+    at, v1, w1, region, count, fresh, ahead, combined = superstep_region(
         g.out.arrays, np.asarray(sources, np.int64), edges.keys, edges.dst, changed.slots,
         owned, g.in_degree, b.added, edges.src, b.removed, keeps_z and not last,
-        tb.sets.mark, tb.sets.scratch)
+        tb.sets.mark, tb.sets.scratch, edges.had, edges.has,
+        *(NO_GHOSTS if tb.ghost is None else (tb.ghost, tb.ghost_owner)))
     if not len(region):
         return _reached_nothing(tb, layer, result, hop, region)
 
@@ -118,12 +119,10 @@ def superstep(tb: Tables, b: Batch, hop: int) -> Step:
         moved, old_rows, finite = store_rows_(tb.h[hop], tb.h_at(hop, region), new, fresh,
                                               keep_old=not last)
         after = new
-    result.recomputed.append(len(region))
-    result.pulled.append(len(pulled_slots) + (0 if columns is None else len(columns_of)))
-    result.pulled_columns.append(0 if columns is None else int(np.count_nonzero(cols)))
-    result.remote_reads.append(remote)
-    result.combined_messages.append(_combined_messages(tb, sources, at, v1, edges))
-    result.rewritten.append((region, after[:len(region)]))  # read back at the batch's end
+    result.record_step(  # the rows read back at the batch's end
+        region, after[:len(region)], len(region),
+        len(pulled_slots) + (0 if columns is None else len(columns_of)),
+        0 if columns is None else int(np.count_nonzero(cols)), remote, combined)
     return Step(hop, region, after, fresh, moved, old_rows, finite, activated)
 
 
@@ -131,22 +130,9 @@ def _reached_nothing(tb: Tables, layer: Layer, result: ApplyResult, hop: int,
                      region: np.ndarray) -> Step:
     """The outcome of a superstep whose messages reach no vertex here (``region``
     empty), with its counts."""
-    for counts in (result.recomputed, result.pulled, result.pulled_columns,
-                   result.remote_reads, result.combined_messages):
-        counts.append(0)
     nothing = tb.no_rows(layer.out_dim)[0]
-    result.rewritten.append((region, nothing))
+    result.record_step(region, nothing)
     return Step(hop, region, nothing, _NOT_ANY, _NOT_ANY, nothing)
-
-
-def _combined_messages(tb: Tables, sources: np.ndarray, at: np.ndarray, v1: np.ndarray,
-                       edges: BatchEdges) -> int:
-    """The superstep's messages from ghosts, combined per destination and source
-    partition (`ApplyResult.combined_messages`); 0 without partitions."""
-    if tb.ghost is None:
-        return 0
-    return tb.sets.remote_pairs(sources, at, v1, edges.src, edges.dst, edges.had,
-                                edges.has, tb.owned, tb.ghost, tb.ghost_owner)
 
 
 def _compared(layer: Layer, z_old: Tensor | None, z: Tensor, table: Tensor,
