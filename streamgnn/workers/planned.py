@@ -346,11 +346,7 @@ when it is done)."""
             if len(self.b.removed):
                 self.removed_rows = self._rows(hop, self.up["removed"])
         self.last = after
-        for counts, n in ((result.recomputed, len(plan.region)),
-                          (result.pulled, len(plan.anchored)), (result.pulled_columns, 0),
-                          (result.remote_reads, 0), (result.combined_messages, 0)):
-            counts.append(n)
-        result.rewritten.append((plan.region, after))
+        result.record_step(plan.region, after, len(plan.region), len(plan.anchored))
 
     def _folded(self, hop: int, up: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """A linear superstep ``hop``'s messages folded into the region's states, the
