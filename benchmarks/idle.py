@@ -22,11 +22,12 @@ do the same in every partition at once.
 - Under ``mpiexec -n P+1`` (``MPIR_CVAR_ENABLE_HEAVY_YIELD=1``; the ``MPIEXEC`` env var
   names the mpiexec, else the one beside Python's executable): each worker's own clock
   per batch (wall and CPU time): the time it spends on the batch's command outside the
-  ghost-row exchanges (`mpi.alltoallv`, where a worker waits for the others), with the
-  command's decoding and its reply's encoding; its superstep code alone (`Shard.summary`'s
-  ``busy_s``) and the rest (own clock less superstep code: the command's decoding, the
-  reply's encoding, driving the program); and rank 0's wall time per batch, batches of one
-  partition against batches of all.
+  ghost-row exchanges (`mpi.alltoallv` and its `Arrivals`' waits, where a worker waits
+  for the others: reported too, "in the exchanges"), with the command's decoding and its
+  reply's encoding; its superstep code alone (`Shard.summary`'s ``busy_s`` less the waits
+  for buffers inside it, `mpi.Arrivals`) and the rest (own clock less superstep code: the
+  command's decoding, the reply's encoding, driving the program); and rank 0's wall time
+  per batch, batches of one partition against batches of all.
 
 Per-superstep figures are a batch's over L. Batches of both kinds alternate in blocks of
 10; figures are medians with the 10th and 90th percentiles. Writes
@@ -267,16 +268,19 @@ def instrument_worker(log: list[dict]) -> None:
     0."""
     from streamgnn.workers import mpi, shard
 
-    clock = {"exchange": 0.0, "exchange_cpu": 0.0}
-    alltoallv, execute, summary = mpi.alltoallv, mpi._execute, shard.Shard.summary
+    clock = {"exchange": 0.0, "exchange_cpu": 0.0, "arrival": 0.0}
+    execute, summary = mpi._execute, shard.Shard.summary
 
-    def exchange(*args):
-        start, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return alltoallv(*args)
-        finally:
-            clock["exchange"] += time.perf_counter() - start
-            clock["exchange_cpu"] += time.thread_time() - cpu
+    def timed(function: Callable, arrival: bool = False) -> Callable:
+        def exchange(*args):
+            start, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return function(*args)
+            finally:
+                clock["exchange"] += time.perf_counter() - start
+                clock["exchange_cpu"] += time.thread_time() - cpu
+                clock["arrival"] += arrival * (time.perf_counter() - start)
+        return exchange
 
     def timed_execute(command, message, worker_shard, *rest):
         if command != mpi.APPLY:
@@ -285,13 +289,15 @@ def instrument_worker(log: list[dict]) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
         reply = execute(command, message, worker_shard, *rest)
         wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
-        busy = sum(worker_shard.busy)
-        log.append({"own_s": wall - clock["exchange"],
+        busy = sum(worker_shard.busy) - clock["arrival"]  # (the program waits for buffers)
+        log.append({"own_s": wall - clock["exchange"], "exchange_s": clock["exchange"],
                     "own_cpu_s": cpu - clock["exchange_cpu"], "busy_s": busy,
                     "rest_s": wall - clock["exchange"] - busy})
         return reply
 
-    mpi.alltoallv, mpi._execute = exchange, timed_execute
+    mpi.alltoallv, mpi._execute = timed(mpi.alltoallv), timed_execute
+    mpi.Arrivals._complete_one = timed(mpi.Arrivals._complete_one, arrival=True)
+    mpi.Arrivals.finish = timed(mpi.Arrivals.finish)
     shard.Shard.summary = lambda self: {**summary(self), "applies": log}
 
 
@@ -359,6 +365,8 @@ def under_mpi(args: argparse.Namespace) -> dict:
             "busy_superstep_code_per_superstep": spread(column(0, "busy_s", "one"), L),
             "busy_rest_per_superstep": spread(column(0, "rest_s", "one"), L),
             "all_busy_per_superstep": spread(column(0, "own_s", "all"), L),
+            "busy_exchange_per_superstep": spread(column(0, "exchange_s", "one"), L),
+            "all_busy_exchange_per_superstep": spread(column(0, "exchange_s", "all"), L),
             "wall_one": spread(walls[kinds == "one"].tolist()),
             "wall_all": spread(walls[kinds == "all"].tolist())}
 
@@ -402,7 +410,10 @@ def report(args: argparse.Namespace, local: dict, mpi: dict | None) -> None:
                           ("busy_cpu_per_superstep", "busy worker, own CPU time"),
                           ("busy_superstep_code_per_superstep", "busy worker, superstep code"),
                           ("busy_rest_per_superstep", "busy worker, own clock less that"),
-                          ("all_busy_per_superstep", "worker 1, batch of all, own clock")])
+                          ("all_busy_per_superstep", "worker 1, batch of all, own clock"),
+                          ("busy_exchange_per_superstep", "busy worker, in the exchanges"),
+                          ("all_busy_exchange_per_superstep",
+                           "worker 1, batch of all, in the exchanges")])
     console.print(table)
     if "profile" in local:
         prof = Table(title="Where an idle shard's time goes (cProfile, a pass of its own, "

@@ -20,7 +20,9 @@ and random features (half each; duplicate edges left out). Prints and writes
 a time and, under mpiexec, streamed as `serve` streams them (rank 0 routes the next batch
 while the workers compute one: ``pipelined_updates_per_s``), the slowest batch (one that
 grows the tables), and the peak resident memory of every rank (rank 0's also
-as it stood after the bootstrap). Under mpiexec rank 0 keeps the graph after the
+as it stood after the bootstrap) and, under mpiexec, each worker's share of a batch spent
+waiting in the ghost-row exchanges (`idle.instrument_worker`: medians and 10th / 90th
+percentiles over the batches taken one at a time). Under mpiexec rank 0 keeps the graph after the
 bootstrap only to draw the batches from (its engine keeps the directory alone).
 """
 
@@ -35,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from engine import engine_bytes, peak_rss_mb
+from idle import instrument_worker
 from mpi4py import MPI
 
 import streamgnn as sg
@@ -113,7 +116,11 @@ def main() -> None:
             engine, [sg.UpdateBatch.from_updates(draw(args.batch), engine.num_features)
                      for _ in range(args.batches)])
         stats = engine.stats()
-        return {"dataset": name, "model": args.model,
+        timed = [] if workers is None else [s["applies"][-2 * args.batches:-args.batches]
+                                            for s in stats]  # (then the streamed ones)
+        return {"exchange_share": [_spread([a["exchange_s"] / (a["exchange_s"] + a["own_s"])
+                                            for a in log]) for log in timed],
+                "dataset": name, "model": args.model,
                 "source": "dataset" if folder is None else "partition files",
                 "workers": 0 if workers is None else workers.size,
                 "bootstrap_s": bootstrap, "engine_state_mb": (
@@ -127,6 +134,8 @@ def main() -> None:
                 "peak_rss_mb_rank0_bootstrapped": peak_bootstrapped,
                 "peak_rss_mb_rank0": peak_rss_mb()}
 
+    if comm.Get_rank() > 0:
+        instrument_worker([])  # its seconds in the exchanges, per batch
     result = run(None) if comm.Get_size() == 1 else spmd(model, run)
     peaks = comm.gather(peak_rss_mb(), root=0)  # after spmd: the workers have stopped
     if comm.Get_rank() == 0:
@@ -138,6 +147,10 @@ def main() -> None:
             for part, steps in enumerate(busy.tolist())) + "; slowest / mean "
               "per step " + " / ".join(f"{r:.2f}" for r in busy.max(0) / busy.mean(0)),
               flush=True)
+        for part, share in enumerate(result["exchange_share"]):
+            print(f"worker {part}: share of a batch in the exchanges (waiting), median "
+                  f"{share['median']:.3f} (p10 {share['p10']:.3f}, p90 {share['p90']:.3f})",
+                  flush=True)
         print(f"updates/s: {result['updates_per_s']:,.0f} a batch at a time" + (
             "" if result["pipelined_updates_per_s"] is None else
             f", {result['pipelined_updates_per_s']:,.0f} streamed as serve streams"),
@@ -163,6 +176,12 @@ def _pipelined(engine: Engine, batches: list[sg.UpdateBatch]) -> float:
     for _ in range(pending):
         engine.collect()
     return time.perf_counter() - start
+
+
+def _spread(values: list[float]) -> dict:
+    """Median and 10th / 90th percentiles of ``values``."""
+    p10, median, p90 = np.percentile(values, [10, 50, 90]).tolist()
+    return {"median": median, "p10": p10, "p90": p90}
 
 
 def _median_busy(busy: list[list[list[float]]]) -> list[list[float]]:

@@ -42,6 +42,36 @@ def test_mpi_workers_and_their_queries_match_pyg_and_one_process_bit_for_bit(tmp
         assert all(s["halo"] > 0 and s["sent_bytes"] for s in r["stats"]), name
 
 
+def test_buffers_taken_in_arrival_order_give_the_one_process_result_bit_for_bit(tmp_path):
+    """Each worker takes the ghost rows it is sent as they arrive (`mpi.Arrivals`); here
+    every one comes last to first, so the kernels take them out of the ranks' order (the
+    existing test at 3 workers meets whatever order the run brings): the answers are still
+    the one-process ones, bit for bit."""
+    out = tmp_path / "result.json"
+    script = tmp_path / "backwards.py"
+    script.write_text(
+        "import runpy\n"
+        "from pathlib import Path\n"
+        "from mpi4py import MPI\n"
+        "from streamgnn.workers import mpi\n"
+        "out_of_order = 0\n"
+        "def backwards(self):\n"
+        "    global out_of_order\n"
+        "    out_of_order += sum(n > 0 for n in self.sizes()) > 1\n"
+        "    for q in reversed(range(len(self))):\n"
+        "        yield q, self[q]\n"
+        "    self.finish()\n"
+        "mpi.Arrivals.as_they_arrive = backwards\n"
+        "runpy.run_module('tests.mpi_program', run_name='__main__')\n"
+        f"Path('{out}.' + str(MPI.COMM_WORLD.Get_rank())).write_text(str(out_of_order))\n")
+    run = mpiexec(4, str(script), str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sum(int((tmp_path / f"result.json.{r}").read_text()) for r in (1, 2, 3)) > 0
+    for name, r in json.loads(out.read_text()).items():
+        assert r["alone"] == 0.0 and r["restored"] == 0.0, name
+        assert r["query_alone"] == 0.0, name
+
+
 def test_a_service_with_workers_starts_batches_early_and_publishes_as_one_process(tmp_path):
     """A service on rank 0 with two worker ranks drains a backlog, starting each full batch
     before the one in flight is finished (counted: `Stats.started_early`, never in one
@@ -84,7 +114,8 @@ def test_a_failing_worker_stops_the_job_and_names_its_rank(tmp_path):
 def test_the_exchange_delivers_every_buffer_of_every_size_to_its_rank(tmp_path):
     """`mpi.alltoallv` (each buffer sent point to point as it lies): empty buffers, a
     rank's buffer to itself, and buffers large enough to go by rendezvous arrive whole and
-    in their places, twice in a row on the same communicator."""
+    in their places, read by position and as they arrive (each rank once), in rounds on
+    the same communicator."""
     script = tmp_path / "exchange.py"
     script.write_text(
         "import numpy as np\n"
@@ -95,11 +126,13 @@ def test_the_exchange_delivers_every_buffer_of_every_size_to_its_rank(tmp_path):
         "def buffer(src, dst, round_):\n"
         "    size = [0, 1, 3_000_017][(src + 2 * dst + round_) % 3]\n"
         "    return (np.arange(size) * (src + 1) + 7 * dst + round_).astype(np.uint8)\n"
-        "for round_ in range(2):\n"
-        "    got = alltoallv(comm, [buffer(me, q, round_) for q in range(n)])\n"
-        "    assert len(got) == n\n"
-        "    for q in range(n):\n"
-        "        assert np.array_equal(got[q], buffer(q, me, round_)), (me, q, round_)\n")
+        "for round_ in range(4):\n"
+        "    with alltoallv(comm, [buffer(me, q, round_) for q in range(n)]) as got:\n"
+        "        assert len(got) == n and got.sizes() == [len(buffer(q, me, round_))\n"
+        "                                                 for q in range(n)]\n"
+        "        arrived = (got.as_they_arrive() if round_ % 2 else enumerate(got))\n"
+        "        qs = [q for q, b in arrived if np.array_equal(b, buffer(q, me, round_))]\n"
+        "        assert sorted(qs) == list(range(n)), (me, qs, round_)\n")
     run = mpiexec(3, str(script), timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
 

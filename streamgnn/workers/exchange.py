@@ -4,7 +4,9 @@ in-degrees), handed over all-to-all and unpacked. `InProcess` hands the buffers 
 one process; an MPI exchange sends the same buffers, one to each peer. No pickling, no
 per-message objects. A shard's buffers for all its peers are written by one kernel into one
 allocation (`pack_many`); kernels and `unpack` read each buffer it is sent as it lies,
-through one reader of its header (`received_ids`, `received_rows`).
+through one reader of its header (`received_ids`, `received_rows`). A shard's program is
+sent a list of buffers, or where an exchange fills them as they arrive, an `Arriving`
+sequence: `sizes` and `as_they_arrive` read either without waiting for the rest.
 
 Owns the wire format and the in-process hand-over; must not import torch or kafka. Only
 an MPI implementation may import mpi4py.
@@ -12,8 +14,9 @@ an MPI implementation may import mpi4py.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numba import njit
@@ -131,6 +134,35 @@ def unpack(buffer: np.ndarray) -> Ghosts | None:
     ids, in_weight = received_ids(buffer)
     rows = received_rows(buffer, np.empty((0, dim), f"<f{itemsize}"))
     return Ghosts(ids, rows, in_weight if weighted else None)
+
+
+@runtime_checkable
+class Arriving(Protocol):
+    """Buffers received that an exchange fills as they arrive (an MPI worker's,
+    `mpi.Arrivals`): item q waits for buffer q; each one's size is known before it comes."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, q: int) -> np.ndarray: ...
+
+    def sizes(self) -> list[int]:
+        """The bytes of every buffer, arrived or not."""
+        ...
+
+    def as_they_arrive(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Each buffer with its position, as each arrives."""
+        ...
+
+
+def sizes(buffers: Sequence[np.ndarray]) -> list[int]:
+    """The bytes of each buffer a program is sent, without waiting for any (`Arriving`)."""
+    return buffers.sizes() if isinstance(buffers, Arriving) else [len(b) for b in buffers]
+
+
+def as_they_arrive(buffers: Sequence[np.ndarray]) -> Iterable[tuple[int, np.ndarray]]:
+    """Each buffer a program is sent with its position: a list's in order, an `Arriving`
+    sequence's in the order they arrive."""
+    return buffers.as_they_arrive() if isinstance(buffers, Arriving) else enumerate(buffers)
 
 
 class Exchange(Protocol):

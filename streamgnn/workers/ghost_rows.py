@@ -22,7 +22,7 @@ from streamgnn.graph.batch import find_sorted
 from streamgnn.models.layers import Layer
 from streamgnn.updates import ADD_VERTEX, DELETE_VERTEX
 from streamgnn.workers.batch import Batch, Changed
-from streamgnn.workers.exchange import Ghosts, pack, unpack
+from streamgnn.workers.exchange import Ghosts, pack, sizes, unpack
 from streamgnn.workers.halo import begin_halo, rows_for, take_ghost_rows
 from streamgnn.workers.placement import Routed, held_by
 from streamgnn.workers.tables import Tables
@@ -109,9 +109,9 @@ def incoming(tb: Tables, b: Batch, hop: int, buffers: Sequence[np.ndarray]) -> N
     packed), read from the buffers as they lie: each id looked up once, each row copied
     once, into the table. Ghosts whose row differs join the next superstep's sources (with
     their old rows of h), new ghosts join as fresh; rows of vertices the shard no longer
-    holds as ghosts are not taken."""
-    buffers = [buffer for buffer in buffers if len(buffer)]
-    if not buffers:
+    holds as ghosts are not taken. ``buffers``: a list, or an `exchange.Arriving` sequence,
+    each buffer taken as it arrives."""
+    if not any(sizes(buffers)):
         return
     table = torch.from_numpy(tb.graph.x) if hop == 0 else tb.stored(hop)
     activation = (tb.layers[hop - 1].elementwise if hop > 0 and tb.z[hop - 1]

@@ -1,7 +1,8 @@
 """A shard's side of the halo, one call a step: who holds what as the batch begins
 (`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
 and the ghost rows it is sent, their ids looked up once (`received_slots`) and the rows
-copied once, from each buffer as it lies, into its tables, with which of them join the
+copied once, from each buffer as it lies (as it arrives, where the exchange hands them
+over so), into its tables, with which of them join the
 next superstep's sources (`take_ghost_rows`). Each is a numba kernel (the id lookups, the
 marks, the copies and comparisons, an elementwise activation); where the tables are on
 another device, torch twins (``*_torch``) move the rows.
@@ -11,6 +12,8 @@ Owns these three steps only; must not import kafka or mpi4py (the buffers' wire 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -22,9 +25,11 @@ from streamgnn.models.transfer import download, upload
 from streamgnn.prefetch import AHEAD, prefetch_row
 from streamgnn.workers.exchange import (
     NO_WEIGHTS,
+    as_they_arrive,
     pack_many,
     received_ids,
     received_rows,
+    sizes,
     unpack,
 )
 from streamgnn.workers.placement import holder_bit
@@ -242,30 +247,48 @@ def _take_one(buffer, id_table, ghost, in_weight, table, relu, added, joined, k,
     return k, m, o, d + len(changed), weighted
 
 
-def take_ghost_rows_numba(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
-                          in_weight: np.ndarray, table: Tensor, relu: bool,
-                          added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
-                          mark: np.ndarray, scratch: np.ndarray
+def take_ghost_rows_numba(buffers: Sequence[np.ndarray], id_table: tuple,
+                          ghost: np.ndarray, in_weight: np.ndarray, table: Tensor,
+                          relu: bool, added: np.ndarray, sources: np.ndarray,
+                          old_slots: np.ndarray, mark: np.ndarray, scratch: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
     t = table.numpy()
-    most = sum(len(buffer) for buffer in buffers) // (8 + t.shape[1] * t.itemsize)  # rows
+    most = sum(sizes(buffers)) // (8 + t.shape[1] * t.itemsize)  # rows at most
     joined = np.empty(len(sources) + most, np.int64)
     joined[:len(sources)] = sources
     joined_old = np.empty(len(old_slots) + most, np.int64)
     joined_old[:len(old_slots)] = old_slots
     old, degree = np.empty((most, t.shape[1]), t.dtype), np.empty(most, np.int64)
-    k, m, o, d, weighted = len(sources), len(old_slots), 0, 0, False
-    for buffer in buffers:
-        k, m, o, d, weighted = _take_one(buffer, id_table, ghost, in_weight, t, relu, added,
-                                         joined, k, joined_old, m, old, o, degree, d, mark)
-    return joined[:k], joined_old[:m], torch.from_numpy(old[:o]), degree[:d], weighted
+    ends = [(len(sources), len(old_slots), 0, 0)]  # k, m, o, d after each buffer taken
+    taken, weighted = [], False
+    for q, buffer in as_they_arrive(buffers):
+        if len(buffer):
+            k, m, o, d = ends[-1]
+            *end, weighted = _take_one(buffer, id_table, ghost, in_weight, t, relu, added,
+                                       joined, k, joined_old, m, old, o, degree, d, mark)
+            ends.append(tuple(end))
+            taken.append(q)
+    k, m, o, d = ends[-1]
+    out = [joined[:k], joined_old[:m], old[:o], degree[:d]]
+    if taken != sorted(taken):  # arrived out of order: each buffer's part where its peer is
+        out = [_by_position(a, [e[i] for e in ends], taken) for i, a in enumerate(out)]
+    return out[0], out[1], torch.from_numpy(out[2]), out[3], weighted
 
 
-def take_ghost_rows_torch(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+def _by_position(array: np.ndarray, ends: list[int], taken: list[int]) -> np.ndarray:
+    """``array`` as the buffers in the order ``taken`` made it (``array[:ends[0]]`` before
+    them, buffer i's part up to ``ends[i + 1]``), with the buffers' parts in the order of
+    their positions."""
+    order = np.argsort(taken, kind="stable")
+    return np.concatenate([array[:ends[0]], *(array[ends[i]:ends[i + 1]] for i in order)])
+
+
+def take_ghost_rows_torch(buffers: Sequence[np.ndarray], id_table: tuple, ghost: np.ndarray,
                           in_weight: np.ndarray, table: Tensor, relu: bool,
                           added: np.ndarray, sources: np.ndarray, old_slots: np.ndarray,
                           mark: np.ndarray, scratch: np.ndarray
                           ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
+    buffers = [buffer for buffer in buffers if len(buffer)]  # (each waited for in turn)
     found = [received_slots(buffer, id_table, ghost, in_weight) for buffer in buffers]
     slots = np.concatenate([f[0] for f in found])
     held = slots >= 0
@@ -285,20 +308,24 @@ def take_ghost_rows_torch(buffers: list[np.ndarray], id_table: tuple, ghost: np.
             np.concatenate([f[1] for f in found]), found[0][2])
 
 
-def take_ghost_rows(buffers: list[np.ndarray], id_table: tuple, ghost: np.ndarray,
+def take_ghost_rows(buffers: Sequence[np.ndarray], id_table: tuple, ghost: np.ndarray,
                     in_weight: np.ndarray, table: Tensor, relu: bool, added: np.ndarray,
                     sources: np.ndarray, old_slots: np.ndarray, mark: np.ndarray,
                     scratch: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
-    """Store the rows the non-empty `exchange.pack` buffers ``buffers`` carry into
-    ``table``, read from the buffers as they lie, each at its ghost's slot, looked up once
+    """Store the rows the `exchange.pack` buffers ``buffers`` carry (a list, or an
+    `exchange.Arriving` sequence: on the CPU each is taken as it arrives) into ``table``,
+    read from the buffers as they lie, each at its ghost's slot, looked up once
     in the graph's ``id_table`` (`received_slots`: the rows of ids the graph holds no
     ``ghost`` of are not taken; in-degrees sent are stored in ``in_weight``). A ghost whose
     row changed (every one the batch ``added``) and that is not among the ``sources`` yet
     joins them. Returns ``sources`` then the joining ghosts, ``old_slots`` then those of
     them the batch did not add, those ghosts' rows before (ReLU'd where ``relu``), the
     ghosts whose in-degree changed and whether the buffers carry in-degrees. ``mark`` /
-    ``scratch``: `SlotSets`' own (int64 ``sources``, ``old_slots`` and ``added``)."""
+    ``scratch``: `SlotSets`' own (int64 ``sources``, ``old_slots`` and ``added``). The
+    buffers' ids are distinct (each ghost's rows come from its one owner), so what each
+    buffer adds is the same whichever comes first, and the results list it in the buffers'
+    order, bit for bit as taken in that order."""
     kernel = take_ghost_rows_numba if table.device.type == "cpu" else take_ghost_rows_torch
     return kernel(buffers, id_table, ghost, in_weight, table, relu, added, sources,
                   old_slots, mark, scratch)

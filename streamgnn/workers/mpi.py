@@ -28,8 +28,9 @@ folder's name alone: each reads its own file there (`bootstrap_from_file`). Coun
 offsets are 64-bit, so mpi4py uses MPI-4's large-count calls where a transfer passes
 2 GiB. During a batch the workers exchange ghost rows among themselves
 (`alltoallv`: a nonblocking send per peer) of the same packed buffers `Shard.run` builds in
-one process. A worker that fails aborts the whole job (``MPI_Abort``), so nothing hangs;
-`serve` restarts it from its last checkpoint.
+one process, and a worker takes each buffer it receives as it arrives (`Arrivals`). A
+worker that fails aborts the whole job (``MPI_Abort``), so nothing hangs; `serve`
+restarts it from its last checkpoint.
 
 Checkpoints: each worker writes and reads its own shard file (``shard<p>.npz``) in its copy
 of the generation folder rank 0 names (under its own state directory, `run_worker`'s
@@ -50,7 +51,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -442,42 +443,107 @@ def _answer(command: int, payload: dict[str, np.ndarray], shard: Shard, peers: M
 
 def _drive(program, peers: MPI.Comm):
     """Run one shard's BSP program, exchanging with the other workers at each barrier;
-    what it returns."""
+    what it returns. Every buffer of an exchange is in and every send done before the
+    next exchange begins."""
     try:
         outgoing = next(program)
         while True:
-            incoming = alltoallv(peers, outgoing)
-            del outgoing  # sent: not held while the program goes on
-            outgoing = program.send(incoming)
+            with alltoallv(peers, outgoing) as incoming:
+                del outgoing  # (held by the sends until they are done)
+                outgoing = program.send(incoming)
     except StopIteration as done:
         return done.value
 
 
-def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> list[np.ndarray]:
-    """Send ``outgoing[q]`` to rank q of ``comm``; what every rank sent this one. Each
-    buffer goes to its rank as it lies, point to point: no send buffer joins them (a
-    bootstrap's first ghost rows are ~0.5 GB a worker on products-like, and joined they
-    were each worker's peak). The buffers received share one allocation, each starting at
-    a multiple of 64 bytes in it (kernels read their ids and rows as they lie); where
-    none is sent either way, they are empty arrays."""
+class Arrivals(Sequence[np.ndarray]):
+    """The buffers `alltoallv` receives, handed over as they arrive (`exchange.Arriving`):
+    item q waits for rank q's buffer; `as_they_arrive` yields each as its receive completes
+    (``Waitany``), so a program takes one while the others travel. Holds the buffers it
+    sends until those sends are done. As a context, it waits on leaving for every buffer
+    and send still in flight."""
+
+    def __init__(self, buffers: list[np.ndarray], requests: list[MPI.Request],
+                 positions: list[int], sent: list[np.ndarray]) -> None:
+        self._buffers = buffers
+        self._requests = requests  # receives and sends in flight
+        self._positions = positions  # the rank each request receives from (-1: a send)
+        self._sent = sent
+        self._arrived = [True] * len(buffers)
+        for q in positions:
+            if q >= 0:
+                self._arrived[q] = False
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def __getitem__(self, q: int) -> np.ndarray:
+        while not self._arrived[q]:
+            self._complete_one()
+        return self._buffers[q]
+
+    def sizes(self) -> list[int]:
+        return [len(buffer) for buffer in self._buffers]
+
+    def as_they_arrive(self) -> Iterator[tuple[int, np.ndarray]]:
+        yielded = [False] * len(self._buffers)
+        while not all(yielded):
+            for q, arrived in enumerate(self._arrived):
+                if arrived and not yielded[q]:
+                    yielded[q] = True
+                    yield q, self._buffers[q]
+            if not all(yielded):
+                self._complete_one()
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait for every receive and send still in flight; let the sent buffers go."""
+        MPI.Request.Waitall(self._requests)
+        self._arrived = [True] * len(self._buffers)
+        self._requests, self._positions, self._sent = [], [], []
+
+    def _complete_one(self) -> None:
+        """Wait until one more receive or send completes."""
+        i = MPI.Request.Waitany(self._requests)
+        q = self._positions[i]
+        del self._requests[i], self._positions[i]
+        if q >= 0:
+            self._arrived[q] = True
+        if not self._requests:
+            self._sent = []
+
+    def __enter__(self) -> Arrivals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
+
+
+def alltoallv(comm: MPI.Comm, outgoing: list[np.ndarray]) -> Arrivals:
+    """Send ``outgoing[q]`` to rank q of ``comm``; what every rank sent this one, as it
+    arrives (`Arrivals`). Each buffer goes to its rank as it lies, point to point: no send
+    buffer joins them (a bootstrap's first ghost rows are ~0.5 GB a worker on
+    products-like, and joined they were each worker's peak). The buffers received share one
+    allocation, each starting at a multiple of 64 bytes in it (kernels read their ids and
+    rows as they lie); where none is sent either way, they are empty arrays."""
     me = comm.Get_rank()
     send_counts = np.array([len(b) for b in outgoing], np.int64)
     recv_counts = np.empty(len(outgoing), np.int64)
     comm.Alltoall(send_counts, recv_counts)
     if not (recv_counts.any() or send_counts.any()):
-        return [NOTHING] * len(outgoing)
+        return Arrivals([NOTHING] * len(outgoing), [], [], [])
     padded = recv_counts + -recv_counts % 64
     recv = np.empty(int(padded.sum()), np.uint8)
     starts = (np.cumsum(padded) - padded).tolist()
     incoming = [recv[start:start + count] for start, count in zip(starts, recv_counts.tolist(),
                                                                     strict=True)]
     incoming[me][:] = outgoing[me]
-    requests = [comm.Irecv([incoming[q], MPI.BYTE], source=q)
-                for q in range(len(outgoing)) if q != me and recv_counts[q]]
-    requests += [comm.Isend([np.ascontiguousarray(outgoing[q]), MPI.BYTE], dest=q)
-                 for q in range(len(outgoing)) if q != me and send_counts[q]]
-    MPI.Request.Waitall(requests)
-    return incoming
+    senders = [q for q in range(len(outgoing)) if q != me and recv_counts[q]]
+    sent = [np.ascontiguousarray(outgoing[q]) if q != me and send_counts[q] else NOTHING
+            for q in range(len(outgoing))]
+    requests = [comm.Irecv([incoming[q], MPI.BYTE], source=q) for q in senders]
+    requests += [comm.Isend([sent[q], MPI.BYTE], dest=q)
+                 for q in range(len(outgoing)) if len(sent[q])]
+    return Arrivals(incoming, requests, senders + [-1] * (len(requests) - len(senders)), sent)
 
 
 def _send(comm: MPI.Comm, arrays: dict[str, np.ndarray], rank: int) -> None:

@@ -53,6 +53,7 @@ from streamgnn.models.transfer import download, numpy_dtype
 from streamgnn.npz import prefixed, under
 from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed
+from streamgnn.workers.exchange import sizes
 from streamgnn.workers.ghost_rows import (
     begin_routed,
     incoming,
@@ -308,7 +309,7 @@ class Shard:
                     received = yield out
                     start = time.perf_counter()
                     self.sent.append(sum(map(len, out)))
-                    self.received.append(sum(map(len, received)))
+                    self.received.append(sum(sizes(received)))  # (none waited for)
                     if idle and self.received[-1]:  # rows came: the batch begins here
                         idle = False
                         self._begin(diff, routed)
