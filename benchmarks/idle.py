@@ -24,10 +24,11 @@ do the same in every partition at once.
   per batch (wall and CPU time): the time it spends on the batch's command outside the
   ghost-row exchanges (`mpi.alltoallv` and its `Arrivals`' waits, where a worker waits
   for the others: reported too, "in the exchanges"), with the command's decoding and its
-  reply's encoding; its superstep code alone (`Shard.summary`'s ``busy_s`` less the waits
-  for buffers inside it, `mpi.Arrivals`) and the rest (own clock less superstep code: the
-  command's decoding, the reply's encoding, driving the program); and rank 0's wall time
-  per batch, batches of one partition against batches of all.
+  reply's encoding; its superstep code alone (`Shard.summary`'s ``busy_s``, which leaves
+  out the waits for buffers inside it, `mpi.Arrivals.waited`) and the rest (own clock
+  less superstep code: the command's decoding, the reply's encoding, driving the
+  program); and rank 0's wall time per batch, batches of one partition against batches
+  of all.
 
 Per-superstep figures are a batch's over L. Batches of both kinds alternate in blocks of
 10; figures are medians with the 10th and 90th percentiles. Writes
@@ -268,10 +269,10 @@ def instrument_worker(log: list[dict]) -> None:
     0."""
     from streamgnn.workers import mpi, shard
 
-    clock = {"exchange": 0.0, "exchange_cpu": 0.0, "arrival": 0.0}
+    clock = {"exchange": 0.0, "exchange_cpu": 0.0}
     execute, summary = mpi._execute, shard.Shard.summary
 
-    def timed(function: Callable, arrival: bool = False) -> Callable:
+    def timed(function: Callable) -> Callable:
         def exchange(*args):
             start, cpu = time.perf_counter(), time.thread_time()
             try:
@@ -279,7 +280,6 @@ def instrument_worker(log: list[dict]) -> None:
             finally:
                 clock["exchange"] += time.perf_counter() - start
                 clock["exchange_cpu"] += time.thread_time() - cpu
-                clock["arrival"] += arrival * (time.perf_counter() - start)
         return exchange
 
     def timed_execute(command, message, worker_shard, *rest):
@@ -289,14 +289,14 @@ def instrument_worker(log: list[dict]) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
         reply = execute(command, message, worker_shard, *rest)
         wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
-        busy = sum(worker_shard.busy) - clock["arrival"]  # (the program waits for buffers)
+        busy = sum(worker_shard.busy)
         log.append({"own_s": wall - clock["exchange"], "exchange_s": clock["exchange"],
                     "own_cpu_s": cpu - clock["exchange_cpu"], "busy_s": busy,
                     "rest_s": wall - clock["exchange"] - busy})
         return reply
 
     mpi.alltoallv, mpi._execute = timed(mpi.alltoallv), timed_execute
-    mpi.Arrivals._complete_one = timed(mpi.Arrivals._complete_one, arrival=True)
+    mpi.Arrivals._complete_one = timed(mpi.Arrivals._complete_one)
     mpi.Arrivals.finish = timed(mpi.Arrivals.finish)
     shard.Shard.summary = lambda self: {**summary(self), "applies": log}
 

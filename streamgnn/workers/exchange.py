@@ -139,7 +139,10 @@ def unpack(buffer: np.ndarray) -> Ghosts | None:
 @runtime_checkable
 class Arriving(Protocol):
     """Buffers received that an exchange fills as they arrive (an MPI worker's,
-    `mpi.Arrivals`): item q waits for buffer q; each one's size is known before it comes."""
+    `mpi.Arrivals`): item q waits for buffer q; each one's size is known before it comes;
+    ``waited``: the seconds spent waiting for them so far."""
+
+    waited: float
 
     def __len__(self) -> int: ...
 
@@ -157,6 +160,12 @@ class Arriving(Protocol):
 def sizes(buffers: Sequence[np.ndarray]) -> list[int]:
     """The bytes of each buffer a program is sent, without waiting for any (`Arriving`)."""
     return buffers.sizes() if isinstance(buffers, Arriving) else [len(b) for b in buffers]
+
+
+def waited(buffers: Sequence[np.ndarray]) -> float:
+    """The seconds a program has waited so far for the buffers it is sent (none for a
+    list: all of them came at once)."""
+    return buffers.waited if isinstance(buffers, Arriving) else 0.0
 
 
 def as_they_arrive(buffers: Sequence[np.ndarray]) -> Iterable[tuple[int, np.ndarray]]:

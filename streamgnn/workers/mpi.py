@@ -468,6 +468,7 @@ class Arrivals(Sequence[np.ndarray]):
         self._requests = requests  # receives and sends in flight
         self._positions = positions  # the rank each request receives from (-1: a send)
         self._sent = sent
+        self.waited = 0.0  # seconds spent waiting (`_complete_one`, `finish`)
         self._arrived = [True] * len(buffers)
         for q in positions:
             if q >= 0:
@@ -497,13 +498,17 @@ class Arrivals(Sequence[np.ndarray]):
 
     def finish(self) -> None:
         """Wait for every receive and send still in flight; let the sent buffers go."""
+        start = time.perf_counter()
         MPI.Request.Waitall(self._requests)
+        self.waited += time.perf_counter() - start
         self._arrived = [True] * len(self._buffers)
         self._requests, self._positions, self._sent = [], [], []
 
     def _complete_one(self) -> None:
         """Wait until one more receive or send completes."""
+        start = time.perf_counter()
         i = MPI.Request.Waitany(self._requests)
+        self.waited += time.perf_counter() - start
         q = self._positions[i]
         del self._requests[i], self._positions[i]
         if q >= 0:

@@ -53,7 +53,7 @@ from streamgnn.models.transfer import download, numpy_dtype
 from streamgnn.npz import prefixed, under
 from streamgnn.updates import DELETE_VERTEX, NO_X, UpdateBatch
 from streamgnn.workers.batch import ApplyResult, Batch, BatchEdges, Changed
-from streamgnn.workers.exchange import sizes
+from streamgnn.workers.exchange import sizes, waited
 from streamgnn.workers.ghost_rows import (
     begin_routed,
     incoming,
@@ -317,6 +317,7 @@ class Shard:
                             self._step(before)
                     if not idle:
                         incoming(self.tables, self._batch, hop - 1, received)
+                        start += waited(received)  # (busy: compute, not waiting)
                 if not idle:
                     self._step(hop)
         except BaseException:
