@@ -2,8 +2,8 @@
 (`begin_halo`), the rows of its vertices another partition holds as ghosts (`rows_for`),
 and the ghost rows it is sent, their ids looked up once (`received_slots`) and the rows
 copied once, from each buffer as it lies (as it arrives, where the exchange hands them
-over so), into its tables, with which of them join the
-next superstep's sources (`take_ghost_rows`). Each is a numba kernel (the id lookups, the
+over so), into its tables, with which of them join the next superstep's sources
+(`take_ghost_rows`). Each is a numba kernel (the id lookups, the
 marks, the copies and comparisons, an elementwise activation); where the tables are on
 another device, torch twins (``*_torch``) move the rows.
 
@@ -315,8 +315,8 @@ def take_ghost_rows(buffers: Sequence[np.ndarray], id_table: tuple, ghost: np.nd
                     ) -> tuple[np.ndarray, np.ndarray, Tensor, np.ndarray, bool]:
     """Store the rows the `exchange.pack` buffers ``buffers`` carry (a list, or an
     `exchange.Arriving` sequence: on the CPU each is taken as it arrives) into ``table``,
-    read from the buffers as they lie, each at its ghost's slot, looked up once
-    in the graph's ``id_table`` (`received_slots`: the rows of ids the graph holds no
+    read from the buffers as they lie, each at its ghost's slot, looked up once in the
+    graph's ``id_table`` (`received_slots`: the rows of ids the graph holds no
     ``ghost`` of are not taken; in-degrees sent are stored in ``in_weight``). A ghost whose
     row changed (every one the batch ``added``) and that is not among the ``sources`` yet
     joins them. Returns ``sources`` then the joining ghosts, ``old_slots`` then those of

@@ -112,8 +112,8 @@ class _Hop:
 
 class Planned:
     """One batch of a shard that `plans`: planned and uploaded when made, run superstep
-    by superstep (`step`), read back at its end (`finish`: the copy started, the batch closed
-when it is done)."""
+    by superstep (`step`), read back at its end (`finish`: the copy started, the batch
+    closed when it is done)."""
 
     def __init__(self, tb: Tables, b: Batch, changed_x_before: np.ndarray,
                  removed_x: np.ndarray) -> None:
