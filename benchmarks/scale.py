@@ -19,10 +19,10 @@ and random features (half each; duplicate edges left out). Prints and writes
 ``-files`` from partition files): bootstrap seconds, engine state, updates/s one batch at
 a time and, under mpiexec, streamed as `serve` streams them (rank 0 routes the next batch
 while the workers compute one: ``pipelined_updates_per_s``), the slowest batch (one that
-grows the tables), and the peak resident memory of every rank (rank 0's also
-as it stood after the bootstrap) and, under mpiexec, each worker's share of a batch spent
-waiting in the ghost-row exchanges (`idle.instrument_worker`: medians and 10th / 90th
-percentiles over the batches taken one at a time). Under mpiexec rank 0 keeps the graph after the
+grows the tables), the peak resident memory of every rank (rank 0's also as it stood
+after the bootstrap) and, under mpiexec, each worker's share of a batch spent waiting in
+the ghost-row exchanges (`idle.instrument_worker`: medians and 10th / 90th percentiles
+over the batches taken one at a time). Under mpiexec rank 0 keeps the graph after the
 bootstrap only to draw the batches from (its engine keeps the directory alone).
 """
 
